@@ -1,0 +1,149 @@
+"""The run configuration: typed, validated early, written back as ``config.toml``.
+
+Every field is documented here, and every error names the field to change. A run
+folder's ``config.toml`` is the fully resolved config and can be re-run as is
+(``trainthrough run --config runs/X/config.toml``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from trainthrough.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENGINES = {"sim": "in-process, deterministic, virtual clock (the failure simulation framework)"}
+
+
+@dataclass
+class CostModel:
+    """What the ``sim`` engine charges to its virtual clock (seconds, bytes/s)."""
+
+    compute_scale: float = 1.0  #: multiplies the workload's per-step compute time
+    network_bandwidth: float = 1.25e9  #: bytes/s per server link (10 Gb/s)
+    network_latency: float = 0.0005  #: seconds per request
+    storage_bandwidth: float = 2.0e8  #: bytes/s to checkpoint storage (200 MB/s)
+    memory_bandwidth: float = 5.0e9  #: bytes/s for in-memory snapshots (async persist)
+    detection_seconds: float = 1.0  #: failure to detection
+    restart_seconds: float = 5.0  #: detection to a replacement being up
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs. Defaults marked None resolve from the workload."""
+
+    workload: str = "mlr"  #: workload name (``trainthrough list``)
+    strategy: str = "checkpoint-restart"  #: preset or composition
+    engine: str = "sim"  #: sim
+    shards: int = 4  #: parameter-server shards K
+    workers: int = 4  #: workers N
+    consistency: str = "bsp"  #: bsp (bulk-synchronous) or ssp (bounded staleness)
+    staleness: int = 2  #: SSP bound s (ignored under bsp)
+    failures: list[str] = field(default_factory=list)  #: failure specs
+    seed: int = 0  #: one seed for everything random in the run
+    max_iterations: int | None = None  #: stop after this many executed iterations
+    eval_every: int | None = None  #: evaluate every this many iterations
+    target: float | None = None  #: convergence target (default: the workload's)
+    stop_at_target: bool = True  #: end the run when the target is reached
+    checkpoint_every: int = 100  #: N, iterations between full checkpoints
+    checkpoint_keep: int = 3  #: checkpoints kept
+    checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
+    lr: float | None = None  #: override the workload's server step size
+    baseline: bool = False  #: also run failure-free with the same seed for rework cost
+    workload_options: dict[str, Any] = field(default_factory=dict)  #: passed to the workload
+    cost: CostModel = field(default_factory=CostModel)
+
+    def validate(self) -> None:
+        """Check every field.
+
+        Raises:
+            UserError: naming the field and what to change.
+        """
+        from trainthrough.faults.spec import parse
+        from trainthrough.ft.strategy import resolve
+        from trainthrough.workloads import WORKLOADS
+
+        if self.workload not in WORKLOADS:
+            raise UserError(f"unknown workload {self.workload!r}; choose one of: "
+                            f"{', '.join(WORKLOADS)}")
+        resolve(self.strategy)
+        if self.engine not in ENGINES:
+            raise UserError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
+        for name in ("shards", "workers", "checkpoint_every", "checkpoint_keep"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name.replace('_', '-')} must be at least 1 "
+                                f"(got {getattr(self, name)})")
+        if self.consistency not in ("bsp", "ssp"):
+            raise UserError(f"consistency must be bsp or ssp (got {self.consistency!r})")
+        if self.staleness < 0:
+            raise UserError(f"staleness must be 0 or more (got {self.staleness})")
+        for name in ("max_iterations", "eval_every"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise UserError(f"{name.replace('_', '-')} must be at least 1 (got {v})")
+        if self.lr is not None and not self.lr > 0:
+            raise UserError(f"lr must be positive (got {self.lr})")
+        for f in fields(CostModel):
+            if getattr(self.cost, f.name) < 0:
+                raise UserError(f"cost.{f.name} must not be negative")
+        parse(self.failures)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict, ``None`` fields left out (TOML has no null)."""
+        return _drop_none(asdict(self))
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Build from a dict (e.g. parsed TOML).
+
+        Raises:
+            UserError: unknown keys, naming them.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UserError(f"config: unknown key(s) {', '.join(unknown)}; known keys: "
+                            f"{', '.join(sorted(known))}")
+        data = dict(data)
+        cost = data.pop("cost", {}) or {}
+        cost_known = {f.name for f in fields(CostModel)}
+        bad = sorted(set(cost) - cost_known)
+        if bad:
+            raise UserError(f"config: unknown cost key(s) {', '.join(bad)}")
+        if isinstance(data.get("failures"), str):
+            data["failures"] = [data["failures"]]
+        return cls(cost=CostModel(**cost), **data)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> RunConfig:
+        """Read a config file.
+
+        Raises:
+            UserError: missing or malformed file.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file {p} does not exist")
+        try:
+            return cls.from_dict(tomllib.loads(p.read_text()))
+        except tomllib.TOMLDecodeError as e:
+            raise UserError(f"config file {p} is not valid TOML: {e}") from None
+        except TypeError as e:
+            raise UserError(f"config file {p}: {e}") from None
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v)
+            for k, v in d.items() if v is not None}

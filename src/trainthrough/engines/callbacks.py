@@ -1,0 +1,57 @@
+"""Lifecycle hooks engines call, so reports, progress bars and plots never edit a loop.
+
+Call order for one run: ``before_run`` once; then, interleaved as they happen,
+``after_step`` (every executed iteration), ``after_eval`` (every evaluation) and
+``on_event`` (failures, detections, checkpoints, recoveries); ``after_run`` once
+with the summary. Every hook is a no-op by default: subclass and override.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Callback:
+    """Base class for run hooks (all no-ops)."""
+
+    def before_run(self, config: dict[str, Any]) -> None:
+        """The run is about to start; ``config`` is the resolved configuration."""
+
+    def after_step(self, iteration: int, sim_seconds: float) -> None:
+        """An iteration was applied (``iteration`` counts executed iterations)."""
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        """An evaluation: iteration, sim_seconds, wall_seconds, metric, loss, extras."""
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """A failure, detection, checkpoint, recovery or replica change."""
+
+    def after_run(self, summary: dict[str, Any]) -> None:
+        """The run ended; ``summary`` holds the DESIGN.md summary fields."""
+
+
+class Callbacks(Callback):
+    """Fan one call out to many callbacks."""
+
+    def __init__(self, callbacks: list[Callback] | None = None) -> None:
+        self.items = list(callbacks or [])
+
+    def before_run(self, config: dict[str, Any]) -> None:
+        for c in self.items:
+            c.before_run(config)
+
+    def after_step(self, iteration: int, sim_seconds: float) -> None:
+        for c in self.items:
+            c.after_step(iteration, sim_seconds)
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        for c in self.items:
+            c.after_eval(record)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        for c in self.items:
+            c.on_event(event)
+
+    def after_run(self, summary: dict[str, Any]) -> None:
+        for c in self.items:
+            c.after_run(summary)

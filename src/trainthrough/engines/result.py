@@ -1,0 +1,58 @@
+"""What every engine reports at the end of a run (the ``summary.json`` fields).
+
+The lab adds the baseline-dependent fields (``baseline_iterations_to_target``,
+``rework_iterations``, ``rework_bound``); everything else an engine fills in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Recovery:
+    """One recovery: what failed, when, how long it took, how far it moved the model."""
+
+    failed: list[str]
+    at_iteration: int
+    recovery_seconds: float
+    perturbation_norm: float
+    perturbation_norm_lost: float = 0.0
+    action: str = ""
+    restored_from: int | None = None
+
+
+@dataclass
+class RunResult:
+    """Counters and outcome of one run."""
+
+    workload: str
+    strategy: str
+    engine: str
+    seed: int
+    metric_name: str
+    target: float
+    direction: str
+    converged: bool = False
+    iterations: int = 0
+    iterations_to_target: int | None = None
+    sim_seconds_to_target: float | None = None
+    failures: int = 0
+    recoveries: list[Recovery] = field(default_factory=list)
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    checkpoint_blocked_seconds: float = 0.0
+    updates_applied: int = 0
+    updates_lost: int = 0
+    shard_updates_lost: int = 0
+    wall_seconds: float = 0.0
+    sim_seconds: float = 0.0
+    final_metric: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        extras = d.pop("extras")
+        d.update(extras)
+        return d

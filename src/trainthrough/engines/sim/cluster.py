@@ -1,0 +1,86 @@
+"""The simulated parameter server: shards, workers and the checkpoint store in one process.
+
+It owns the objects and carries out decisions; which decision to take comes from
+the strategy's policies. Failures here are flags: a failed shard's state is wiped
+exactly as a crashed process would lose it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainthrough.ft.checkpoint import CheckpointInfo, CheckpointStore
+from trainthrough.ps.layout import Layout
+from trainthrough.ps.shard import Shard, clone_state
+from trainthrough.ps.worker import Worker
+from trainthrough.workloads.base import Params, Workload
+
+
+class SimCluster:
+    """K shards and N workers of one run, plus the checkpoint store."""
+
+    def __init__(self, workload: Workload, layout: Layout, x0: Params, shards: list[Shard],
+                 workers: list[Worker], store: CheckpointStore | None) -> None:
+        self.workload = workload
+        self.layout = layout
+        self.x0_parts = [{n: v.clone() for n, v in p.items()} for p in layout.split(x0)]
+        self.shards = shards
+        self.workers = workers
+        self.store = store
+        self.param_bytes = sum(v.numel() * v.element_size() for v in x0.values())
+        self.worker_incarnations = [0] * len(workers)
+
+    # -- reading ----------------------------------------------------------------
+    def params(self) -> Params:
+        """The full current parameters (views where a parameter lives on one shard)."""
+        return self.layout.assemble([s.read() for s in self.shards])
+
+    def snapshot(self) -> Params:
+        """A frozen copy of the full parameters."""
+        return {n: v.clone() for n, v in self.params().items()}
+
+    def shard_rows_mask(self, shard_ids: tuple[int, ...]) -> Params:
+        """Boolean masks over the full parameters marking the rows of ``shard_ids``."""
+        masks = {n: torch.zeros(s[0], dtype=torch.bool) for n, s in self.layout.shapes.items()}
+        for i in shard_ids:
+            for b in self.layout.shards[i]:
+                masks[b.name][b.start:b.stop] = True
+        return masks
+
+    # -- applying ---------------------------------------------------------------
+    def apply(self, update: Params, scale: float = 1.0) -> None:
+        """Split an aggregated update over the shards and let each apply its part."""
+        for shard, blocks in zip(self.shards, self.layout.shards):
+            part = {b.name: update[b.name][b.start:b.stop] for b in blocks if b.name in update}
+            if part:
+                shard.apply(part, scale)
+
+    # -- state ------------------------------------------------------------------
+    def state_tensors(self, shard_ids: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """Checkpoint payload: ``shard<i>/<key>`` for each shard's state (copies)."""
+        ids = range(len(self.shards)) if shard_ids is None else shard_ids
+        out: dict[str, torch.Tensor] = {}
+        for i in ids:
+            for k, v in clone_state(self.shards[i].state_dict()).items():
+                out[f"shard{i}/{k}"] = v
+        return out
+
+    def load_shard(self, i: int, tensors: dict[str, torch.Tensor]) -> None:
+        prefix = f"shard{i}/"
+        self.shards[i].load_state_dict({k[len(prefix):]: v for k, v in tensors.items()
+                                        if k.startswith(prefix)})
+
+    def wipe(self, i: int) -> None:
+        """Shard ``i`` crashes: its values, optimizer state and version are gone."""
+        self.shards[i].reset({n: torch.full_like(v, float("nan"))
+                              for n, v in self.x0_parts[i].items()})
+
+    def reinit(self, i: int) -> None:
+        self.shards[i].reset(self.x0_parts[i])
+
+    def restart_worker(self, w: int) -> None:
+        self.worker_incarnations[w] += 1
+        self.workers[w].start(self.params(), self.worker_incarnations[w])
+
+    def latest_checkpoint(self, on_corrupt) -> tuple[dict[str, torch.Tensor], CheckpointInfo] | None:  # noqa: ANN001
+        return self.store.load_latest(on_corrupt=on_corrupt) if self.store else None

@@ -1,0 +1,116 @@
+"""Carrying out failures and recovery decisions in the simulated cluster.
+
+The strategy's recovery policy decides; this module acts, charges the virtual
+clock and measures the perturbation ``delta = x_restored - x_before_failure``
+that SCAR's analysis is about.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainthrough.engines.result import Recovery
+from trainthrough.engines.sim.clock import Costs, VirtualClock
+from trainthrough.engines.sim.cluster import SimCluster
+from trainthrough.faults.schedule import FailureEvent, FailureSchedule
+from trainthrough.ft.decisions import RecoveryAction
+from trainthrough.ft.recovery import RecoveryPolicy
+
+
+class SimRecovery:
+    """Delivers due failures and recovers from them."""
+
+    def __init__(self, cluster: SimCluster, schedule: FailureSchedule, policy: RecoveryPolicy,
+                 clock: VirtualClock, costs: Costs, emit: Any) -> None:
+        self.c = cluster
+        self.schedule = schedule
+        self.policy = policy
+        self.clock = clock
+        self.costs = costs
+        self.emit = emit
+        self.failures = 0
+
+    def deliver(self, executed: int, logical: int) -> tuple[int, Recovery | None, int]:
+        """Fire the failures due now and recover.
+
+        Returns:
+            (logical iteration after recovery, the recovery record or None,
+             worker pushes whose effect was undone).
+        """
+        events = self.schedule.due(executed, self.clock.now)
+        if not events:
+            return logical, None, 0
+        t_fail = self.clock.now
+        before = self.c.snapshot()
+        lost: set[int] = set()
+        failed: list[str] = []
+        self._strike(events, executed, lost, failed)
+        self.clock.advance(self.costs.detection)
+        self.emit({"type": "detection", "iteration": executed, "failed": list(failed)})
+        # A replacement takes restart_seconds to come up; failures due in that window
+        # (phase=recovery, or a time trigger inside it) strike before recovery ends.
+        self.clock.advance(self.costs.restart)
+        while more := (self.schedule.due(executed, self.clock.now, phase="recovery")
+                       + self.schedule.due(executed, self.clock.now)):
+            self._strike(more, executed, lost, failed, during_recovery=True)
+            self.clock.advance(self.costs.detection + self.costs.restart)
+        decision = self.policy.decide(tuple(sorted(lost)), self.c.store is not None
+                                      and bool(self.c.store.list()))
+        restored_from, undone = None, 0
+        new_logical = logical
+        if decision.action is RecoveryAction.REINIT:
+            for i in decision.shards:
+                self.c.reinit(i)
+        elif decision.action in (RecoveryAction.ROLLBACK_ALL, RecoveryAction.RESTORE_LOST):
+            ckpt = self.c.latest_checkpoint(
+                lambda msg: self.emit({"type": "checkpoint-corrupt", "message": msg}))
+            targets = (range(len(self.c.shards)) if decision.action is RecoveryAction.ROLLBACK_ALL
+                       else decision.shards)
+            if ckpt is None:
+                for i in targets:
+                    self.c.reinit(i)
+                restored_from = 0
+            else:
+                tensors, info = ckpt
+                self.clock.advance(self.costs.storage(info.nbytes))
+                for i in targets:
+                    self.c.load_shard(i, tensors)
+                restored_from = info.step
+            if decision.rewind:
+                undone = (logical - (restored_from or 0)) * len(self.c.workers)
+                new_logical = restored_from or 0
+        after = self.c.params()
+        mask = self.c.shard_rows_mask(tuple(sorted(lost)))
+        sq, sq_lost = 0.0, 0.0
+        for n, v in after.items():
+            d = (v - before[n]).reshape(v.shape[0], -1).double()
+            row_sq = (d * d).sum(1)
+            sq += float(row_sq.sum())
+            sq_lost += float(row_sq[mask[n]].sum())
+        rec = Recovery(failed=failed, at_iteration=executed,
+                       recovery_seconds=self.clock.now - t_fail,
+                       perturbation_norm=sq ** 0.5, perturbation_norm_lost=sq_lost ** 0.5,
+                       action=decision.action.value, restored_from=restored_from)
+        self.emit({"type": "recovery", **rec.__dict__, "logical_iteration": new_logical})
+        return new_logical, rec, undone
+
+    def _strike(self, events: list[FailureEvent], executed: int, lost: set[int],
+                failed: list[str], during_recovery: bool = False) -> None:
+        for e in events:
+            self.failures += 1
+            for i in e.ids:
+                if e.kind == "shard":
+                    lost.add(i)
+                    self.c.wipe(i)
+                elif e.kind == "worker":
+                    self.c.restart_worker(i)
+                failed.append(f"{e.kind}{i}")
+            self.emit({"type": "failure", "iteration": executed, "kind": e.kind,
+                       "ids": list(e.ids), "spec": e.spec, "during_recovery": during_recovery})
+
+
+def perturbation(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    """L2 norm of ``after - before`` over all parameters."""
+    return float(sum(((after[n] - before[n]).double() ** 2).sum() for n in before)) ** 0.5

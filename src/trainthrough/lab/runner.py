@@ -1,0 +1,104 @@
+"""Run one configuration end to end: validate, build, run, write the run folder.
+
+This is the single entry point the CLI and the suites use, so every run, whatever
+started it, writes the same folder and the same summary fields.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from trainthrough.config import RunConfig
+from trainthrough.engines.callbacks import Callback, Callbacks
+from trainthrough.errors import UserError
+from trainthrough.lab.recorder import RunRecorder
+from trainthrough.workloads import make_workload
+
+
+def _engine(cfg: RunConfig, callback: Callback, checkpoint_url: str) -> Any:
+    from trainthrough.engines.sim.engine import SimEngine
+
+    workload = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
+    return SimEngine(cfg, workload, callback, checkpoint_url)
+
+
+def _drop_memory(url: str) -> None:
+    """Free an in-memory checkpoint store once its run is over."""
+    if url.startswith("memory://"):
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        path = url[len("memory://"):]
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+def baseline_config(cfg: RunConfig) -> RunConfig:
+    """The failure-free twin of ``cfg`` (same seed, same everything but failures)."""
+    return replace(cfg, failures=[], baseline=False, checkpoint_dir=None)
+
+
+def run_silent(cfg: RunConfig) -> dict[str, Any]:
+    """Run without a folder (baselines, quick checks); checkpoints stay in memory."""
+    url = f"memory://trainthrough/{uuid.uuid4().hex}"
+    try:
+        return _engine(cfg, Callback(), url).run().to_dict()
+    finally:
+        _drop_memory(url)
+
+
+def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
+        baseline_iterations: int | None = None) -> dict[str, Any]:
+    """Run ``cfg`` and write its folder ``out``; return the summary.
+
+    Args:
+        cfg: the configuration (validated here).
+        out: the run folder; must not exist or be empty.
+        callbacks: extra hooks (progress bars, live plots).
+        baseline_iterations: iterations to target of the failure-free run, when the
+            caller already knows it (suites share one baseline per seed); otherwise
+            computed here if ``cfg.baseline`` is set.
+
+    Raises:
+        UserError: invalid configuration or an ``out`` folder already in use.
+    """
+    cfg.validate()
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"run folder {out} already exists and is not empty; "
+                        "choose another --out or remove it")
+    url = cfg.checkpoint_dir or str(out / "checkpoints")
+    resolved = replace(cfg, checkpoint_dir=url)
+    recorder: RunRecorder | None = None
+    try:
+        # Build before touching the disk: bad sizes or ids fail without a folder.
+        holder = Callbacks(list(callbacks or []))
+        engine = _engine(resolved, holder, url)
+        recorder = RunRecorder(out, resolved.to_toml())
+        holder.items.insert(0, recorder)
+        summary = engine.run().to_dict()
+        if baseline_iterations is None and cfg.baseline:
+            baseline_iterations = run_silent(baseline_config(cfg))["iterations_to_target"]
+        add_rework(summary, baseline_iterations)
+        recorder.write_summary(summary)
+        holder.after_run(summary)
+        return summary
+    finally:
+        if recorder is not None:
+            recorder.close()
+        _drop_memory(url)
+
+
+def add_rework(summary: dict[str, Any], baseline_iterations: int | None) -> None:
+    """Fill ``baseline_iterations_to_target`` and ``rework_iterations``.
+
+    Rework is only defined when both runs reached the target; otherwise it is null
+    and ``converged`` says which one did not.
+    """
+    summary["baseline_iterations_to_target"] = baseline_iterations
+    it = summary.get("iterations_to_target")
+    summary["rework_iterations"] = (it - baseline_iterations
+                                    if it is not None and baseline_iterations is not None
+                                    else None)

@@ -1,0 +1,58 @@
+"""Workloads: iterative-convergent algorithms written as additive updates.
+
+``make_workload(name, seed, **options)`` builds one by name; ``WORKLOADS`` lists them
+with a one-line description. Add your own with :func:`register` (see
+``trainthrough.workloads.custom`` for wrapping any PyTorch model).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from trainthrough.errors import UserError
+from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
+
+# name -> ("module:Class", one-line description). Modules import lazily so that
+# `trainthrough list` stays fast and a broken optional loader hurts nobody else.
+WORKLOADS: dict[str, tuple[str, str]] = {
+    "mlr": ("trainthrough.workloads.mlr:MLR",
+            "multinomial logistic regression, mini-batch SGD, sklearn digits"),
+    "mf": ("trainthrough.workloads.mf:MF",
+           "matrix factorization by alternating least squares, synthetic low-rank ratings"),
+    "lda": ("trainthrough.workloads.lda:LDA",
+            "LDA by collapsed Gibbs sampling, synthetic corpus from a known topic model"),
+    "cnn": ("trainthrough.workloads.cnn:CNN",
+            "2 conv + 2 fully connected layers with Adam, sklearn digits (or IDX files)"),
+}
+
+_CUSTOM: dict[str, Callable[..., Workload]] = {}
+
+
+def register(name: str, factory: Callable[..., Workload], description: str = "") -> None:
+    """Make ``factory(seed=..., **options)`` available as workload ``name``."""
+    _CUSTOM[name] = factory
+    WORKLOADS.setdefault(name, ("", description or f"user workload {name}"))
+
+
+def make_workload(name: str, seed: int = 0, **options: Any) -> Workload:
+    """Build workload ``name``.
+
+    Raises:
+        UserError: unknown name or bad option.
+    """
+    if name in _CUSTOM:
+        return _CUSTOM[name](seed=seed, **options)
+    if name not in WORKLOADS:
+        raise UserError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}")
+    module, cls = WORKLOADS[name][0].split(":")
+    factory = getattr(importlib.import_module(module), cls)
+    try:
+        return factory(seed=seed, **options)
+    except TypeError as e:  # an option the workload does not take
+        raise UserError(f"workload {name}: {e}") from None
+
+
+__all__ = ["Evaluation", "OptimizerSpec", "Params", "Workload", "WORKLOADS",
+           "make_workload", "register"]

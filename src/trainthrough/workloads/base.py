@@ -1,0 +1,112 @@
+"""The workload contract: an iterative-convergent algorithm as additive updates.
+
+Training is ``x_{k+1} = x_k + u(x_k, data_k)``. A workload says how to build ``x_0``,
+how to split its data over workers, how one worker computes its contribution to
+``u`` from the parameters it pulled, and how to score parameters. It knows nothing
+of shards, engines or failures: the parameter server owns ``x`` and applies updates.
+
+Call order, per run (any engine):
+
+1. ``init_params(gen)`` once;
+2. ``partition(num_workers)`` once, then ``init_worker_state(...)`` per worker (again
+   for a replacement worker: its in-memory state is gone);
+3. per worker step: ``compute_update(params, shard, state, step)``; the engine sums
+   or averages the workers' updates (``aggregate``) and the shard's optimizer applies
+   them (``update_kind``: a gradient goes through the optimizer, a delta is added);
+4. every few steps: ``evaluate(params)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Server-side optimizer a shard runs on incoming updates.
+
+    ``kind``: ``add`` (x += u, for algorithms that push deltas), ``sgd``, ``momentum``
+    or ``adam`` (for gradients). ``lr`` is the step size; ``momentum`` and
+    ``betas``/``eps`` apply to their kinds only.
+    """
+
+    kind: Literal["add", "sgd", "momentum", "adam"] = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class Evaluation:
+    """A score of the parameters: the target metric, a loss, and anything else."""
+
+    metric: float
+    loss: float
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+class Workload(ABC):
+    """An iterative-convergent algorithm. Subclass and register it (see registry)."""
+
+    name: str = "workload"
+    description: str = ""
+    metric_name: str = "metric"
+    direction: Literal["max", "min"] = "max"
+    default_target: float = 0.0
+    update_kind: Literal["gradient", "delta"] = "gradient"
+    aggregate: Literal["mean", "sum"] = "mean"
+    default_optimizer: OptimizerSpec = OptimizerSpec()
+    default_max_iterations: int = 1000
+    default_eval_every: int = 10
+    # Rough cost of one worker step in simulated seconds, before the cost model's
+    # per-byte terms; engines charge it to the virtual clock.
+    step_seconds: float = 0.01
+
+    @abstractmethod
+    def init_params(self, gen: torch.Generator) -> Params:
+        """Initial parameters ``x_0`` (fresh tensors, float32 unless stated)."""
+
+    @abstractmethod
+    def partition(self, num_workers: int) -> list[Any]:
+        """Split the training data into ``num_workers`` parts, one per worker.
+
+        Raises:
+            UserError: if the data cannot be split that many ways.
+        """
+
+    def init_worker_state(self, worker_id: int, data: Any, params: Params,
+                          gen: torch.Generator) -> Any:
+        """Worker-local state that is not a parameter (lost when the worker dies)."""
+        return None
+
+    @abstractmethod
+    def compute_update(self, params: Params, data: Any, state: Any, step: int,
+                       seed: int) -> Params:
+        """One worker's update from the parameters it holds, at logical step ``step``.
+
+        Must be deterministic given its arguments: mini-batches are chosen from
+        ``step`` and any sampling seeds a generator from ``seed`` (which the engine
+        derives from the run seed, the worker and the step), so a rolled-back run
+        replays the same data. Returns a tensor per parameter it touches (full
+        shape); parameters it leaves out get no update.
+        """
+
+    @abstractmethod
+    def evaluate(self, params: Params) -> Evaluation:
+        """Score parameters: the target metric plus a loss."""
+
+    def reached(self, metric: float, target: float) -> bool:
+        """Whether ``metric`` meets ``target`` in this workload's direction."""
+        return metric >= target if self.direction == "max" else metric <= target
+
+    def describe(self) -> dict[str, Any]:
+        """Settings worth writing to ``config.toml`` (override to add yours)."""
+        return {}

@@ -1,0 +1,86 @@
+"""Multinomial logistic regression by mini-batch SGD on scikit-learn's digits.
+
+Parameters are a weight matrix with one row per input feature (the parameter-server
+"key") and a bias; workers push gradients, the shards run SGD. The metric is the
+full training objective (cross-entropy + L2), which is smoother than accuracy and
+so gives a well-defined iteration at which the target is first met.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainthrough.errors import UserError
+from trainthrough.workloads._data import BatchSchedule, digits_split, split_rows
+from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
+
+
+@dataclass
+class _Part:
+    x: torch.Tensor
+    y: torch.Tensor
+    batches: BatchSchedule
+
+
+class MLR(Workload):
+    name = "mlr"
+    description = "multinomial logistic regression, mini-batch SGD, sklearn digits"
+    metric_name = "train_loss"
+    direction = "min"
+    default_target = 0.16
+    update_kind = "gradient"
+    aggregate = "mean"
+    default_optimizer = OptimizerSpec(kind="sgd", lr=0.5)
+    default_max_iterations = 3000
+    default_eval_every = 5
+    step_seconds = 0.002
+
+    def __init__(self, batch_size: int = 32, l2: float = 1e-4, seed: int = 0) -> None:
+        self.batch_size = batch_size
+        self.l2 = l2
+        self.seed = seed
+        self.x_train, self.y_train, self.x_test, self.y_test = digits_split()
+        self.classes = int(self.y_train.max()) + 1
+
+    def init_params(self, gen: torch.Generator) -> Params:
+        d = self.x_train.shape[1]
+        return {
+            "W": torch.randn(d, self.classes, generator=gen) * 0.01,
+            "b": torch.zeros(self.classes),
+        }
+
+    def partition(self, num_workers: int) -> list[Any]:
+        n = len(self.y_train)
+        if num_workers > n // self.batch_size:
+            raise UserError(
+                f"mlr: {num_workers} workers leave fewer than one batch of "
+                f"{self.batch_size} each; use at most {n // self.batch_size} workers")
+        return [
+            _Part(self.x_train[s], self.y_train[s],
+                  BatchSchedule(s.stop - s.start, self.batch_size, self.seed * 7919 + i))
+            for i, s in enumerate(split_rows(n, num_workers))
+        ]
+
+    def compute_update(self, params: Params, data: Any, state: Any, step: int,
+                       seed: int) -> Params:
+        idx = data.batches.indices(step)
+        x, y = data.x[idx], data.y[idx]
+        w, b = params["W"], params["b"]
+        p = torch.softmax(x @ w + b, dim=1)
+        p[torch.arange(len(y)), y] -= 1.0
+        p /= len(y)
+        return {"W": x.T @ p + self.l2 * w, "b": p.sum(0)}
+
+    def evaluate(self, params: Params) -> Evaluation:
+        w, b = params["W"], params["b"]
+        loss = F.cross_entropy(self.x_train @ w + b, self.y_train).item()
+        loss += 0.5 * self.l2 * float((w * w).sum())
+        acc = (torch.argmax(self.x_test @ w + b, 1) == self.y_test).float().mean().item()
+        return Evaluation(metric=loss, loss=loss, extras={"test_accuracy": acc})
+
+    def describe(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "l2": self.l2}

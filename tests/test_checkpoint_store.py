@@ -1,0 +1,250 @@
+"""Tests for the crash-consistent checkpoint store (local disk and memory://)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fsspec.core import url_to_fs
+
+from trainthrough.errors import CheckpointCorrupt, UserError
+from trainthrough.ft.checkpoint import CheckpointInfo, CheckpointStore
+
+
+@pytest.fixture(params=["local", "memory"])
+def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if request.param == "local":
+        yield str(tmp_path_factory.mktemp("ckpts") / "run")
+    else:
+        u = f"memory://ckpt-test-{uuid.uuid4().hex}"
+        yield u
+        fs, root = url_to_fs(u)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def _fs(url: str) -> tuple[object, str]:
+    fs, root = url_to_fs(url)
+    return fs, root.rstrip("/")
+
+
+def _entries(url: str) -> list[str]:
+    fs, root = _fs(url)
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+
+
+def _tensors(seed: float = 0.0) -> dict[str, torch.Tensor]:
+    base = torch.arange(12, dtype=torch.float32) + seed
+    return {"shard0/W": base.view(3, 4), "shard1/b": base[:4] * 2, "scalar": torch.tensor(seed)}
+
+
+def _steps(store: CheckpointStore, tag: str = "ckpt") -> list[int]:
+    return [i.step for i in store.list(tag)]
+
+
+def test_round_trip_dtypes_shapes(url: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 5, generator=g, requires_grad=True)
+    flat = torch.arange(10, dtype=torch.float64)
+    tensors = {
+        "f32": torch.randn(3, 4, generator=g),
+        "f64": torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        "f16": torch.randn(7, generator=g).half(),
+        "bf16": torch.randn(2, 2, generator=g).bfloat16(),
+        "i64": torch.arange(-5, 5),
+        "i32": torch.arange(6, dtype=torch.int32).view(2, 3),
+        "u8": torch.arange(256, dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 3),
+        "model/w": w,  # requires grad -> saved detached
+        "model/wT": w.t(),  # non-contiguous view sharing storage with w
+        "opt/flat_a": flat[:5],  # two views into one storage
+        "opt/flat_b": flat[5:],
+    }
+    store = CheckpointStore(url)
+    info = store.save(7, tensors, {"loss": 0.25, "tags": ["a"]})
+    assert info == CheckpointInfo(7, "ckpt-00000007", info.nbytes, {"loss": 0.25, "tags": ["a"]})
+    assert set(_entries(f"{url}/ckpt-00000007")) == {
+        "manifest.json",
+        "root.safetensors",
+        "model.safetensors",
+        "opt.safetensors",
+    }
+    loaded, linfo = store.load(7)
+    assert linfo == info
+    assert set(loaded) == set(tensors)
+    for k, t in tensors.items():
+        assert loaded[k].dtype == t.dtype and loaded[k].shape == t.shape, k
+        assert torch.equal(loaded[k], t.detach()), k
+        assert not loaded[k].requires_grad
+    assert store.load_latest() is not None
+
+
+def test_keep_last_prunes_oldest_after_success(url: str) -> None:
+    store = CheckpointStore(url, keep_last=2)
+    for step in (10, 20, 30, 40):
+        store.save(step, _tensors(step), {"step": step})
+        assert _steps(store) == [s for s in (10, 20, 30, 40) if s <= step][-2:]
+    assert _entries(url) == ["ckpt-00000030", "ckpt-00000040"]
+    tensors, info = store.load_latest()  # type: ignore[misc]
+    assert info.step == 40 and info.meta == {"step": 40}
+    assert torch.equal(tensors["shard0/W"], _tensors(40)["shard0/W"])
+
+
+def test_keep_last_is_per_tag_and_keeps_the_new_write(url: str) -> None:
+    store = CheckpointStore(url, keep_last=1)
+    store.save(300, _tensors(3))
+    store.save(5, _tensors(5), tag="best")
+    store.save(250, _tensors(2))  # after a rollback: the new write wins over a higher step
+    assert _steps(store) == [250]
+    assert _steps(store, "best") == [5]
+    with pytest.raises(ValueError):
+        CheckpointStore(url, keep_last=0)
+
+
+def test_same_step_replaced(url: str) -> None:
+    store = CheckpointStore(url)
+    store.save(10, _tensors(1.0))
+    store.save(10, _tensors(2.0), {"v": 2})
+    assert _entries(url) == ["ckpt-00000010"]
+    tensors, info = store.load(10)
+    assert info.meta == {"v": 2}
+    assert torch.equal(tensors["shard1/b"], _tensors(2.0)["shard1/b"])
+
+
+def _corrupt_byte(url: str, name: str, fname: str) -> None:
+    fs, root = _fs(url)
+    path = f"{root}/{name}/{fname}"
+    data = bytearray(fs.cat_file(path))
+    data[-1] ^= 0xFF  # flip a payload byte: same size, different hash
+    fs.pipe_file(path, bytes(data))
+
+
+def test_checksum_corruption_falls_back(url: str) -> None:
+    store = CheckpointStore(url)
+    store.save(10, _tensors(10))
+    store.save(20, _tensors(20))
+    _corrupt_byte(url, "ckpt-00000020", "shard0.safetensors")
+    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000020.*shard0\.safetensors.*sha256"):
+        store.load(20)
+    reports: list[str] = []
+    tensors, info = store.load_latest(on_corrupt=reports.append)  # type: ignore[misc]
+    assert info.step == 10
+    assert torch.equal(tensors["shard0/W"], _tensors(10)["shard0/W"])
+    assert len(reports) == 1 and "ckpt-00000020" in reports[0]
+    assert issubclass(CheckpointCorrupt, UserError)
+
+
+def test_truncated_and_missing_files(url: str) -> None:
+    store = CheckpointStore(url)
+    store.save(10, _tensors(10))
+    store.save(20, _tensors(20))
+    store.save(30, _tensors(30))
+    fs, root = _fs(url)
+    path = f"{root}/ckpt-00000030/shard1.safetensors"
+    fs.pipe_file(path, fs.cat_file(path)[:-9])
+    fs.rm(f"{root}/ckpt-00000020/root.safetensors")
+    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000030.*shard1\.safetensors.*truncated"):
+        store.load(30)
+    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000020.*root\.safetensors is missing"):
+        store.load(20)
+    reports: list[str] = []
+    result = store.load_latest(on_corrupt=reports.append)
+    assert result is not None and result[1].step == 10
+    assert ["ckpt-00000030" in reports[0], "ckpt-00000020" in reports[1]] == [True, True]
+    with pytest.raises(CheckpointCorrupt, match="does not exist"):
+        store.load(99)
+
+
+def test_bad_manifest_is_reported(url: str) -> None:
+    store = CheckpointStore(url)
+    store.save(1, _tensors(1))
+    store.save(2, _tensors(2))
+    fs, root = _fs(url)
+    fs.pipe_file(f"{root}/ckpt-00000002/manifest.json", b"{not json")
+    assert _steps(store) == [1, 2]  # manifest present -> listed, but fails to load
+    with pytest.raises(CheckpointCorrupt, match="unreadable manifest.json"):
+        store.load(2)
+    reports: list[str] = []
+    result = store.load_latest(on_corrupt=reports.append)
+    assert result is not None and result[1].step == 1 and "ckpt-00000002" in reports[0]
+
+
+def test_interrupted_write_leaves_previous_intact(url: str) -> None:
+    store = CheckpointStore(url, keep_last=1)
+    store.save(10, _tensors(10))
+    fs, root = _fs(url)
+    # Crash 1: tensor files written into the temp folder, no manifest, no rename.
+    fs.makedirs(f"{root}/ckpt-00000020.tmp-deadbeef", exist_ok=True)
+    fs.copy(f"{root}/ckpt-00000010/shard0.safetensors", f"{root}/ckpt-00000020.tmp-deadbeef/")
+    # Crash 2: final-named folder without a manifest (e.g. non-atomic rename / half delete).
+    fs.makedirs(f"{root}/ckpt-00000030", exist_ok=True)
+    fs.pipe_file(f"{root}/ckpt-00000030/shard0.safetensors", b"partial")
+    assert _entries(url) == ["ckpt-00000010", "ckpt-00000020.tmp-deadbeef", "ckpt-00000030"]
+    assert _entries(f"{url}/ckpt-00000020.tmp-deadbeef") == ["shard0.safetensors"]
+    assert _steps(store) == [10]
+    reports: list[str] = []
+    result = store.load_latest(on_corrupt=reports.append)
+    assert result is not None and result[1].step == 10 and reports == []
+    with pytest.raises(CheckpointCorrupt, match="no manifest.json"):
+        store.load(30)
+    # The next successful save cleans the leftovers (and prunes step 10, keep_last=1).
+    store.save(40, _tensors(40))
+    assert _entries(url) == ["ckpt-00000040"]
+
+
+def test_bytes_accounting_matches_storage(url: str) -> None:
+    store = CheckpointStore(url, keep_last=1)
+    infos = [store.save(s, _tensors(s), {"s": s}) for s in (1, 2, 3)]
+    fs, root = _fs(url)
+    on_disk = sum(fs.size(p) for p in fs.find(f"{root}/ckpt-00000003"))
+    assert infos[-1].nbytes == on_disk
+    assert store.list()[-1].nbytes == on_disk
+    assert store.total_bytes_written() == sum(i.nbytes for i in infos)
+    manifest = json.loads(fs.cat_file(f"{root}/ckpt-00000003/manifest.json"))
+    assert manifest["format"] == "trainthrough-checkpoint/1" and manifest["step"] == 3
+    assert set(manifest["files"]["shard0.safetensors"]) == {"sha256", "bytes", "keys"}
+
+
+def test_load_never_unpickles(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(url)
+    store.save(1, _tensors(1))
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("unpickling is forbidden")
+
+    monkeypatch.setattr(torch, "load", boom)
+    monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(pickle, "load", boom)
+    assert store.load_latest() is not None
+
+
+def test_background_saves_while_loading(url: str) -> None:
+    store = CheckpointStore(url, keep_last=2)
+    store.save(0, _tensors(0))
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for step in range(1, 16):
+                store.save(step, _tensors(step))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    reports: list[str] = []
+    while t.is_alive():
+        result = store.load_latest(on_corrupt=reports.append)
+        assert result is not None
+        tensors, info = result
+        assert torch.equal(tensors["shard0/W"], _tensors(info.step)["shard0/W"])
+    t.join()
+    assert errors == [] and reports == []
+    assert _steps(store) == [14, 15]
