@@ -54,7 +54,7 @@ class RunConfig:
     eval_every: int | None = None  #: evaluate every this many iterations
     target: float | None = None  #: convergence target (default: the workload's)
     stop_at_target: bool = True  #: end the run when the target is reached
-    checkpoint_every: int = 100  #: N, iterations between full checkpoints
+    checkpoint_every: int | None = None  #: N, iterations between full checkpoints
     checkpoint_keep: int = 3  #: checkpoints kept
     checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
     lr: float | None = None  #: override the workload's server step size
@@ -78,7 +78,7 @@ class RunConfig:
         resolve(self.strategy)
         if self.engine not in ENGINES:
             raise UserError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
-        for name in ("shards", "workers", "checkpoint_every", "checkpoint_keep"):
+        for name in ("shards", "workers", "checkpoint_keep"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1 "
                                 f"(got {getattr(self, name)})")
@@ -86,7 +86,7 @@ class RunConfig:
             raise UserError(f"consistency must be bsp or ssp (got {self.consistency!r})")
         if self.staleness < 0:
             raise UserError(f"staleness must be 0 or more (got {self.staleness})")
-        for name in ("max_iterations", "eval_every"):
+        for name in ("max_iterations", "eval_every", "checkpoint_every"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1 (got {v})")

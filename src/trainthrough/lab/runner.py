@@ -15,13 +15,24 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.errors import UserError
 from trainthrough.lab.recorder import RunRecorder
-from trainthrough.workloads import make_workload
+from trainthrough.workloads import Workload, make_workload
 
 
-def _engine(cfg: RunConfig, callback: Callback, checkpoint_url: str) -> Any:
+def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
+    """Fill the fields left to the workload, so ``config.toml`` is fully resolved."""
+    workload = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
+    return replace(
+        cfg,
+        max_iterations=cfg.max_iterations or workload.default_max_iterations,
+        eval_every=cfg.eval_every or workload.default_eval_every,
+        checkpoint_every=cfg.checkpoint_every or workload.default_checkpoint_every,
+        target=cfg.target if cfg.target is not None else workload.default_target,
+    ), workload
+
+
+def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_url: str) -> Any:
     from trainthrough.engines.sim.engine import SimEngine
 
-    workload = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
     return SimEngine(cfg, workload, callback, checkpoint_url)
 
 
@@ -45,7 +56,8 @@ def run_silent(cfg: RunConfig) -> dict[str, Any]:
     """Run without a folder (baselines, quick checks); checkpoints stay in memory."""
     url = f"memory://trainthrough/{uuid.uuid4().hex}"
     try:
-        return _engine(cfg, Callback(), url).run().to_dict()
+        resolved, workload = resolve_defaults(cfg)
+        return _engine(resolved, workload, Callback(), url).run().to_dict()
     finally:
         _drop_memory(url)
 
@@ -70,12 +82,13 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         raise UserError(f"run folder {out} already exists and is not empty; "
                         "choose another --out or remove it")
     url = cfg.checkpoint_dir or str(out / "checkpoints")
-    resolved = replace(cfg, checkpoint_dir=url)
+    resolved, workload = resolve_defaults(cfg)
+    resolved = replace(resolved, checkpoint_dir=url)
     recorder: RunRecorder | None = None
     try:
         # Build before touching the disk: bad sizes or ids fail without a folder.
         holder = Callbacks(list(callbacks or []))
-        engine = _engine(resolved, holder, url)
+        engine = _engine(resolved, workload, holder, url)
         recorder = RunRecorder(out, resolved.to_toml())
         holder.items.insert(0, recorder)
         summary = engine.run().to_dict()

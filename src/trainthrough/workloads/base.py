@@ -66,6 +66,7 @@ class Workload(ABC):
     default_optimizer: OptimizerSpec = OptimizerSpec()
     default_max_iterations: int = 1000
     default_eval_every: int = 10
+    default_checkpoint_every: int = 100
     # Rough cost of one worker step in simulated seconds, before the cost model's
     # per-byte terms; engines charge it to the virtual clock.
     step_seconds: float = 0.01

@@ -37,6 +37,7 @@ class MLR(Workload):
     default_optimizer = OptimizerSpec(kind="sgd", lr=0.5)
     default_max_iterations = 3000
     default_eval_every = 5
+    default_checkpoint_every = 50
     step_seconds = 0.002
 
     def __init__(self, batch_size: int = 32, l2: float = 1e-4, seed: int = 0) -> None:

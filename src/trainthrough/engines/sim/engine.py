@@ -71,8 +71,9 @@ class SimEngine:
         self.schedule = FailureSchedule(specs, sizes, cfg.seed)
         self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
                                     self.clock, self.costs, self._emit)
-        self.checkpointer = SimCheckpointer(self.cluster, self.strategy.checkpoint_policy(
-            cfg.checkpoint_every), self.clock, self.costs, self._emit)
+        every = cfg.checkpoint_every or workload.default_checkpoint_every
+        self.checkpointer = SimCheckpointer(self.cluster, self.strategy.checkpoint_policy(every),
+                                            self.clock, self.costs, self._emit)
         self.target = cfg.target if cfg.target is not None else workload.default_target
         self.max_iter = cfg.max_iterations or workload.default_max_iterations
         self.eval_every = cfg.eval_every or workload.default_eval_every

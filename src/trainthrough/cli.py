@@ -1,0 +1,170 @@
+"""The ``trainthrough`` command: ``run``, ``list``, ``compare``.
+
+Bad input ends with one line on stderr and exit code 2 (argparse's own errors too);
+everything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trainthrough.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{self.prog}: {message} (see --help)")
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise UserError(f"--option {text!r} must be key=value")
+    k, v = text.split("=", 1)
+    for cast in (int, float):
+        try:
+            return k, cast(v)
+        except ValueError:
+            pass
+    return k, {"true": True, "false": False}.get(v.lower(), v)
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="run one configuration and write its run folder")
+    p.add_argument("--config", type=Path, help="a config.toml (CLI options override it)")
+    p.add_argument("--workload", help="workload name (see `trainthrough list`)")
+    p.add_argument("--strategy", help="strategy preset or composition")
+    p.add_argument("--engine", help="engine: sim")
+    p.add_argument("--shards", type=int, help="parameter-server shards K")
+    p.add_argument("--workers", type=int, help="workers N")
+    p.add_argument("--consistency", choices=["bsp", "ssp"], help="bsp or ssp")
+    p.add_argument("--staleness", type=int, help="SSP staleness bound s")
+    p.add_argument("--fail", action="append", default=None,
+                   help="failure spec, repeatable (e.g. 'shards=50%%@iter=230')")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
+    p.add_argument("--checkpoint-keep", type=int, dest="checkpoint_keep")
+    p.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="path or fsspec URL")
+    p.add_argument("--max-iterations", type=int, dest="max_iterations")
+    p.add_argument("--eval-every", type=int, dest="eval_every")
+    p.add_argument("--target", type=float, help="convergence target (default: workload's)")
+    p.add_argument("--lr", type=float, help="server step size override")
+    p.add_argument("--option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+                   help="workload option, repeatable (e.g. batch_size=64)")
+    p.add_argument("--baseline", action="store_true", default=None,
+                   help="also run failure-free with the same seed and report rework cost")
+    p.add_argument("--out", type=Path, help="run folder (default runs/<time>-<name>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_compare(sub: Any) -> None:
+    from trainthrough.lab.suites import SUITES
+
+    p = sub.add_parser("compare", help="run a suite and write results.csv, reports, plots")
+    p.add_argument("--suite", default="core", help=f"one of: {', '.join(SUITES)}")
+    p.add_argument("--quick", action="store_true", help="the small form of the suite")
+    p.add_argument("--seeds", type=int, help="seeds per cell (default: the suite's)")
+    p.add_argument("--out", type=Path, help="suite folder (default runs/<time>-<suite>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainthrough",
+                     description="Train through failures and measure what recovery costs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(sub)
+    sub.add_parser("list", help="list workloads, strategies, engines and suites")
+    _add_compare(sub)
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from trainthrough.config import RunConfig
+    from trainthrough.lab.progress import RunProgress, console, make_progress
+    from trainthrough.lab.runner import run
+
+    cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    over = {k: getattr(args, k) for k in (
+        "workload", "strategy", "engine", "shards", "workers", "consistency", "staleness",
+        "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir", "max_iterations",
+        "eval_every", "target", "lr", "baseline") if getattr(args, k) is not None}
+    if args.fail is not None:
+        over["failures"] = args.fail
+    if args.option:
+        over["workload_options"] = {**cfg.workload_options, **dict(args.option)}
+    cfg = replace(cfg, **over)
+    cfg.validate()
+    out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.workload}-{cfg.strategy}"
+    with make_progress(args.quiet) as progress:
+        bar = RunProgress(progress, f"{cfg.workload}/{cfg.strategy}", cfg.max_iterations or 1000)
+        s = run(cfg, out, [bar])
+    if not args.quiet:
+        rework = s.get("rework_iterations")
+        console.print(
+            f"{s['workload']} / {s['strategy']}: converged={s['converged']} "
+            f"iterations={s['iterations']} to_target={s['iterations_to_target']} "
+            f"failures={s['failures']} rework={rework if rework is not None else 'n/a'} "
+            f"{s['metric_name']}={s['final_metric']:.4g} sim={s['sim_seconds']:.1f}s "
+            f"wall={s['wall_seconds']:.1f}s -> {out}")
+    if not s["converged"]:
+        print(f"trainthrough: run did not reach the target {s['target']} within "
+              f"{s['iterations']} iterations (see {out}/metrics.jsonl)", file=sys.stderr)
+    return 0
+
+
+def _cmd_list() -> int:
+    from trainthrough.config import ENGINES
+    from trainthrough.ft.strategy import PRESETS
+    from trainthrough.lab.suites import SUITES
+    from trainthrough.workloads import WORKLOADS
+
+    for title, items in (("workloads", {k: v[1] for k, v in WORKLOADS.items()}),
+                         ("strategies", {k: v.description for k, v in PRESETS.items()}),
+                         ("engines", ENGINES),
+                         ("suites", {k: v.description for k, v in SUITES.items()})):
+        print(f"{title}:")
+        for name, desc in items.items():
+            print(f"  {name:<22} {desc}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from trainthrough.lab.suite import run_suite
+    from trainthrough.lab.suites import SUITES
+
+    if args.suite not in SUITES:
+        raise UserError(f"unknown suite {args.suite!r}; choose one of: {', '.join(SUITES)}")
+    if args.seeds is not None and args.seeds < 1:
+        raise UserError(f"--seeds must be at least 1 (got {args.seeds})")
+    spec = SUITES[args.suite].build(quick=args.quick, seeds=args.seeds)
+    out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}"
+    table = run_suite(spec, out, quiet=args.quiet)
+    print(table)
+    print(f"\nreport: {out / 'report.md'}  html: {out / 'report.html'}  csv: {out / 'results.csv'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``trainthrough`` command; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "list":
+            return _cmd_list()
+        return _cmd_compare(args)
+    except UserError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"trainthrough: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trainthrough: interrupted; the run folder has no summary.json", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Running a suite: a grid of runs sharing failure-free baselines, then the report.
+
+A suite is code that returns a :class:`SuiteSpec` (a list of run configs with their
+labels); this module runs them, two processes at a time on a 2-core machine (each
+run is single-threaded and deterministic, so the order of completion changes
+nothing), and writes ``results.csv``, ``report.md``, ``report.html`` and plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainthrough.config import RunConfig
+from trainthrough.errors import UserError
+from trainthrough.lab.progress import console, make_progress
+from trainthrough.lab.runner import baseline_config, run, run_silent
+
+
+@dataclass
+class SuiteRun:
+    """One cell of the grid: an id, a config, and labels that become CSV columns."""
+
+    run_id: str
+    config: RunConfig
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SuiteSpec:
+    """What a suite runs and how its report is titled."""
+
+    name: str
+    title: str
+    runs: list[SuiteRun]
+    notes: list[str] = field(default_factory=list)
+    group_by: tuple[str, ...] = ("workload", "fail", "strategy")
+    baseline_strategy: str = "checkpoint-restart"
+    sections: list[Any] = field(default_factory=list)  # callables(suite_dir, rows) -> (h, md)
+
+
+def _baseline_job(cfg: RunConfig) -> int | None:
+    return run_silent(cfg)["iterations_to_target"]
+
+
+def _run_job(cfg: RunConfig, out: str, baseline: int | None) -> dict[str, Any]:
+    return run(cfg, Path(out), baseline_iterations=baseline)
+
+
+def flatten(summary: dict[str, Any], labels: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """One CSV row: labels, scalar summary fields, and sums over recoveries."""
+    row: dict[str, Any] = {"run_id": run_id, **labels}
+    for k, v in summary.items():
+        if k == "recoveries":
+            row["recovery_count"] = len(v)
+            row["perturbation_norm"] = sum(r["perturbation_norm"] for r in v) if v else None
+            row["recovery_seconds"] = sum(r["recovery_seconds"] for r in v) if v else None
+        elif not isinstance(v, dict | list):
+            row.setdefault(k, v)
+    return row
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    # spawn, not fork: a forked torch with an initialised thread pool can deadlock.
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+
+
+def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None = None) -> str:
+    """Run every cell of ``spec`` into ``out`` and write the report; return the headline.
+
+    Raises:
+        UserError: an invalid config in the grid, or ``out`` already in use.
+    """
+    from trainthrough.lab.report import headline_table, load_results, summarize, write_report
+
+    for r in spec.runs:
+        r.config.validate()
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"suite folder {out} already exists and is not empty; "
+                        "choose another --out or remove it")
+    jobs = jobs or min(2, os.cpu_count() or 1)
+    keys = {r.run_id: baseline_config(r.config).to_toml() for r in spec.runs}
+    unique = {k: baseline_config(r.config) for r in spec.runs for k in [keys[r.run_id]]}
+    baselines: dict[str, int | None] = {}
+    rows: list[dict[str, Any]] = []
+    with make_progress(quiet) as progress, _pool(jobs) as pool:
+        task = progress.add_task(f"{spec.name}: baselines", total=len(unique), status="")
+        futs = {k: pool.submit(_baseline_job, c) for k, c in unique.items()}
+        for k, f in futs.items():
+            baselines[k] = f.result()
+            progress.advance(task)
+        task = progress.add_task(f"{spec.name}: runs", total=len(spec.runs), status="")
+        run_futs = [(r, pool.submit(_run_job, r.config, str(out / "runs" / r.run_id),
+                                    baselines[keys[r.run_id]])) for r in spec.runs]
+        for r, f in run_futs:
+            summary = f.result()
+            rows.append(flatten(summary, r.labels, r.run_id))
+            progress.advance(task)
+            progress.update(task, status=r.run_id)
+    _write_csv(out / "results.csv", rows)
+    results = load_results(out)
+    summary_rows = summarize(results, by=spec.group_by, baseline_strategy=spec.baseline_strategy)
+    sections = [section(out, results) for section in spec.sections]
+    write_report(out, spec.title, spec.notes, extra_sections=sections)
+    if not quiet:
+        console.print(f"[dim]{len(rows)} runs in {out}[/dim]")
+    return headline_table(summary_rows)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write rows with the union of their keys; atomically, so a partial CSV never shows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields: list[str] = []
+    for row in rows:
+        fields.extend(k for k in row if k not in fields)
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)

@@ -1,0 +1,84 @@
+"""Every form of the failure spec language, and every malformed one exits 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainthrough.errors import UserError
+from trainthrough.faults.schedule import FailureSchedule
+from trainthrough.faults.spec import parse, parse_one, validate
+
+
+@pytest.mark.parametrize("text,check", [
+    ("shards=1@iter=300", lambda s: s.kind == "shard" and s.ids == (1,) and s.at_iter == 300),
+    ("shards=0,2@iter=10", lambda s: s.ids == (0, 2)),
+    ("shards=50%@iter=300", lambda s: s.fraction == 0.5),
+    ("worker=2@iter=100", lambda s: s.kind == "worker" and s.ids == (2,)),
+    ("shards=0@time=40s", lambda s: s.at_time == 40.0),
+    ("shards=0@time=500ms", lambda s: s.at_time == 0.5),
+    ("shards=0@time=2min", lambda s: s.at_time == 120.0),
+    ("shard=any@mtbf=120s,max=3", lambda s: s.any_one and s.mtbf == 120 and s.max_count == 3),
+    ("shard=all@mtbf=300iter", lambda s: s.every and s.mtbf_unit == "iter"),
+    ("rank=1@iter=50,phase=allreduce:2", lambda s: s.kind == "rank" and s.phase == "allreduce:2"),
+    ("rank=1@iter=50,phase=forward,mode=hang", lambda s: s.mode == "hang"),
+    ("shards=1@iter=230,phase=recovery", lambda s: s.phase == "recovery"),
+])
+def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
+    assert check(parse_one(text))
+
+
+@pytest.mark.parametrize("text", [
+    "shards=1", "shards=1@@iter=3", "disk=1@iter=3", "shards=150%@iter=3", "shards=0%@iter=3",
+    "shards=x@iter=3", "shards=1@iter=-3", "shards=1@iter=abc", "shards=1@time=soon",
+    "shards=1@mtbf=0s", "shards=1@mtbf=10", "shards=1@when=3", "shards=1@iter=3,phase=lunch",
+    "shards=1@iter=3,mode=explode", "shards=1@iter=3,color=red", "shards=1,1@iter=3",
+    "shards@iter=3", "shards=1@iter=3,max=x",
+])
+def test_malformed_specs_are_user_errors(text: str) -> None:
+    with pytest.raises(UserError, match="failure spec"):
+        parse_one(text)
+
+
+@pytest.mark.parametrize("text", ["shards=7@iter=3", "worker=4@iter=3", "rank=0@iter=3"])
+def test_ids_checked_against_sizes(text: str) -> None:
+    with pytest.raises(UserError):
+        validate(parse(text), {"shard": 4, "worker": 4})
+
+
+def test_semicolons_join_specs() -> None:
+    assert [s.kind for s in parse("shards=1@iter=3; worker=0@iter=5")] == ["shard", "worker"]
+
+
+def test_fraction_resolves_to_that_many_distinct_shards_seeded() -> None:
+    specs = parse("shards=50%@iter=3")
+    a = FailureSchedule(specs, {"shard": 8}, seed=1).pending[0]
+    b = FailureSchedule(specs, {"shard": 8}, seed=1).pending[0]
+    assert a.ids == b.ids and len(set(a.ids)) == 4
+
+
+def test_mtbf_draws_are_seeded_and_capped() -> None:
+    specs = parse("shard=any@mtbf=100s,max=5")
+    a = FailureSchedule(specs, {"shard": 4}, seed=3).pending
+    b = FailureSchedule(specs, {"shard": 4}, seed=3).pending
+    assert len(a) == 5 and a == b
+    times = [e.at_time for e in a]
+    assert times == sorted(times) and all(t > 0 for t in times)
+
+
+def test_due_fires_once_and_respects_phase() -> None:
+    sched = FailureSchedule(parse("shards=0@iter=5;shards=1@iter=5,phase=recovery"),
+                            {"shard": 2}, seed=0)
+    assert sched.due(4, 0.0) == []
+    fired = sched.due(5, 0.0)
+    assert [e.ids for e in fired] == [(0,)]
+    assert sched.due(6, 0.0) == []
+    assert [e.ids for e in sched.due(6, 0.0, phase="recovery")] == [(1,)]
+
+
+@pytest.mark.parametrize("spec", ["shards=9@iter=3", "shards=lots@iter=3", "shards=1@iter="])
+def test_cli_malformed_spec_exits_2_with_one_line(cli, tmp_path, spec: str) -> None:  # noqa: ANN001
+    out = tmp_path / "run"
+    r = cli("run", "--workload", "mlr", "--fail", spec, "--out", str(out), "--quiet")
+    assert r.code == 2
+    assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+    assert not (out / "summary.json").exists()
