@@ -222,15 +222,21 @@ def plot_rework_bars(summary_rows: Sequence[dict[str, Any]], out: Path,
     path = out if out.suffix.lower() == ".png" else out / "rework.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     groups = list(dict.fromkeys((r.get("workload"), r.get("fail")) for r in summary_rows))
-    strategies = list(dict.fromkeys(str(r.get("strategy")) for r in summary_rows))
-    colors = strategy_colors(strategies)
-    cell = {((r.get("workload"), r.get("fail")), str(r.get("strategy"))): r for r in summary_rows}
+    # One bar series per value of the group keys other than workload/fail (the keys
+    # are the fields summarize() puts before ``n``): usually just the strategy.
+    cells: dict[tuple[Any, str], dict[str, Any]] = {}
+    for r in summary_rows:
+        keys = list(r)[:list(r).index("n")] if "n" in r else ["strategy"]
+        label = " ".join(str(r.get(k)) for k in keys if k not in ("workload", "fail"))
+        cells[((r.get("workload"), r.get("fail")), label)] = r
+    series = list(dict.fromkeys(s for _, s in cells))
+    colors = strategy_colors(series)
     fig = Figure(figsize=(max(FIGSIZE[0], 1.3 * len(groups)), FIGSIZE[1]), dpi=DPI)
     ax = fig.add_subplot()
-    width = 0.8 / max(1, len(strategies))
-    for j, s in enumerate(strategies):
+    width = 0.8 / max(1, len(series))
+    for j, s in enumerate(series):
         for i, g in enumerate(groups):
-            row = cell.get((g, s))
+            row = cells.get((g, s))
             if row is None:
                 continue
             xpos = i - 0.4 + width * (j + 0.5)
@@ -242,7 +248,7 @@ def plot_rework_bars(summary_rows: Sequence[dict[str, Any]], out: Path,
             ax.bar(xpos, mean, width * 0.9, yerr=sd, color=colors[s], capsize=3,
                    error_kw={"lw": 1, "ecolor": "0.25"})
             red = _num(row.get("reduction_vs_baseline"))
-            if s != baseline_strategy and red is not None:
+            if row.get("strategy") != baseline_strategy and red is not None:
                 arrow = "↓" if red >= 0 else "↑"
                 ax.annotate(f"{arrow}{abs(red):.0%}", (xpos, max(mean, 0) + sd),
                             xytext=(0, 2), textcoords="offset points", ha="center",
@@ -257,8 +263,8 @@ def plot_rework_bars(summary_rows: Sequence[dict[str, Any]], out: Path,
                  f"{baseline_strategy}", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.15)
-    if strategies:
-        ax.legend(handles=[Patch(color=colors[s], label=s) for s in strategies],
+    if series:
+        ax.legend(handles=[Patch(color=colors[s], label=s) for s in series],
                   fontsize=8, loc="best", framealpha=0.9)
     else:
         ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center")

@@ -15,7 +15,7 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,38 +137,46 @@ def _reduction(s: dict[str, Any], baseline: str) -> str:
     return _NA if r is None else f"{100 * r:.1f}%"
 
 
-_Col = tuple[str, Callable[[dict[str, Any]], str], bool]  # header, cell, right-aligned
+_OPTIONAL = (("rework_bound", "bound"), ("perturbation_norm", "‖δ‖"),
+             ("recovery_seconds", "recovery s"), ("checkpoint_bytes", "ckpt MB"),
+             ("checkpoint_blocked_seconds", "blocked s"), ("updates_lost", "updates lost"),
+             ("sim_seconds", "sim s"), ("wall_seconds", "wall s"))
 
 
-def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool) -> list[_Col]:
+def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool
+             ) -> list[tuple[str, str]]:
+    """(header, field) pairs; optional columns only when some group has a value."""
     keys = [k for k in (rows[0] if rows else {}) if k not in _STATS]
-    names = {"fail": "failures"}
-    cols: list[_Col] = [(names.get(k, k), lambda s, k=k: _label(s[k]), False)
-                        for k in keys]
-    cols += [("runs", lambda s: str(s["n"]), True),
-             ("converged", lambda s: f"{s['converged']}/{s['n']}", True),
-             ("rework (mean ± sd)", _rework, True),
-             (f"vs {baseline}", lambda s: _reduction(s, baseline), True)]
-    extra = [("rework_bound", "bound", 1.0), ("perturbation_norm", "‖δ‖", 1.0),
-             ("recovery_seconds", "recovery s", 1.0), ("checkpoint_bytes", "ckpt MB", 1e-6),
-             ("checkpoint_blocked_seconds", "blocked s", 1.0),
-             ("updates_lost", "updates lost", 1.0), ("sim_seconds", "sim s", 1.0),
-             ("wall_seconds", "wall s", 1.0)]
-    shown = {"recovery_seconds", "sim_seconds", "wall_seconds"}
-    for c, head, scale in extra:  # optional columns only when some group has a value
-        if (full or c in shown) and any(s.get(f"{c}_mean") is not None for s in rows):
-            cols.append((head, lambda s, c=c, k=scale: _f(s.get(f"{c}_mean"), k), True))
+    cols = [("failures" if k == "fail" else k, k) for k in keys]
+    cols += [("runs", "n"), ("converged", "converged"), ("rework (mean ± sd)", "rework_mean"),
+             (f"vs {baseline}", "reduction_vs_baseline")]
+    brief = {"recovery_seconds", "sim_seconds", "wall_seconds"}
+    cols += [(head, f"{c}_mean") for c, head in _OPTIONAL if (full or c in brief)
+             and any(s.get(f"{c}_mean") is not None for s in rows)]
     return cols
+
+
+def _cell(s: dict[str, Any], field: str, baseline: str) -> str:
+    if field not in _STATS:
+        return _label(s.get(field))
+    if field == "converged":
+        return f"{s['converged']}/{s['n']}"
+    if field == "rework_mean":
+        return _rework(s)
+    if field == "reduction_vs_baseline":
+        return _reduction(s, baseline)
+    return _f(s.get(field), 1e-6 if field == "checkpoint_bytes_mean" else 1.0)
 
 
 def headline_table(summary_rows: Sequence[dict[str, Any]],
                    baseline_strategy: str = "checkpoint-restart") -> str:
     """A fixed-width plain-text table of the summary, for the terminal."""
     cols = _columns(summary_rows, baseline_strategy, full=False)
-    cells = [[h for h, _, _ in cols]] + [[fn(s) for _, fn, _ in cols] for s in summary_rows]
+    cells = [[h for h, _ in cols]] + [[_cell(s, f, baseline_strategy) for _, f in cols]
+                                      for s in summary_rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) if right else c.ljust(w)
-                       for c, w, (_, _, right) in zip(r, widths, cols, strict=True)).rstrip()
+    lines = ["  ".join(c.rjust(w) if f in _STATS else c.ljust(w)
+                       for c, w, (_, f) in zip(r, widths, cols, strict=True)).rstrip()
              for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -188,8 +196,9 @@ def _md_table(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
 
 def _summary_md(summary: list[dict[str, Any]], baseline: str) -> str:
     cols = _columns(summary, baseline, full=True)
-    body = [[_md_cell(fn(s), code=h == "failures") for h, fn, _ in cols] for s in summary]
-    return _md_table([h for h, _, _ in cols], body, [r for _, _, r in cols])
+    body = [[_md_cell(_cell(s, f, baseline), code=f == "fail") for _, f in cols]
+            for s in summary]
+    return _md_table([h for h, _ in cols], body, [f in _STATS for _, f in cols])
 
 
 def _runs_md(rows: list[dict[str, Any]]) -> str:
@@ -221,7 +230,9 @@ def _auto_notes(suite_dir: Path, rows: list[dict[str, Any]], baseline: str) -> l
 
 
 def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
-                 extra_sections: list[tuple[str, str]] | None = None) -> dict[str, Path]:
+                 extra_sections: list[tuple[str, str]] | None = None,
+                 by: Sequence[str] = ("workload", "fail", "strategy"),
+                 baseline_strategy: str = "checkpoint-restart") -> dict[str, Path]:
     """Write ``report.md``, ``report.html`` and the PNG plots (under ``plots/``).
 
     Args:
@@ -229,6 +240,7 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
         title: the report's title.
         notes: lines shown under the title (notes on missing runs are added).
         extra_sections: ``(heading, markdown body)`` pairs appended to the report.
+        by, baseline_strategy: grouping and baseline of the summary (see :func:`summarize`).
 
     Returns:
         ``{"markdown": ..., "html": ..., "rework": ..., "<png stem>": ...}``.
@@ -237,9 +249,9 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
         UserError: ``results.csv`` is missing or unreadable.
     """
     suite_dir = Path(suite_dir)
-    baseline = "checkpoint-restart"
+    baseline = baseline_strategy
     rows = load_results(suite_dir)
-    summary = summarize(rows, baseline_strategy=baseline)
+    summary = summarize(rows, by=by, baseline_strategy=baseline)
     plots = suite_dir / "plots"
     bars = plot_rework_bars(summary, plots / "rework.png", baseline)
     curves = plot_metric_curves(suite_dir, rows, plots)
@@ -341,7 +353,9 @@ def _table_html(lines: list[str], base: Path) -> str:
 def _md_to_html(md: str, base: Path) -> str:
     """Headings, pipe tables, ``-``/``*`` lists, fenced code, paragraphs, inline code,
     emphasis, images (embedded) and links (local only)."""
-    lines, out, para, i = md.splitlines(), [], [], 0
+    lines, i = md.splitlines(), 0
+    out: list[str] = []
+    para: list[str] = []
 
     def flush() -> None:
         if para:
