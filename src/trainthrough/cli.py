@@ -48,6 +48,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
     p.add_argument("--checkpoint-keep", type=int, dest="checkpoint_keep")
+    p.add_argument("--checkpoint-fraction", type=float, dest="checkpoint_fraction",
+                   help="prioritized checkpoints: fraction r saved every r*N iterations")
+    p.add_argument("--checkpoint-rule", dest="checkpoint_rule",
+                   choices=["largest-change", "random", "round-robin"])
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="path or fsspec URL")
     p.add_argument("--max-iterations", type=int, dest="max_iterations")
     p.add_argument("--eval-every", type=int, dest="eval_every")
@@ -90,7 +94,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
     over = {k: getattr(args, k) for k in (
         "workload", "strategy", "engine", "shards", "workers", "consistency", "staleness",
-        "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir", "max_iterations",
+        "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir", "checkpoint_fraction",
+        "checkpoint_rule", "max_iterations",
         "eval_every", "target", "lr", "baseline") if getattr(args, k) is not None}
     if args.fail is not None:
         over["failures"] = args.fail

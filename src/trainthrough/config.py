@@ -54,8 +54,11 @@ class RunConfig:
     eval_every: int | None = None  #: evaluate every this many iterations
     target: float | None = None  #: convergence target (default: the workload's)
     stop_at_target: bool = True  #: end the run when the target is reached
+    past_target: float = 0.0  #: ...after this many more iterations, as a fraction
     checkpoint_every: int | None = None  #: N, iterations between full checkpoints
-    checkpoint_keep: int = 3  #: checkpoints kept
+    checkpoint_keep: int = 3  #: full checkpoints kept
+    checkpoint_fraction: float = 0.25  #: r, prioritized: fraction saved every r*N
+    checkpoint_rule: str = "largest-change"  #: prioritized: largest-change, random, round-robin
     checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
     lr: float | None = None  #: override the workload's server step size
     baseline: bool = False  #: also run failure-free with the same seed for rework cost
@@ -90,6 +93,12 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1 (got {v})")
+        if not 0 < self.checkpoint_fraction <= 1:
+            raise UserError(f"checkpoint-fraction must be in (0, 1] (got "
+                            f"{self.checkpoint_fraction})")
+        if self.checkpoint_rule not in ("largest-change", "random", "round-robin"):
+            raise UserError(f"checkpoint-rule must be largest-change, random or round-robin "
+                            f"(got {self.checkpoint_rule!r})")
         if self.lr is not None and not self.lr > 0:
             raise UserError(f"lr must be positive (got {self.lr})")
         for f in fields(CostModel):

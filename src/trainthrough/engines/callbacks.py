@@ -1,7 +1,8 @@
 """Lifecycle hooks engines call, so reports, progress bars and plots never edit a loop.
 
 Call order for one run: ``before_run`` once; then, interleaved as they happen,
-``after_step`` (every executed iteration), ``after_eval`` (every evaluation) and
+``after_step`` (every executed iteration), ``after_eval`` and ``on_params`` (every
+evaluation) and
 ``on_event`` (failures, detections, checkpoints, recoveries); ``after_run`` once
 with the summary. Every hook is a no-op by default: subclass and override.
 """
@@ -22,6 +23,9 @@ class Callback:
 
     def after_eval(self, record: dict[str, Any]) -> None:
         """An evaluation: iteration, sim_seconds, wall_seconds, metric, loss, extras."""
+
+    def on_params(self, iteration: int, params: dict[str, Any]) -> None:
+        """The parameters at an evaluation (live tensors: copy what you keep)."""
 
     def on_event(self, event: dict[str, Any]) -> None:
         """A failure, detection, checkpoint, recovery or replica change."""
@@ -47,6 +51,10 @@ class Callbacks(Callback):
     def after_eval(self, record: dict[str, Any]) -> None:
         for c in self.items:
             c.after_eval(record)
+
+    def on_params(self, iteration: int, params: dict[str, Any]) -> None:
+        for c in self.items:
+            c.on_params(iteration, params)
 
     def on_event(self, event: dict[str, Any]) -> None:
         for c in self.items:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from trainthrough.errors import UserError
 from trainthrough.ft.checkpointing import CheckpointPolicy, FullEvery, NoCheckpoints
+from trainthrough.ft.prioritized import PrioritizedEvery
 from trainthrough.ft.recovery import RecoveryPolicy, Reinitialize, RestoreLost, RollbackAll
 
 
@@ -19,7 +20,7 @@ from trainthrough.ft.recovery import RecoveryPolicy, Reinitialize, RestoreLost, 
 class Strategy:
     """One fault-tolerance strategy.
 
-    ``checkpoint``: ``none`` or ``full``; ``persist``: ``sync`` or ``async``;
+    ``checkpoint``: ``none``, ``full`` or ``prioritized``; ``persist``: ``sync`` or ``async``;
     ``recovery``: ``reinit``, ``rollback-all`` or ``restore-lost``;
     ``replication`` and ``outage`` are ``none``/``wait`` until the runtime issues.
     """
@@ -32,10 +33,15 @@ class Strategy:
     replication: str = "none"
     outage: str = "wait"
 
-    def checkpoint_policy(self, every: int) -> CheckpointPolicy:
+    def checkpoint_policy(self, every: int, fraction: float = 0.25,
+                          rule: str = "largest-change") -> CheckpointPolicy:
+        """The saving policy; ``fraction`` and ``rule`` apply to ``prioritized`` only."""
+        asynchronous = self.persist == "async"
         if self.checkpoint == "none":
             return NoCheckpoints()
-        return FullEvery(every, asynchronous=self.persist == "async")
+        if self.checkpoint == "prioritized":
+            return PrioritizedEvery(every, fraction, rule, asynchronous)
+        return FullEvery(every, asynchronous=asynchronous)
 
     def recovery_policy(self) -> RecoveryPolicy:
         return {"reinit": Reinitialize, "rollback-all": RollbackAll,
@@ -49,10 +55,18 @@ PRESETS: dict[str, Strategy] = {
                  "full checkpoint every N; any failure rolls all parameters and the "
                  "iteration back to the last checkpoint", checkpoint="full",
                  recovery="rollback-all"),
+        Strategy("scar-partial",
+                 "SCAR: full checkpoint every N; only the lost shards are restored, the "
+                 "survivors keep their current values", checkpoint="full",
+                 recovery="restore-lost"),
+        Strategy("scar",
+                 "SCAR: prioritized checkpoints (fraction r of rows, largest change first, "
+                 "every r*N) + partial recovery", checkpoint="prioritized",
+                 recovery="restore-lost"),
     ]
 }
 
-_CHOICES = {"checkpoint": ("none", "full"), "persist": ("sync", "async"),
+_CHOICES = {"checkpoint": ("none", "full", "prioritized"), "persist": ("sync", "async"),
             "recovery": ("reinit", "rollback-all", "restore-lost")}
 
 

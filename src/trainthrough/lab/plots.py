@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 FIGSIZE = (8.0, 4.5)
 DPI = 110
@@ -43,6 +44,7 @@ _PRESET_COLORS = {
 }
 _EXTRA_COLORS = ("#17becf", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e",
                  "#e6ab02", "#a6761d")
+_FAIL_COLOR = "0.1"  # not gray: gray is the "none" strategy
 _SUBST = {"@": "at", "%": "pct", "=": "-", ",": "_", "/": "_", ":": "_", " ": "_"}
 
 
@@ -173,18 +175,23 @@ def plot_metric_curves(suite_dir: Path, rows: Sequence[dict[str, Any]], out: Pat
             continue
         for fx, who in fail_x.items():
             for s in (["*"] if who >= drawn else sorted(who)):
-                ax.axvline(fx, color="0.45" if s == "*" else colors[s], ls="--", lw=0.9,
-                           alpha=0.7, zorder=1)
+                ax.axvline(fx, color=_FAIL_COLOR if s == "*" else colors[s], ls="--", lw=0.9,
+                           alpha=0.6, zorder=1)
         first = next(iter(by_strategy.values()))[0]
         target = _num(first.get("target"))
         if target is not None:
             ax.axhline(target, color="black", ls=":", lw=1.1, label=f"target {target:g}")
         handles, _ = ax.get_legend_handles_labels()
-        handles += [Line2D([], [], color="0.45", ls="--", lw=0.9, label="failure"),
+        handles += [Line2D([], [], color=_FAIL_COLOR, ls="--", lw=0.9, alpha=0.6, label="failure"),
                     Line2D([], [], ls="", marker="o", mfc="white", mec="0.3", label="recovery")]
         metric = str(first.get("metric_name") or "metric")
         better = {"max": " (higher is better)", "min": " (lower is better)"}.get(
             str(first.get("direction")), "")
+        lo, hi = ax.dataLim.y0, ax.dataLim.y1
+        if first.get("direction") == "min" and lo > 0 and hi / lo > 10:
+            ax.set_yscale("log")  # losses fall over decades: the tail near target matters
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(_minor_tick))
         ax.set_xlabel(_X_LABELS[x])
         ax.set_ylabel(metric + better)
         ax.set_title(_wrap(f"{workload} — failures: {fail or 'none'}"), fontsize=11)
@@ -195,6 +202,11 @@ def plot_metric_curves(suite_dir: Path, rows: Sequence[dict[str, Any]], out: Pat
         fig.savefig(path, format="png")
         written.append(path)
     return written
+
+
+def _minor_tick(v: float, _pos: int) -> str:
+    """Label the 2, 3 and 5 of each decade on a log axis, plainly (0.3, not 3e-01)."""
+    return f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5) else ""
 
 
 def _event_x(ev: dict[str, Any], x: str, its: np.ndarray, xs: np.ndarray) -> float | None:
@@ -240,7 +252,8 @@ def plot_rework_bars(summary_rows: Sequence[dict[str, Any]], out: Path,
             if row is None:
                 continue
             xpos = i - 0.4 + width * (j + 0.5)
-            mean, sd = _num(row.get("rework_mean")), _num(row.get("rework_sd")) or 0.0
+            # sd is None for a single run: then no error bar rather than a fake 0
+            mean, sd = _num(row.get("rework_mean")), _num(row.get("rework_sd"))
             if mean is None:
                 ax.text(xpos, 0, "not converged", rotation=90, ha="center", va="bottom",
                         fontsize=7, color=colors[s])
@@ -250,9 +263,9 @@ def plot_rework_bars(summary_rows: Sequence[dict[str, Any]], out: Path,
             red = _num(row.get("reduction_vs_baseline"))
             if row.get("strategy") != baseline_strategy and red is not None:
                 arrow = "↓" if red >= 0 else "↑"
-                ax.annotate(f"{arrow}{abs(red):.0%}", (xpos, max(mean, 0) + sd),
+                ax.annotate(f"{arrow}{abs(red):.0%}", (xpos, max(mean, 0) + (sd or 0.0)),
                             xytext=(0, 2), textcoords="offset points", ha="center",
-                            va="bottom", fontsize=7)
+                            va="bottom", fontsize=8)
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([f"{w}\n" + "\n".join(textwrap.wrap(str(f or "no failures"), 22))

@@ -149,7 +149,7 @@ def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool
     keys = [k for k in (rows[0] if rows else {}) if k not in _STATS]
     cols = [("failures" if k == "fail" else k, k) for k in keys]
     cols += [("runs", "n"), ("converged", "converged"), ("rework (mean ± sd)", "rework_mean"),
-             (f"vs {baseline}", "reduction_vs_baseline")]
+             (f"reduction vs {baseline}", "reduction_vs_baseline")]
     brief = {"recovery_seconds", "sim_seconds", "wall_seconds"}
     cols += [(head, f"{c}_mean") for c, head in _OPTIONAL if (full or c in brief)
              and any(s.get(f"{c}_mean") is not None for s in rows)]
@@ -259,7 +259,7 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
     md += [f"- {n}" for n in [*(notes or []), *_auto_notes(suite_dir, rows, baseline)]]
     md += ["", "## Summary", "",
            "Rework: extra iterations to reach the target compared with the failure-free run "
-           f"of the same seed (mean ± sd over runs that reached it). *vs {baseline}*: "
+           f"of the same seed (mean ± sd over runs that reached it). *Reduction vs {baseline}*: "
            f"1 − mean rework / mean rework of {baseline} under the same failures.", "",
            _summary_md(summary, baseline), "", "## Plots", "",
            f"![rework iterations per strategy]({bars.relative_to(suite_dir).as_posix()})", ""]

@@ -106,10 +106,11 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
     results = load_results(out)
     summary_rows = summarize(results, by=spec.group_by, baseline_strategy=spec.baseline_strategy)
     sections = [section(out, results) for section in spec.sections]
-    write_report(out, spec.title, spec.notes, extra_sections=sections)
+    write_report(out, spec.title, spec.notes, extra_sections=sections, by=spec.group_by,
+                 baseline_strategy=spec.baseline_strategy)
     if not quiet:
         console.print(f"[dim]{len(rows)} runs in {out}[/dim]")
-    return headline_table(summary_rows)
+    return headline_table(summary_rows, spec.baseline_strategy)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -23,6 +23,8 @@ WORKLOADS: dict[str, tuple[str, str]] = {
            "matrix factorization by alternating least squares, synthetic low-rank ratings"),
     "lda": ("trainthrough.workloads.lda:LDA",
             "LDA by collapsed Gibbs sampling, synthetic corpus from a known topic model"),
+    "ridge": ("trainthrough.workloads.ridge:Ridge",
+              "ridge regression, full-batch GD, isotropic design (SCAR's bound holds exactly)"),
     "cnn": ("trainthrough.workloads.cnn:CNN",
             "2 conv + 2 fully connected layers with Adam, sklearn digits (or IDX files)"),
 }

@@ -91,7 +91,7 @@ class LDA(Workload):
     description = "LDA by collapsed Gibbs sampling, synthetic corpus from a known topic model"
     metric_name = "train_loglik_per_token"
     direction = "max"
-    default_target = -3.14
+    default_target = -3.70
     update_kind = "delta"
     aggregate = "sum"
     default_optimizer = OptimizerSpec(kind="add", lr=1.0)
@@ -100,8 +100,8 @@ class LDA(Workload):
     step_seconds = 0.01
 
     def __init__(self, n_topics: int = 10, n_words: int = 500, n_docs: int = 300,
-                 doc_length: int = 80, alpha: float = 0.1, beta: float = 0.01,
-                 blocks: int = 4, fold_in_iterations: int = 10, data_seed: int = 0,
+                 doc_length: int = 80, alpha: float = 0.3, beta: float = 0.01,
+                 blocks: int = 8, fold_in_iterations: int = 10, data_seed: int = 0,
                  docword_file: str | None = None, vocab_file: str | None = None,
                  seed: int = 0) -> None:
         if n_topics < 2 or alpha <= 0 or beta <= 0 or blocks < 1:

@@ -1,11 +1,17 @@
-"""Taking checkpoints in the simulated cluster, synchronously or in the background.
+"""Taking and restoring checkpoints in the simulated cluster, sync or in the background.
 
-Sync: training blocks while the full state is written (storage time is charged as
+Sync: training blocks while the state is written (storage time is charged as
 blocked time). Async: training blocks only for an in-memory snapshot; the persist
 finishes ``bytes / storage_bandwidth`` simulated seconds later, and only then does
 the checkpoint exist. A second persist never overlaps the first (it waits, and the
 wait is charged as blocked), and a failure abandons a persist still in flight, so
 recovery never sees a checkpoint that was not complete before the crash.
+
+Full checkpoints (fraction 1) hold every shard's whole state under tag ``ckpt``.
+Prioritized ones (fraction r < 1, SCAR) hold, per shard, the rows picked by
+:func:`~trainthrough.ft.prioritized.select_rows` under tag ``prio``, numbered by a
+save counter (not the iteration, which a rollback can rewind); recovery replays
+them oldest to newest so each row gets its freshest saved copy.
 """
 
 from __future__ import annotations
@@ -18,41 +24,43 @@ import torch
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.ft.checkpointing import CheckpointPolicy
+from trainthrough.ft.decisions import CheckpointDecision
+from trainthrough.ft.prioritized import INDEX_BYTES, row_change, select_rows
+
+Tensors = dict[str, torch.Tensor]
 
 
 class SimCheckpointer:
-    """Carries out the checkpoint policy's decisions."""
+    """Carries out the checkpoint policy's decisions, and restores from what it saved."""
 
     def __init__(self, cluster: SimCluster, policy: CheckpointPolicy, clock: VirtualClock,
-                 costs: Costs, emit: Callable[[dict[str, Any]], None]) -> None:
+                 costs: Costs, emit: Callable[[dict[str, Any]], None], seed: int = 0) -> None:
         self.c = cluster
         self.policy = policy
         self.clock = clock
         self.costs = costs
         self.emit = emit
         self.count = 0
-        self.bytes = 0
+        self.bytes = 0  # everything written: tensors, safetensors headers, manifests
+        self.payload_bytes = 0  # tensor data only (values, optimizer state, row indices)
         self.blocked = 0.0
-        self._pending: tuple[float, int, dict[str, torch.Tensor]] | None = None
+        self._pending: tuple[float, Callable[[], None]] | None = None
+        # Prioritized bookkeeping, per shard: the values as last saved, the save that
+        # holds each row's freshest copy (-1: never saved, i.e. initial values).
+        self._ref = [{n: v.clone() for n, v in p.items()} for p in cluster.x0_parts]
+        self._owner = [{n: torch.full((v.shape[0],), -1, dtype=torch.int64)
+                        for n, v in p.items()} for p in cluster.x0_parts]
+        self._cursor = [0] * len(cluster.shards)
+        self._gen = torch.Generator().manual_seed(seed + 31)
+        self._saves = 0
 
-    def _meta(self) -> dict[str, Any]:
-        return {"layout": self.c.layout.to_dict(), "workload": self.c.workload.name}
-
-    def _persist(self, step: int, tensors: dict[str, torch.Tensor], blocked: float,
-                 asynchronous: bool) -> None:
-        assert self.c.store is not None
-        info = self.c.store.save(step, tensors, self._meta())
-        self.count += 1
-        self.bytes += info.nbytes
-        self.emit({"type": "checkpoint", "iteration": step, "bytes": info.nbytes,
-                   "blocked_seconds": blocked, "async": asynchronous, "name": info.name})
-
+    # -- saving -----------------------------------------------------------------
     def flush_due(self) -> None:
         """Complete a background persist whose simulated write has finished."""
         if self._pending is not None and self._pending[0] <= self.clock.now:
-            _, step, tensors = self._pending
+            _, finish = self._pending
             self._pending = None
-            self._persist(step, tensors, 0.0, True)
+            finish()
 
     def after_iteration(self, logical: int) -> None:
         """Finish a persist that is due, then ask the policy whether to save now."""
@@ -60,28 +68,156 @@ class SimCheckpointer:
         decision = self.policy.decide(logical)
         if decision is None or self.c.store is None:
             return
-        tensors = self.c.state_tensors()
+        if decision.fraction >= 1.0:
+            tensors, commit = self.c.state_tensors(), (lambda: None)
+            tag, step, meta = "ckpt", logical, self._meta()
+        else:
+            tensors, commit = self._partial(decision)
+            self._saves += 1
+            tag, step, meta = "prio", self._saves, {"iteration": logical,
+                                                   "fraction": decision.fraction}
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+
+        def finish(blocked: float = 0.0) -> None:
+            info = self.c.store.save(step, tensors, meta, tag=tag)  # type: ignore[union-attr]
+            commit()
+            self.count += 1
+            self.bytes += info.nbytes
+            self.payload_bytes += nbytes
+            self.emit({"type": "checkpoint", "iteration": logical, "bytes": info.nbytes,
+                       "blocked_seconds": blocked, "async": decision.asynchronous,
+                       "fraction": decision.fraction, "name": info.name})
+            if tag == "prio":
+                self._prune()
+
         if not decision.asynchronous:
             blocked = self.costs.storage(nbytes)
             self.clock.advance(blocked)
             self.blocked += blocked
-            self._persist(logical, tensors, blocked, False)
+            finish(blocked)
             return
         wait = 0.0
         if self._pending is not None:  # never two persists at once: wait for the first
             wait = max(0.0, self._pending[0] - self.clock.now)
             self.clock.advance(wait)
-            _, step, old = self._pending
-            self._pending = None
-            self._persist(step, old, wait, True)
+            self.flush_due()
         snap = nbytes / self.costs.m.memory_bandwidth
         self.clock.advance(snap)
         self.blocked += wait + snap
-        self._pending = (self.clock.now + self.costs.storage(nbytes), logical, tensors)
+        self._pending = (self.clock.now + self.costs.storage(nbytes), finish)
 
     def drop_pending(self) -> None:
         """A failure struck: a persist still in flight never completes."""
         if self._pending is not None:
-            self.emit({"type": "checkpoint-abandoned", "iteration": self._pending[1]})
+            self.emit({"type": "checkpoint-abandoned"})
             self._pending = None
+
+    def _meta(self) -> dict[str, Any]:
+        return {"layout": self.c.layout.to_dict(), "workload": self.c.workload.name}
+
+    def _partial(self, d: CheckpointDecision) -> tuple[Tensors, Callable[[], None]]:
+        """Pick each shard's rows; return the payload and the bookkeeping to commit."""
+        tensors: Tensors = {}
+        chosen: list[tuple[int, str, torch.Tensor]] = []
+        for i, shard in enumerate(self.c.shards):
+            names = [b.name for b in shard.blocks]
+            rowwise = {n: [k for k in shard.opt_state if k.startswith(f"{n}.")] for n in names}
+            changes, costs, spans = [], [], []
+            for n in names:
+                v = shard.values[n]
+                width = v[0].numel() * v.element_size() if v.dim() > 1 else v.element_size()
+                changes.append(row_change(v, self._ref[i][n]))
+                costs.append(torch.full((v.shape[0],),
+                                        float(width * (1 + len(rowwise[n])) + INDEX_BYTES)))
+                spans.append(v.shape[0])
+            rows, self._cursor[i] = select_rows(
+                torch.cat(changes), torch.cat(costs), d.fraction * shard.nbytes, d.rule,
+                self._cursor[i], self._gen)
+            start = 0
+            for n, span in zip(names, spans):
+                local = rows[(rows >= start) & (rows < start + span)] - start
+                start += span
+                if local.numel() == 0:
+                    continue
+                tensors[f"shard{i}/rows/{n}"] = local.to(torch.int32)
+                tensors[f"shard{i}/value/{n}"] = shard.values[n][local].clone()
+                for k in rowwise[n]:
+                    tensors[f"shard{i}/opt/{k}"] = shard.opt_state[k][local].clone()
+                chosen.append((i, n, local))
+            for k, v in shard.opt_state.items():
+                if not any(k in ks for ks in rowwise.values()):
+                    tensors[f"shard{i}/opt/{k}"] = v.clone()
+            tensors[f"shard{i}/version"] = torch.tensor([shard.version], dtype=torch.int64)
+        save_no = self._saves + 1
+
+        def commit() -> None:
+            for i, n, local in chosen:
+                self._ref[i][n][local] = tensors[f"shard{i}/value/{n}"]
+                self._owner[i][n][local] = save_no
+
+        return tensors, commit
+
+    def _prune(self) -> None:
+        """Delete partial checkpoints that no longer hold any row's freshest copy."""
+        live = {int(s) for owners in self._owner for t in owners.values() for s in t.unique()}
+        for info in self.c.store.list("prio"):  # type: ignore[union-attr]
+            if info.step not in live:
+                self.c.store.delete(info)  # type: ignore[union-attr]
+
+    # -- restoring --------------------------------------------------------------
+    def has_checkpoint(self) -> bool:
+        return self.c.store is not None and bool(self.c.store.list() or self.c.store.list("prio"))
+
+    def restore(self, shard_ids: list[int], on_corrupt: Callable[[str], None]) -> int | None:
+        """Load ``shard_ids`` from the freshest saved state; return its iteration.
+
+        Full checkpoint: the latest valid one. Prioritized: start from the initial
+        values and replay every partial save oldest to newest (a corrupt one is
+        reported and skipped: its rows keep an older copy). Charges read time.
+        Returns None when nothing was saved yet (the shards are re-initialized).
+        """
+        store = self.c.store
+        if store is None:
+            return None
+        if store.list("prio"):
+            for i in shard_ids:
+                self.c.reinit(i)
+            newest = None
+            for info in store.list("prio"):
+                try:
+                    tensors, info = store.load(info, tag="prio")
+                except Exception as e:  # CheckpointCorrupt: fall back to older copies
+                    on_corrupt(str(e))
+                    continue
+                self.clock.advance(self.costs.storage(info.nbytes))
+                for i in shard_ids:
+                    self._load_rows(i, tensors)
+                newest = int(info.meta.get("iteration", 0))
+            return newest
+        ckpt = store.load_latest(on_corrupt=on_corrupt)
+        if ckpt is None:
+            for i in shard_ids:
+                self.c.reinit(i)
+            return None
+        tensors, info = ckpt
+        self.clock.advance(self.costs.storage(info.nbytes))
+        for i in shard_ids:
+            self.c.load_shard(i, tensors)
+        return info.step
+
+    def _load_rows(self, i: int, tensors: Tensors) -> None:
+        shard = self.c.shards[i]
+        p = f"shard{i}/"
+        for n in shard.values:
+            rows = tensors.get(f"{p}rows/{n}")
+            if rows is None:
+                continue
+            rows = rows.long()
+            opt = {k[len(p) + 4 + len(n) + 1:]: v for k, v in tensors.items()
+                   if k.startswith(f"{p}opt/{n}.")}
+            shard.load_rows(n, rows, tensors[f"{p}value/{n}"], opt)
+        for k, v in tensors.items():
+            if k.startswith(f"{p}opt/") and "." not in k[len(p) + 4:]:
+                shard.opt_state[k[len(p) + 4:]] = v.clone()
+        if f"{p}version" in tensors:
+            shard.version = int(tensors[f"{p}version"][0])

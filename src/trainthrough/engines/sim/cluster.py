@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trainthrough.ft.checkpoint import CheckpointInfo, CheckpointStore
+from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ps.layout import Layout
 from trainthrough.ps.shard import Shard, clone_state
 from trainthrough.ps.worker import Worker
@@ -81,6 +81,3 @@ class SimCluster:
     def restart_worker(self, w: int) -> None:
         self.worker_incarnations[w] += 1
         self.workers[w].start(self.params(), self.worker_incarnations[w])
-
-    def latest_checkpoint(self, on_corrupt) -> tuple[dict[str, torch.Tensor], CheckpointInfo] | None:  # noqa: ANN001
-        return self.store.load_latest(on_corrupt=on_corrupt) if self.store else None

@@ -63,17 +63,21 @@ class SimEngine:
         specs = parse(cfg.failures)
         sizes = {"shard": cfg.shards, "worker": cfg.workers}
         validate(specs, sizes)
-        store = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
+        # Prioritized saves are pruned by row ownership, not by count (see checkpoints.py).
+        keep = cfg.checkpoint_keep if self.strategy.checkpoint == "full" else 10**9
+        store = (CheckpointStore(checkpoint_url, keep_last=keep)
                  if self.strategy.checkpoint != "none" else None)
         self.cluster = SimCluster(workload, layout, x0, shards, workers, store)
         self.clock = VirtualClock()
         self.costs = Costs(cfg.cost, workload.step_seconds)
         self.schedule = FailureSchedule(specs, sizes, cfg.seed)
-        self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
-                                    self.clock, self.costs, self._emit)
         every = cfg.checkpoint_every or workload.default_checkpoint_every
-        self.checkpointer = SimCheckpointer(self.cluster, self.strategy.checkpoint_policy(every),
-                                            self.clock, self.costs, self._emit)
+        policy = self.strategy.checkpoint_policy(every, cfg.checkpoint_fraction,
+                                                 cfg.checkpoint_rule)
+        self.checkpointer = SimCheckpointer(self.cluster, policy, self.clock, self.costs,
+                                            self._emit, cfg.seed)
+        self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
+                                    self.checkpointer, self.clock, self.costs, self._emit)
         self.target = cfg.target if cfg.target is not None else workload.default_target
         self.max_iter = cfg.max_iterations or workload.default_max_iterations
         self.eval_every = cfg.eval_every or workload.default_eval_every
@@ -88,7 +92,9 @@ class SimEngine:
         self.cb.on_event(event)
 
     def _evaluate(self, executed: int, logical: int) -> bool:
-        ev = self.w.evaluate(self.cluster.params())
+        params = self.cluster.params()
+        self.cb.on_params(executed, params)
+        ev = self.w.evaluate(params)
         rec = {"iteration": executed, "logical_iteration": logical,
                "sim_seconds": self.clock.now,
                "wall_seconds": time.perf_counter() - self._wall0,
@@ -99,7 +105,10 @@ class SimEngine:
             self.result.iterations_to_target = executed
             self.result.sim_seconds_to_target = self.clock.now
             self.result.converged = True
-        return self.result.converged and self.cfg.stop_at_target
+        if not (self.result.converged and self.cfg.stop_at_target):
+            return False
+        # Optionally keep going past the target (baselines do, to locate x* better).
+        return executed >= self.result.iterations_to_target * (1 + self.cfg.past_target)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -128,6 +137,7 @@ class SimEngine:
         r.failures = self.recovery.failures
         r.checkpoints = self.checkpointer.count
         r.checkpoint_bytes = self.checkpointer.bytes
+        r.extras["checkpoint_payload_bytes"] = self.checkpointer.payload_bytes
         r.checkpoint_blocked_seconds = self.checkpointer.blocked
         r.sim_seconds = self.clock.now
         r.wall_seconds = time.perf_counter() - self._wall0

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from trainthrough.engines.result import Recovery
+from trainthrough.engines.sim.checkpoints import SimCheckpointer
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.faults.schedule import FailureEvent, FailureSchedule
@@ -23,8 +24,10 @@ class SimRecovery:
     """Delivers due failures and recovers from them."""
 
     def __init__(self, cluster: SimCluster, schedule: FailureSchedule, policy: RecoveryPolicy,
-                 clock: VirtualClock, costs: Costs, emit: Any) -> None:
+                 checkpointer: SimCheckpointer, clock: VirtualClock, costs: Costs,
+                 emit: Any) -> None:
         self.c = cluster
+        self.checkpointer = checkpointer
         self.schedule = schedule
         self.policy = policy
         self.clock = clock
@@ -56,31 +59,21 @@ class SimRecovery:
                        + self.schedule.due(executed, self.clock.now)):
             self._strike(more, executed, lost, failed, during_recovery=True)
             self.clock.advance(self.costs.detection + self.costs.restart)
-        decision = self.policy.decide(tuple(sorted(lost)), self.c.store is not None
-                                      and bool(self.c.store.list()))
+        decision = self.policy.decide(tuple(sorted(lost)), self.checkpointer.has_checkpoint())
         restored_from, undone = None, 0
         new_logical = logical
         if decision.action is RecoveryAction.REINIT:
             for i in decision.shards:
                 self.c.reinit(i)
         elif decision.action in (RecoveryAction.ROLLBACK_ALL, RecoveryAction.RESTORE_LOST):
-            ckpt = self.c.latest_checkpoint(
-                lambda msg: self.emit({"type": "checkpoint-corrupt", "message": msg}))
-            targets = (range(len(self.c.shards)) if decision.action is RecoveryAction.ROLLBACK_ALL
-                       else decision.shards)
-            if ckpt is None:
-                for i in targets:
-                    self.c.reinit(i)
-                restored_from = 0
-            else:
-                tensors, info = ckpt
-                self.clock.advance(self.costs.storage(info.nbytes))
-                for i in targets:
-                    self.c.load_shard(i, tensors)
-                restored_from = info.step
+            targets = (list(range(len(self.c.shards)))
+                       if decision.action is RecoveryAction.ROLLBACK_ALL else list(decision.shards))
+            restored_from = self.checkpointer.restore(
+                targets, lambda msg: self.emit({"type": "checkpoint-corrupt", "message": msg}))
+            restored_from = restored_from or 0
             if decision.rewind:
-                undone = (logical - (restored_from or 0)) * len(self.c.workers)
-                new_logical = restored_from or 0
+                undone = (logical - restored_from) * len(self.c.workers)
+                new_logical = restored_from
         after = self.c.params()
         mask = self.c.shard_rows_mask(tuple(sorted(lost)))
         sq, sq_lost = 0.0, 0.0

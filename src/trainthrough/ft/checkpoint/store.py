@@ -355,6 +355,11 @@ class CheckpointStore:
                         on_corrupt(str(e))
         return None
 
+    def delete(self, info: CheckpointInfo) -> None:
+        """Delete one checkpoint (manifest first, so it is never listed half-deleted)."""
+        with self._lock:
+            self._remove(info.name)
+
     def total_bytes_written(self) -> int:
         """Return bytes written by this store object (tensor files + manifests) so far."""
         with self._lock:
