@@ -38,7 +38,7 @@ _X_LABELS = {"iteration": "iteration (executed)", "sim_seconds": "simulated seco
 # Presets always get the same color, whatever else a suite contains; other names
 # (compositions, hybrids) take the extra colors in order of first appearance.
 _PRESET_COLORS = {
-    "checkpoint-restart": "#1f77b4", "scar-partial": "#ff7f0e", "scar-prioritized": "#d62728",
+    "checkpoint-restart": "#1f77b4", "scar-partial": "#ff7f0e", "scar": "#d62728",
     "chain-sync": "#2ca02c", "chain-async": "#bcbd22", "stateless": "#9467bd",
     "rollback": "#8c564b", "lossy-forward": "#e377c2", "none": "#7f7f7f",
 }

@@ -14,6 +14,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.errors import UserError
+from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
 from trainthrough.workloads import Workload, make_workload
 
@@ -52,27 +53,42 @@ def baseline_config(cfg: RunConfig) -> RunConfig:
     return replace(cfg, failures=[], baseline=False, checkpoint_dir=None)
 
 
-def run_silent(cfg: RunConfig) -> dict[str, Any]:
+def run_silent(cfg: RunConfig, callback: Callback | None = None) -> dict[str, Any]:
     """Run without a folder (baselines, quick checks); checkpoints stay in memory."""
     url = f"memory://trainthrough/{uuid.uuid4().hex}"
     try:
         resolved, workload = resolve_defaults(cfg)
-        return _engine(resolved, workload, Callback(), url).run().to_dict()
+        return _engine(resolved, workload, callback or Callback(), url).run().to_dict()
     finally:
         _drop_memory(url)
 
 
+def run_baseline(cfg: RunConfig) -> dict[str, Any]:
+    """The failure-free twin of ``cfg``: iterations to target and the fitted contraction.
+
+    It runs 50% past the target so its last iterate is a better stand-in for ``x*``
+    when fitting ``c`` (lab/bound.py); iterations to target are unaffected.
+    """
+    tracker = IterateTracker()
+    s = run_silent(replace(baseline_config(cfg), past_target=0.5), tracker)
+    fit = fit_contraction(tracker.iterations, tracker.iterates)
+    return {"iterations_to_target": s["iterations_to_target"],
+            "contraction": fit.c if fit else None,
+            "distance0": fit.distance0 if fit else None,
+            "fit_points": fit.points if fit else 0, "fit_r2": fit.r2 if fit else None}
+
+
 def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
-        baseline_iterations: int | None = None) -> dict[str, Any]:
+        baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its folder ``out``; return the summary.
 
     Args:
         cfg: the configuration (validated here).
         out: the run folder; must not exist or be empty.
         callbacks: extra hooks (progress bars, live plots).
-        baseline_iterations: iterations to target of the failure-free run, when the
-            caller already knows it (suites share one baseline per seed); otherwise
-            computed here if ``cfg.baseline`` is set.
+        baseline: what :func:`run_baseline` returned for this config, when the caller
+            already has it (suites share one per seed); otherwise computed here if
+            ``cfg.baseline`` is set.
 
     Raises:
         UserError: invalid configuration or an ``out`` folder already in use.
@@ -92,9 +108,9 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         recorder = RunRecorder(out, resolved.to_toml())
         holder.items.insert(0, recorder)
         summary = engine.run().to_dict()
-        if baseline_iterations is None and cfg.baseline:
-            baseline_iterations = run_silent(baseline_config(cfg))["iterations_to_target"]
-        add_rework(summary, baseline_iterations)
+        if baseline is None and cfg.baseline:
+            baseline = run_baseline(cfg)
+        add_rework(summary, baseline)
         recorder.write_summary(summary)
         holder.after_run(summary)
         return summary
@@ -104,13 +120,23 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         _drop_memory(url)
 
 
-def add_rework(summary: dict[str, Any], baseline_iterations: int | None) -> None:
-    """Fill ``baseline_iterations_to_target`` and ``rework_iterations``.
+def add_rework(summary: dict[str, Any], baseline: dict[str, Any] | None) -> None:
+    """Fill ``baseline_iterations_to_target``, ``rework_iterations`` and ``rework_bound``.
 
     Rework is only defined when both runs reached the target; otherwise it is null
-    and ``converged`` says which one did not.
+    and ``converged`` says which one did not. The bound is SCAR's, evaluated on the
+    recorded perturbations with the contraction fitted on the baseline.
     """
+    baseline = baseline or {}
+    baseline_iterations = baseline.get("iterations_to_target")
     summary["baseline_iterations_to_target"] = baseline_iterations
+    c, d0 = baseline.get("contraction"), baseline.get("distance0")
+    summary["contraction"] = c
+    if c is not None and d0 is not None:
+        perts = [(r["at_iteration"], r["perturbation_norm"]) for r in summary["recoveries"]]
+        summary["rework_bound"] = Contraction(c, d0, 0, 0.0).bound(perts)
+    else:
+        summary["rework_bound"] = None
     it = summary.get("iterations_to_target")
     summary["rework_iterations"] = (it - baseline_iterations
                                     if it is not None and baseline_iterations is not None

@@ -19,7 +19,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.errors import UserError
 from trainthrough.lab.progress import console, make_progress
-from trainthrough.lab.runner import baseline_config, run, run_silent
+from trainthrough.lab.runner import baseline_config, run, run_baseline
 
 
 @dataclass
@@ -44,12 +44,12 @@ class SuiteSpec:
     sections: list[Any] = field(default_factory=list)  # callables(suite_dir, rows) -> (h, md)
 
 
-def _baseline_job(cfg: RunConfig) -> int | None:
-    return run_silent(cfg)["iterations_to_target"]
+def _baseline_job(cfg: RunConfig) -> dict[str, Any]:
+    return run_baseline(cfg)
 
 
-def _run_job(cfg: RunConfig, out: str, baseline: int | None) -> dict[str, Any]:
-    return run(cfg, Path(out), baseline_iterations=baseline)
+def _run_job(cfg: RunConfig, out: str, baseline: dict[str, Any]) -> dict[str, Any]:
+    return run(cfg, Path(out), baseline=baseline)
 
 
 def flatten(summary: dict[str, Any], labels: dict[str, Any], run_id: str) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
     jobs = jobs or min(2, os.cpu_count() or 1)
     keys = {r.run_id: baseline_config(r.config).to_toml() for r in spec.runs}
     unique = {k: baseline_config(r.config) for r in spec.runs for k in [keys[r.run_id]]}
-    baselines: dict[str, int | None] = {}
+    baselines: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     with make_progress(quiet) as progress, _pool(jobs) as pool:
         task = progress.add_task(f"{spec.name}: baselines", total=len(unique), status="")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainthrough.lab.suite import SuiteSpec
-from trainthrough.lab.suites import core
+from trainthrough.lab.suites import core, scar
 
 
 @dataclass(frozen=True)
@@ -19,4 +19,5 @@ class SuiteDef:
 
 SUITES: dict[str, SuiteDef] = {
     "core": SuiteDef(core.DESCRIPTION, core.build),
+    "scar": SuiteDef(scar.DESCRIPTION, scar.build),
 }

@@ -1,0 +1,95 @@
+"""A small convolutional network trained with Adam on the parameter server.
+
+Two 3x3 convolutions (1->8->16 channels, ReLU), a 2x2 max-pool, and two fully
+connected layers (->64, ReLU, ->10). It trains on scikit-learn's bundled 8x8 digits
+by default, so it runs offline in seconds, or on 28x28 MNIST / Fashion-MNIST given
+their four IDX files. Workers push gradients of the cross-entropy; the shards
+average them and run Adam. The metric is test accuracy.
+
+It is a :class:`~trainthrough.workloads.custom.TorchWorkload` with a fixed model and
+data, the same path a user's own model takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainthrough.errors import UserError
+from trainthrough.workloads._data import digits_split
+from trainthrough.workloads.base import OptimizerSpec
+from trainthrough.workloads.custom import TorchWorkload
+from trainthrough.workloads.idx import read_idx
+
+
+class SmallConvNet(nn.Module):
+    """conv(1->8) -> conv(8->16) -> maxpool -> fc(->64) -> fc(->classes)."""
+
+    def __init__(self, side: int, classes: int = 10) -> None:
+        super().__init__()
+        # padding=1 keeps the 8x8 digits at 8x8 through both convolutions.
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc1 = nn.Linear(16 * (side // 2) ** 2, 64)
+        self.fc2 = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def _load_idx_pair(images: str, labels: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images scaled to [0, 1] as N x 1 x H x W, and labels, checked against each other."""
+    x = read_idx(images, ndim=3)
+    y = read_idx(labels, ndim=1)
+    if len(x) != len(y):
+        raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
+    if x.shape[1] != x.shape[2]:
+        raise UserError(f"{images}: expected square images, got {x.shape[1]}x{x.shape[2]}")
+    if y.size and (y.min() < 0 or y.max() > 9):
+        raise UserError(f"{labels}: labels must be 0..9, found {y.min()}..{y.max()}")
+    xt = torch.from_numpy(x.astype("float32") / 255.0).unsqueeze(1)
+    return xt, torch.from_numpy(y.astype("int64"))
+
+
+class CNN(TorchWorkload):
+    description = "2 conv + 2 fully connected layers with Adam, sklearn digits (or IDX files)"
+
+    def __init__(self, batch_size: int = 32, lr: float = 2e-3, target: float | None = None,
+                 train_images: str | None = None, train_labels: str | None = None,
+                 test_images: str | None = None, test_labels: str | None = None,
+                 seed: int = 0) -> None:
+        files = (train_images, train_labels, test_images, test_labels)
+        if any(files) and not all(files):
+            raise UserError("cnn: give all four of train_images, train_labels, "
+                            "test_images and test_labels, or none (sklearn digits)")
+        if train_images and train_labels and test_images and test_labels:
+            train = _load_idx_pair(train_images, train_labels)
+            test = _load_idx_pair(test_images, test_labels)
+            if train[0].shape[2:] != test[0].shape[2:]:
+                raise UserError(f"{train_images} and {test_images} differ in image size")
+            # Reachable by this small net on MNIST and on Fashion-MNIST alike.
+            default_target, step_seconds, max_iterations = 0.85, 0.02, 3000
+        else:
+            x_tr, y_tr, x_te, y_te = digits_split()
+            train = (x_tr.view(-1, 1, 8, 8), y_tr)
+            test = (x_te.view(-1, 1, 8, 8), y_te)
+            default_target, step_seconds, max_iterations = 0.95, 0.002, 1500
+        self.files = files
+        super().__init__(
+            SmallConvNet(side=int(train[0].shape[-1])), train, test,
+            loss_fn=F.cross_entropy, metric="accuracy", direction="max",
+            target=default_target if target is None else target,
+            optimizer=OptimizerSpec(kind="adam", lr=lr), batch_size=batch_size, seed=seed,
+            name="cnn", max_iterations=max_iterations, eval_every=10,
+            step_seconds=step_seconds)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        names = ("train_images", "train_labels", "test_images", "test_labels")
+        d.update({k: v for k, v in zip(names, self.files) if v})
+        d["lr"] = self.default_optimizer.lr
+        return d
