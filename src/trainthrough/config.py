@@ -57,7 +57,9 @@ class RunConfig:
     past_target: float = 0.0  #: ...after this many more iterations, as a fraction
     checkpoint_every: int | None = None  #: N, iterations between full checkpoints
     checkpoint_keep: int = 3  #: full checkpoints kept
-    checkpoint_fraction: float = 0.25  #: r, prioritized: fraction saved every r*N
+    #: r, prioritized: fraction saved every r*N iterations (default 1/N: the bytes of
+    #: one full checkpoint spread evenly over every iteration)
+    checkpoint_fraction: float | None = None
     checkpoint_rule: str = "largest-change"  #: prioritized: largest-change, random, round-robin
     checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
     lr: float | None = None  #: override the workload's server step size
@@ -93,7 +95,7 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1 (got {v})")
-        if not 0 < self.checkpoint_fraction <= 1:
+        if self.checkpoint_fraction is not None and not 0 < self.checkpoint_fraction <= 1:
             raise UserError(f"checkpoint-fraction must be in (0, 1] (got "
                             f"{self.checkpoint_fraction})")
         if self.checkpoint_rule not in ("largest-change", "random", "round-robin"):

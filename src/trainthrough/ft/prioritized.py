@@ -1,10 +1,11 @@
 """SCAR's prioritized checkpoints: save the rows that changed most, a fraction at a time.
 
 Every ``r * N`` iterations each shard saves the rows whose values moved most since
-they were last saved, until a byte budget of ``r`` times a full checkpoint of the
-shard is spent (row indices count against the budget, so over ``N`` iterations the
-bytes written equal a full checkpoint every ``N``). The freshest saved copy of each
-row is what recovery restores.
+they were last saved, within a byte credit that grows by ``r`` times a full
+checkpoint of the shard per save (row indices count against it, and unspent credit
+carries over, so over ``N`` iterations the bytes written equal one full checkpoint
+even when ``r`` of a shard is less than a row). The freshest saved copy of each row
+is what recovery restores.
 
 This module holds the pure parts: the policy (when), the selection rules (which
 rows) and the row bookkeeping. Engines move the tensors.
@@ -53,7 +54,8 @@ def select_rows(change: torch.Tensor, row_bytes: torch.Tensor, budget: float, ru
         cursor: where round-robin resumes.
 
     Returns:
-        (sorted row indices, the next round-robin cursor).
+        (sorted row indices, possibly none if not even one row fits; the next
+        round-robin cursor).
     """
     n = change.numel()
     if rule == "largest-change":
@@ -66,9 +68,8 @@ def select_rows(change: torch.Tensor, row_bytes: torch.Tensor, budget: float, ru
         order = torch.roll(torch.arange(n), -(cursor % max(n, 1)))
     cum = torch.cumsum(row_bytes[order].double(), 0)
     k = int(torch.searchsorted(cum, torch.tensor(budget, dtype=torch.float64), right=True))
-    k = max(1, min(n, k))  # every save makes progress, even on a tiny budget
-    chosen = order[:k]
-    return torch.sort(chosen).values, (cursor + k) % max(n, 1)
+    chosen = order[:min(n, k)]
+    return torch.sort(chosen).values, (cursor + len(chosen)) % max(n, 1)
 
 
 def row_change(current: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:

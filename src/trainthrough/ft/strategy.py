@@ -33,14 +33,18 @@ class Strategy:
     replication: str = "none"
     outage: str = "wait"
 
-    def checkpoint_policy(self, every: int, fraction: float = 0.25,
+    def checkpoint_policy(self, every: int, fraction: float | None = None,
                           rule: str = "largest-change") -> CheckpointPolicy:
-        """The saving policy; ``fraction`` and ``rule`` apply to ``prioritized`` only."""
+        """The saving policy; ``fraction`` and ``rule`` apply to ``prioritized`` only.
+
+        ``fraction`` defaults to ``1/every``: a full checkpoint's bytes spread evenly,
+        a slice every iteration, which keeps the most-changing rows freshest.
+        """
         asynchronous = self.persist == "async"
         if self.checkpoint == "none":
             return NoCheckpoints()
         if self.checkpoint == "prioritized":
-            return PrioritizedEvery(every, fraction, rule, asynchronous)
+            return PrioritizedEvery(every, fraction or 1.0 / every, rule, asynchronous)
         return FullEvery(every, asynchronous=asynchronous)
 
     def recovery_policy(self) -> RecoveryPolicy:
@@ -60,8 +64,8 @@ PRESETS: dict[str, Strategy] = {
                  "survivors keep their current values", checkpoint="full",
                  recovery="restore-lost"),
         Strategy("scar",
-                 "SCAR: prioritized checkpoints (fraction r of rows, largest change first, "
-                 "every r*N) + partial recovery", checkpoint="prioritized",
+                 "SCAR: prioritized checkpoints (the rows that changed most, a fraction r "
+                 "every r*N; r=1/N by default) + partial recovery", checkpoint="prioritized",
                  recovery="restore-lost"),
     ]
 }

@@ -31,6 +31,13 @@ The metric is the per-token log-likelihood of the training corpus under
 ``phi = (n_wk + beta) / (n_k + V beta)``, with each document's ``theta`` fitted by a
 few fold-in EM iterations at ``phi`` fixed, so it is a function of the parameters
 alone.
+
+Defaults were chosen by measurement over 30 run seeds. Parallel Gibbs sampling can
+settle in a local mode (two true topics merged, one split); with ``alpha=0.1`` and
+4 blocks about half the seeds did, making iterations-to-target bimodal. With
+``alpha=0.3`` and 8 blocks most seeds find the true topics (log-likelihood ~-3.59),
+the worst local mode sits at ~-3.67, and the target -3.70 is met after 12-30
+iterations (median 17) from a uniformly random start at ~-4.45.
 """
 
 from __future__ import annotations
@@ -103,7 +110,7 @@ class LDA(Workload):
                  doc_length: int = 80, alpha: float = 0.3, beta: float = 0.01,
                  blocks: int = 8, fold_in_iterations: int = 10, data_seed: int = 0,
                  docword_file: str | None = None, vocab_file: str | None = None,
-                 seed: int = 0) -> None:
+                 target: float | None = None, seed: int = 0) -> None:
         if n_topics < 2 or alpha <= 0 or beta <= 0 or blocks < 1:
             raise UserError("lda: need n_topics >= 2, alpha > 0, beta > 0, blocks >= 1")
         self.k, self.alpha, self.beta, self.blocks = n_topics, alpha, beta, blocks
@@ -118,9 +125,20 @@ class LDA(Workload):
         # Sparse triples for evaluation; one entry per token for sampling.
         self.e_doc, self.e_word = torch.from_numpy(c.docs), torch.from_numpy(c.words)
         self.e_count = torch.from_numpy(c.counts).float()
+        if target is not None:
+            self.default_target = target
+        elif docword_file is not None:
+            # Unknown corpus: ask for a clear gain over the unigram model (on the
+            # synthetic corpus the converged model gains ~0.87 nats per token).
+            self.default_target = self._unigram_loglik() + 0.25
         counts = torch.from_numpy(c.counts)
         self.t_doc = self.e_doc.repeat_interleave(counts)
         self.t_word = self.e_word.repeat_interleave(counts)
+
+    def _unigram_loglik(self) -> float:
+        freq = torch.zeros(self.n_words).index_add_(0, self.e_word, self.e_count)
+        p = freq / freq.sum()
+        return float((self.e_count * p[self.e_word].log()).sum() / self.e_count.sum())
 
     def _counts(self, word: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         # bincount, not index_put_(accumulate=True): it is deterministic on every device.

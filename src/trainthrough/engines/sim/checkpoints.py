@@ -51,6 +51,7 @@ class SimCheckpointer:
         self._owner = [{n: torch.full((v.shape[0],), -1, dtype=torch.int64)
                         for n, v in p.items()} for p in cluster.x0_parts]
         self._cursor = [0] * len(cluster.shards)
+        self._credit = [0.0] * len(cluster.shards)  # bytes each shard may still write
         self._gen = torch.Generator().manual_seed(seed + 31)
         self._saves = 0
 
@@ -73,9 +74,12 @@ class SimCheckpointer:
             tag, step, meta = "ckpt", logical, self._meta()
         else:
             tensors, commit = self._partial(decision)
+            if not tensors:
+                return  # no shard has credit for a row yet
             self._saves += 1
-            tag, step, meta = "prio", self._saves, {"iteration": logical,
-                                                   "fraction": decision.fraction}
+            tag, step = "prio", self._saves
+            meta = {"iteration": logical, "fraction": decision.fraction,
+                    "versions": [sh.version for sh in self.c.shards]}
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
 
         def finish(blocked: float = 0.0) -> None:
@@ -130,9 +134,16 @@ class SimCheckpointer:
                 costs.append(torch.full((v.shape[0],),
                                         float(width * (1 + len(rowwise[n])) + INDEX_BYTES)))
                 spans.append(v.shape[0])
+            fixed = {k: v for k, v in shard.opt_state.items()
+                     if not any(k in ks for ks in rowwise.values())}
+            fixed_bytes = sum(v.numel() * v.element_size() for v in fixed.values())
+            self._credit[i] += d.fraction * shard.nbytes
             rows, self._cursor[i] = select_rows(
-                torch.cat(changes), torch.cat(costs), d.fraction * shard.nbytes, d.rule,
+                torch.cat(changes), torch.cat(costs), self._credit[i] - fixed_bytes, d.rule,
                 self._cursor[i], self._gen)
+            if rows.numel() == 0:
+                continue  # not enough credit for one row yet: save nothing, keep the credit
+            self._credit[i] -= fixed_bytes + float(torch.cat(costs)[rows].sum())
             start = 0
             for n, span in zip(names, spans):
                 local = rows[(rows >= start) & (rows < start + span)] - start
@@ -144,10 +155,8 @@ class SimCheckpointer:
                 for k in rowwise[n]:
                     tensors[f"shard{i}/opt/{k}"] = shard.opt_state[k][local].clone()
                 chosen.append((i, n, local))
-            for k, v in shard.opt_state.items():
-                if not any(k in ks for ks in rowwise.values()):
-                    tensors[f"shard{i}/opt/{k}"] = v.clone()
-            tensors[f"shard{i}/version"] = torch.tensor([shard.version], dtype=torch.int64)
+            for k, v in fixed.items():
+                tensors[f"shard{i}/opt/{k}"] = v.clone()
         save_no = self._saves + 1
 
         def commit() -> None:
@@ -192,6 +201,8 @@ class SimCheckpointer:
                 self.clock.advance(self.costs.storage(info.nbytes))
                 for i in shard_ids:
                     self._load_rows(i, tensors)
+                    if f"shard{i}/rows/" in "".join(tensors):
+                        self.c.shards[i].version = int(info.meta["versions"][i])
                 newest = int(info.meta.get("iteration", 0))
             return newest
         ckpt = store.load_latest(on_corrupt=on_corrupt)
@@ -219,5 +230,3 @@ class SimCheckpointer:
         for k, v in tensors.items():
             if k.startswith(f"{p}opt/") and "." not in k[len(p) + 4:]:
                 shard.opt_state[k[len(p) + 4:]] = v.clone()
-        if f"{p}version" in tensors:
-            shard.version = int(tensors[f"{p}version"][0])
