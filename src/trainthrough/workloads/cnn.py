@@ -57,6 +57,7 @@ def _load_idx_pair(images: str, labels: str) -> tuple[torch.Tensor, torch.Tensor
 
 class CNN(TorchWorkload):
     description = "2 conv + 2 fully connected layers with Adam, sklearn digits (or IDX files)"
+    default_checkpoint_every = 25
 
     def __init__(self, batch_size: int = 32, lr: float = 1e-3, target: float | None = None,
                  train_images: str | None = None, train_labels: str | None = None,
