@@ -1,34 +1,37 @@
-"""The default suite: every workload, half its shards lost once before convergence,
-no fault tolerance vs checkpoint-restart, a few seeds. ``make run`` runs this."""
+"""The default suite (``make run``): every workload loses half its shards once, late in a
+checkpoint interval and well before convergence; no fault tolerance, traditional
+checkpoint-restart, and SCAR's two improvements, on the same failure trace."""
 
 from __future__ import annotations
 
 from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.suites.scar import SETTINGS
 
-DESCRIPTION = "every workload, 50% of shards lost once: none vs checkpoint-restart"
-
-# Failure point per workload: about 40% of the way to the target failure-free, so
-# every strategy has something to lose and time to recover (see README).
-FAIL_AT = {"mlr": 230, "mf": 12, "lda": 20, "cnn": 120}
-STRATEGIES = ("none", "checkpoint-restart")
+DESCRIPTION = "every workload, 50% of shards lost once: none, checkpoint-restart, SCAR"
+STRATEGIES = ("none", "checkpoint-restart", "scar-partial", "scar")
 
 
 def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
     n_seeds = seeds or (2 if quick else 3)
-    workloads = ("mlr", "mf") if quick else tuple(FAIL_AT)
+    workloads = ("mlr", "mf") if quick else tuple(SETTINGS)
     runs = []
     for w in workloads:
-        fail = f"shards=50%@iter={FAIL_AT[w]}"
+        at, every = SETTINGS[w]
+        fail = f"shards=50%@iter={at}"
         for strategy in STRATEGIES:
             for seed in range(n_seeds):
                 run_id = f"{w}-{strategy}-s{seed}"
                 cfg = RunConfig(workload=w, strategy=strategy, failures=[fail], seed=seed,
+                                checkpoint_every=every, eval_every=1,
                                 checkpoint_dir=f"memory://core/{run_id}")
                 runs.append(SuiteRun(run_id, cfg, {"fail": fail}))
     return SuiteSpec(
         name="core", title="trainthrough core suite: the cost of a partial failure",
         runs=runs,
-        notes=["4 shards, 4 workers, bulk-synchronous, sim engine; rework = iterations to "
-               "target minus the failure-free run with the same seed.",
-               "Half of the shards are lost once, about 40% of the way to the target."])
+        notes=["4 shards, 4 workers, bulk-synchronous, sim engine, evaluation every "
+               "iteration; rework = iterations to target minus the failure-free run "
+               "with the same seed.",
+               "Half of the shards are lost once, 80% of the way through a checkpoint "
+               "interval, before convergence. All checkpointing strategies write the same "
+               "payload bytes. `trainthrough compare --suite scar` runs the full study."])
