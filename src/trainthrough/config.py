@@ -22,6 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENGINES = {"sim": "in-process, deterministic, virtual clock (the failure simulation framework)"}
+PARADIGMS = {"ps": "parameter server: K shards own the parameters, N workers push updates",
+             "dp": "data parallel: N ranks each hold a replica and allreduce gradients"}
 
 
 @dataclass
@@ -35,6 +37,9 @@ class CostModel:
     memory_bandwidth: float = 5.0e9  #: bytes/s for in-memory snapshots (async persist)
     detection_seconds: float = 1.0  #: failure to detection
     restart_seconds: float = 5.0  #: detection to a replacement being up
+    reform_seconds: float = 0.5  #: dp: survivors build a new group (rendezvous, communicator)
+    replace_seconds: float = 5.0  #: dp: failure to a replacement rank joining the running group
+    timeout_seconds: float = 10.0  #: dp: collective timeout, how long a hung rank goes unnoticed
 
 
 @dataclass
@@ -44,10 +49,15 @@ class RunConfig:
     workload: str = "mlr"  #: workload name (``trainthrough list``)
     strategy: str = "checkpoint-restart"  #: preset or composition
     engine: str = "sim"  #: sim
+    paradigm: str = "ps"  #: ps (parameter server) or dp (data parallel, allreduce)
     shards: int = 4  #: parameter-server shards K
     workers: int = 4  #: workers N
     consistency: str = "bsp"  #: bsp (bulk-synchronous) or ssp (bounded staleness)
     staleness: int = 2  #: SSP bound s (ignored under bsp)
+    ranks: int = 4  #: dp: data-parallel ranks N (each holds a full replica)
+    elastic: str = "keep-global"  #: dp: keep-global (larger per-rank batch) or keep-local
+    allreduce_buckets: int = 4  #: dp: gradient buckets per allreduce (failures hit between them)
+    replace: bool = True  #: dp: failed ranks are replaced after cost.replace_seconds
     failures: list[str] = field(default_factory=list)  #: failure specs
     seed: int = 0  #: one seed for everything random in the run
     max_iterations: int | None = None  #: stop after this many executed iterations
@@ -57,9 +67,9 @@ class RunConfig:
     past_target: float = 0.0  #: ...after this many more iterations, as a fraction
     checkpoint_every: int | None = None  #: N, iterations between full checkpoints
     checkpoint_keep: int = 3  #: full checkpoints kept
-    #: r, prioritized: fraction saved every r*N iterations (default 1/N: the bytes of
-    #: one full checkpoint spread evenly over every iteration)
-    checkpoint_fraction: float | None = None
+    #: r, prioritized: fraction saved every r*N iterations (``None``: 1/N, the bytes of
+    #: a full checkpoint spread over every iteration)
+    checkpoint_fraction: float | None = 0.25
     checkpoint_rule: str = "largest-change"  #: prioritized: largest-change, random, round-robin
     checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
     lr: float | None = None  #: override the workload's server step size
@@ -80,10 +90,15 @@ class RunConfig:
         if self.workload not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload!r}; choose one of: "
                             f"{', '.join(WORKLOADS)}")
-        resolve(self.strategy)
+        if self.paradigm not in PARADIGMS:
+            raise UserError(f"unknown paradigm {self.paradigm!r}; choose one of: "
+                            f"{', '.join(PARADIGMS)}")
+        resolve(self.strategy).require(self.paradigm)
         if self.engine not in ENGINES:
             raise UserError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
-        for name in ("shards", "workers", "checkpoint_keep"):
+        if self.elastic not in ("keep-global", "keep-local"):
+            raise UserError(f"elastic must be keep-global or keep-local (got {self.elastic!r})")
+        for name in ("shards", "workers", "checkpoint_keep", "ranks", "allreduce_buckets"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1 "
                                 f"(got {getattr(self, name)})")

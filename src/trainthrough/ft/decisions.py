@@ -19,6 +19,9 @@ class RecoveryAction(enum.Enum):
     RESTORE_LOST = "restore-lost"  # only lost shards from the checkpoint (SCAR partial)
     FAILOVER = "failover"  # promote a live replica; nothing is rolled back
     RESTART_WORKER = "restart-worker"  # a worker restarts with fresh local state
+    # Data parallel (every rank holds a full replica; see ft/dp_policies.py):
+    MINI_BATCH_ROLLBACK = "mini-batch-rollback"  # undo the step, redo it on survivors
+    LOSSY_FORWARD = "lossy-forward"  # keep what was applied, average what arrived
 
 
 @dataclass(frozen=True)
@@ -38,3 +41,42 @@ class RecoveryDecision:
     shards: tuple[int, ...] = ()
     rewind: bool = False
     from_checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class GroupRecoveryDecision:
+    """How a data-parallel group goes on after losing the ranks ``failed``.
+
+    ``ROLLBACK_ALL``: every rank reloads the checkpoint (``from_checkpoint``; else the
+    initial parameters), the iteration rewinds and failed ranks are replaced before
+    training resumes. Otherwise the survivors ``reform`` a group without the failed
+    ranks; ``undo_applied``: ranks that already applied the interrupted step restore
+    their pre-step state; ``redo_step``: the step runs again on the new group;
+    ``complete_step``: the step is finished with the contributions that arrived.
+    """
+
+    action: RecoveryAction
+    failed: tuple[int, ...]
+    reform: bool = False
+    undo_applied: bool = False
+    redo_step: bool = False
+    complete_step: bool = False
+    from_checkpoint: bool = False
+    rewind: bool = False
+
+
+@dataclass(frozen=True)
+class ElasticDecision:
+    """The batch a group of ``ranks`` trains on, and its learning-rate multiplier."""
+
+    ranks: int
+    global_batch: int
+    lr_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class ReplacementDecision:
+    """Replacement ranks for ``slots`` join at simulated time ``at_seconds``."""
+
+    slots: tuple[int, ...]
+    at_seconds: float

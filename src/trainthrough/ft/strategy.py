@@ -21,8 +21,10 @@ class Strategy:
     """One fault-tolerance strategy.
 
     ``checkpoint``: ``none``, ``full`` or ``prioritized``; ``persist``: ``sync`` or ``async``;
-    ``recovery``: ``reinit``, ``rollback-all`` or ``restore-lost``;
-    ``replication`` and ``outage`` are ``none``/``wait`` until the runtime issues.
+    ``recovery``: ``reinit``, ``rollback-all`` or ``restore-lost`` (parameter server),
+    ``mini-batch-rollback`` or ``lossy-forward`` (data parallel; ``rollback-all`` is
+    checkpoint-restart in both); ``replication`` and ``outage`` are ``none``/``wait``
+    until the runtime issues. :attr:`paradigms` says where the strategy applies.
     """
 
     name: str
@@ -37,8 +39,8 @@ class Strategy:
                           rule: str = "largest-change") -> CheckpointPolicy:
         """The saving policy; ``fraction`` and ``rule`` apply to ``prioritized`` only.
 
-        ``fraction`` defaults to ``1/every``: a full checkpoint's bytes spread evenly,
-        a slice every iteration, which keeps the most-changing rows freshest.
+        ``fraction=None`` means ``1/every``: a full checkpoint's bytes spread evenly,
+        a slice every iteration.
         """
         asynchronous = self.persist == "async"
         if self.checkpoint == "none":
@@ -47,7 +49,36 @@ class Strategy:
             return PrioritizedEvery(every, fraction or 1.0 / every, rule, asynchronous)
         return FullEvery(every, asynchronous=asynchronous)
 
+    @property
+    def paradigms(self) -> tuple[str, ...]:
+        """``ps`` and/or ``dp``: the training paradigms this composition makes sense in.
+
+        A data-parallel rank holds a full replica, so there are no rows to restore
+        partially or reinitialize, and prioritized (row-wise) saves do not apply.
+        """
+        if self.recovery in _DP_ONLY:
+            return ("dp",)
+        if self.recovery != "rollback-all" or self.checkpoint == "prioritized":
+            return ("ps",)
+        return ("ps", "dp")
+
+    def require(self, paradigm: str) -> None:
+        """Raise if this strategy does not apply to ``paradigm``.
+
+        Raises:
+            UserError: naming the paradigm to use instead, or the strategies that fit.
+        """
+        if paradigm in self.paradigms:
+            return
+        fits = [n for n, p in PRESETS.items() if paradigm in p.paradigms]
+        other = "data-parallel (--paradigm dp)" if paradigm == "ps" else \
+            "parameter-server (--paradigm ps)"
+        raise UserError(f"strategy {self.name!r} is for {other} training; for --paradigm "
+                        f"{paradigm} choose one of: {', '.join(fits)}")
+
     def recovery_policy(self) -> RecoveryPolicy:
+        """The parameter-server recovery policy (data parallel: ft/dp_policies.py)."""
+        self.require("ps")
         return {"reinit": Reinitialize, "rollback-all": RollbackAll,
                 "restore-lost": RestoreLost}[self.recovery]()
 
@@ -65,13 +96,21 @@ PRESETS: dict[str, Strategy] = {
                  recovery="restore-lost"),
         Strategy("scar",
                  "SCAR: prioritized checkpoints (the rows that changed most, a fraction r "
-                 "every r*N; r=1/N by default) + partial recovery", checkpoint="prioritized",
+                 "every r*N; r=0.25 by default) + partial recovery", checkpoint="prioritized",
                  recovery="restore-lost"),
+        Strategy("rollback",
+                 "data parallel: immediate mini-batch rollback; survivors undo the partial "
+                 "step and redo that mini-batch, no checkpoint read",
+                 recovery="mini-batch-rollback"),
+        Strategy("lossy-forward",
+                 "data parallel: keep what was applied, drop the failed ranks' share of "
+                 "the step, carry on with the survivors", recovery="lossy-forward"),
     ]
 }
 
+_DP_ONLY = ("mini-batch-rollback", "lossy-forward")
 _CHOICES = {"checkpoint": ("none", "full", "prioritized"), "persist": ("sync", "async"),
-            "recovery": ("reinit", "rollback-all", "restore-lost")}
+            "recovery": ("reinit", "rollback-all", "restore-lost", *_DP_ONLY)}
 
 
 def resolve(text: str) -> Strategy:

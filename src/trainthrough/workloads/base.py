@@ -14,6 +14,12 @@ Call order, per run (any engine):
    or averages the workers' updates (``aggregate``) and the shard's optimizer applies
    them (``update_kind``: a gradient goes through the optimizer, a delta is added);
 4. every few steps: ``evaluate(params)``.
+
+Data-parallel engines (optional support, see :meth:`Workload.sample_count`) skip
+``partition`` and ``compute_update``: every rank reads the whole training set, so
+after ``init_params`` they call ``sample_count()`` once and then, per micro-batch of
+the global mini-batch, ``compute_update_on(params, indices, seed)``. Rows are then
+not tied to a rank, which is what lets survivors redo a lost rank's share.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class Workload(ABC):
     default_max_iterations: int = 1000
     default_eval_every: int = 10
     default_checkpoint_every: int = 100
+    # Mini-batch of one worker (parameter server) or one rank (data parallel).
+    batch_size: int = 32
     # Rough cost of one worker step in simulated seconds, before the cost model's
     # per-byte terms; engines charge it to the virtual clock.
     step_seconds: float = 0.01
@@ -99,6 +107,24 @@ class Workload(ABC):
         replays the same data. Returns a tensor per parameter it touches (full
         shape); parameters it leaves out get no update.
         """
+
+    def sample_count(self) -> int | None:
+        """Training samples :meth:`compute_update_on` addresses (rows ``0..n-1``).
+
+        ``None`` (the default) means the workload trains only through ``partition``
+        and ``compute_update``: data-parallel engines refuse it with a clear error.
+        """
+        return None
+
+    def compute_update_on(self, params: Params, indices: torch.Tensor, seed: int) -> Params:
+        """The update on the training rows ``indices`` (1-D int64), for data parallelism.
+
+        A gradient is the *mean* over those rows, so equal-sized micro-batches average
+        to the gradient of their union. Must be deterministic given its arguments
+        (``seed`` seeds dropout and the like); returns a tensor for every parameter.
+        Implement it together with :meth:`sample_count`.
+        """
+        raise NotImplementedError(f"{self.name} does not implement compute_update_on")
 
     @abstractmethod
     def evaluate(self, params: Params) -> Evaluation:

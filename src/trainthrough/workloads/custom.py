@@ -145,13 +145,23 @@ class TorchWorkload(Workload):
     def compute_update(self, params: Params, data: Any, state: Any, step: int,
                        seed: int) -> Params:
         idx = data.batches.indices(step)
+        return self._gradient(params, data.x[idx], data.y[idx], seed)
+
+    def sample_count(self) -> int:
+        return len(self.y_train)
+
+    def compute_update_on(self, params: Params, indices: torch.Tensor, seed: int) -> Params:
+        return self._gradient(params, self.x_train[indices], self.y_train[indices], seed)
+
+    def _gradient(self, params: Params, x: torch.Tensor, y: torch.Tensor, seed: int) -> Params:
+        """Gradient of the (mean) loss on ``x, y`` with respect to every parameter."""
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
         # Seed the global RNG for this step only, so dropout and the like replay
         # identically after a rollback.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            out = functional_call(self.model, leaves, (data.x[idx],))
-            loss = self.loss_fn(out, data.y[idx])
+            out = functional_call(self.model, leaves, (x,))
+            loss = self.loss_fn(out, y)
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         return {k: torch.zeros_like(v) if g is None else g
                 for (k, v), g in zip(leaves.items(), grads)}

@@ -69,7 +69,16 @@ class MLR(Workload):
     def compute_update(self, params: Params, data: Any, state: Any, step: int,
                        seed: int) -> Params:
         idx = data.batches.indices(step)
-        x, y = data.x[idx], data.y[idx]
+        return self._gradient(params, data.x[idx], data.y[idx])
+
+    def sample_count(self) -> int:
+        return len(self.y_train)
+
+    def compute_update_on(self, params: Params, indices: torch.Tensor, seed: int) -> Params:
+        return self._gradient(params, self.x_train[indices], self.y_train[indices])
+
+    def _gradient(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+        """Mean cross-entropy gradient over the rows ``x, y``, plus the L2 term."""
         w, b = params["W"], params["b"]
         p = torch.softmax(x @ w + b, dim=1)
         p[torch.arange(len(y)), y] -= 1.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
-from trainthrough.lab.suites.scar import SETTINGS
+from trainthrough.lab.suites.scar import OPTIONS, SETTINGS
 
 DESCRIPTION = "every workload, 50% of shards lost once: none, checkpoint-restart, SCAR"
 STRATEGIES = ("none", "checkpoint-restart", "scar-partial", "scar")
@@ -24,7 +24,8 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                 run_id = f"{w}-{strategy}-s{seed}"
                 cfg = RunConfig(workload=w, strategy=strategy, failures=[fail], seed=seed,
                                 checkpoint_every=every, eval_every=1,
-                                checkpoint_dir=f"memory://core/{run_id}")
+                                checkpoint_dir=f"memory://core/{run_id}",
+                                workload_options=OPTIONS.get(w, {}))
                 runs.append(SuiteRun(run_id, cfg, {"fail": fail}))
     return SuiteSpec(
         name="core", title="trainthrough core suite: the cost of a partial failure",

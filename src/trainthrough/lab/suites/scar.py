@@ -22,6 +22,10 @@ DESCRIPTION = "SCAR: rework of checkpoint-restart vs partial recovery vs priorit
 # (failure iteration, checkpoint interval N) per workload: the failure strikes 80% of
 # the way through an interval, well before convergence.
 SETTINGS = {"mlr": (230, 50), "mf": (9, 5), "lda": (9, 5), "cnn": (90, 25)}
+# cnn is scored by test loss here: accuracy is a step function, so the iteration at
+# which a target accuracy is first met jitters by tens of iterations for reasons that
+# have nothing to do with the failure.
+OPTIONS: dict[str, dict[str, Any]] = {"cnn": {"metric": "loss"}}
 FRACTIONS = ("25%", "50%", "75%")
 STRATEGIES = ("checkpoint-restart", "scar-partial", "scar")
 ABLATION_RULES = ("random", "round-robin")
@@ -36,18 +40,19 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         at, every = SETTINGS[w]
         for frac in fractions:
             fail = f"shards={frac}@iter={at}"
-            cells = [(s, s, "largest-change", None) for s in STRATEGIES]
+            cells = [(s, s, "largest-change", 0.25) for s in STRATEGIES]
             if frac == "50%":
                 cells += [(f"scar/{r}", "scar", r, None) for r in ABLATION_RULES]
-                cells += [("scar/r=0.25", "scar", "largest-change", 0.25)]
+                cells += [("scar/r=1/N", "scar", "largest-change", None)]
             for label, strategy, rule, r in cells:
                 for seed in range(n_seeds):
-                    slug = label.replace("/", "-").replace("=", "")
+                    slug = label.replace("/", "-").replace("=", "").replace("1-N", "1N")
                     run_id = f"{w}-{frac[:-1]}-{slug}-s{seed}"
                     cfg = RunConfig(workload=w, strategy=strategy, failures=[fail], seed=seed,
                                     checkpoint_every=every, checkpoint_rule=rule, eval_every=1,
                                     checkpoint_fraction=r,
-                                    checkpoint_dir=f"memory://scar/{run_id}")
+                                    checkpoint_dir=f"memory://scar/{run_id}",
+                                    workload_options=OPTIONS.get(w, {}))
                     runs.append(SuiteRun(run_id, cfg, {"fail": fail, "fraction": frac,
                                                        "strategy": label, "rule": rule}))
     return SuiteSpec(
@@ -57,12 +62,12 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                "iteration; rework = iterations to target minus the failure-free run "
                "with the same seed.",
                "Equal checkpoint interval N for every strategy: checkpoint-restart and "
-               "scar-partial write a full checkpoint every N, scar a fraction r = 1/N of "
-               "the bytes every iteration (largest change first), so the payload bytes "
-               "match; see the bytes table.",
+               "scar-partial write a full checkpoint every N, scar a quarter of the bytes "
+               "every N/4 (r = 0.25, largest change first), so the payload bytes match; "
+               "see the bytes table.",
+               "cnn is scored by test loss in this suite (a smooth metric), not accuracy.",
                "Ablation rows: `scar/random` and `scar/round-robin` change only the "
-               "selection rule; `scar/r=0.25` saves a quarter every N/4 (a coarser "
-               "schedule SCAR also studies)."],
+               "selection rule; `scar/r=1/N` spreads the same bytes over every iteration."],
         sections=[bound_section, bytes_section])
 
 

@@ -1,0 +1,1 @@
+"""Data-parallel training logic shared by every engine: ranks, batching, allreduce."""

@@ -1,0 +1,154 @@
+"""Bucketed gradient averaging with the semantics of an allreduce, interruptible.
+
+The gradient is one flat vector (parameters concatenated in their order) cut into
+``B`` contiguous buckets, reduced one after the other as DDP does. A failure may
+interrupt the reduction after ``k`` buckets: those hold the average and every other
+bucket is still NaN, so a partly reduced gradient can never be applied by mistake.
+
+Contributions are micro-batch gradients tagged with their index in the global batch
+(see :mod:`trainthrough.dp.batching`), and every bucket is summed in index order,
+whichever rank computed which micro-batch. Float addition is not associative, so
+this fixed order is what makes a step bit-for-bit the same on N or N-1 ranks; a real
+engine gets the same by reducing in micro-batch order, or accepts last-bit noise.
+The average is over the contributions that arrived, which is how lossy-forward
+recovery drops a failed rank's share. Everything here is pure tensor code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+Contribution = tuple[int, torch.Tensor]  # (micro-batch index, flat gradient)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Elements ``[start, stop)`` of the flat gradient, reduced as one message."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+class FlatLayout:
+    """Where each parameter sits in the flat vector (parameter order is dict order)."""
+
+    def __init__(self, like: dict[str, torch.Tensor]) -> None:
+        self.names = list(like)
+        self.shapes = {n: like[n].shape for n in self.names}
+        self.numel = sum(like[n].numel() for n in self.names)
+
+    def flatten(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One vector; a parameter missing from ``tensors`` contributes zeros."""
+        return torch.cat([tensors[n].reshape(-1) if n in tensors
+                          else torch.zeros(self.shapes[n].numel()) for n in self.names])
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, at = {}, 0
+        for n in self.names:
+            k = self.shapes[n].numel()
+            out[n] = flat[at:at + k].view(self.shapes[n])
+            at += k
+        return out
+
+
+def make_buckets(numel: int, count: int, weights: Sequence[float] | None = None
+                 ) -> tuple[Bucket, ...]:
+    """Cut ``numel`` elements into ``count`` contiguous buckets in parameter order.
+
+    Args:
+        numel: length of the flat gradient.
+        count: number of buckets B (at most ``numel``).
+        weights: relative bucket sizes (default: equal).
+
+    Raises:
+        ValueError: no buckets, more buckets than elements, or bad weights.
+    """
+    if not 1 <= count <= numel:
+        raise ValueError(f"need between 1 and {numel} buckets (got {count})")
+    w = list(weights) if weights is not None else [1.0] * count
+    if len(w) != count or min(w) <= 0:
+        raise ValueError(f"need {count} positive bucket weights (got {w})")
+    total, acc, bounds = sum(w), 0.0, [0]
+    for x in w[:-1]:
+        acc += x
+        bounds.append(round(numel * acc / total))
+    bounds.append(numel)
+    for i in range(1, count + 1):  # every bucket keeps at least one element
+        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), numel - (count - i))
+    return tuple(Bucket(i, bounds[i], bounds[i + 1]) for i in range(count))
+
+
+@dataclass
+class Reduced:
+    """A (possibly partly) reduced gradient: ``counts[b]`` contributions in bucket b."""
+
+    flat: torch.Tensor
+    counts: list[int]
+
+    @property
+    def completed(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.counts) if c > 0)
+
+    @property
+    def complete(self) -> bool:
+        return all(c > 0 for c in self.counts)
+
+
+def allreduce(contributions: Sequence[Contribution], buckets: Sequence[Bucket], *,
+              mean: bool = True, stop_after: int | None = None,
+              into: Reduced | None = None) -> Reduced:
+    """Reduce buckets in order, summing contributions in micro-batch order.
+
+    Args:
+        contributions: ``(micro-batch index, flat gradient)`` from every rank taking part.
+        buckets: from :func:`make_buckets`.
+        mean: divide each bucket by the number of contributions (``sum`` workloads: no).
+        stop_after: reduce only buckets with index below this (a failure interrupts
+            the allreduce after that many buckets).
+        into: a partly reduced result to finish; its completed buckets are kept as
+            they are (lossy-forward completes the rest among the survivors).
+
+    Returns:
+        The reduced gradient; ``completed`` says which buckets hold a result.
+
+    Raises:
+        ValueError: no contributions, or two with the same micro-batch index.
+    """
+    ordered = sorted(contributions, key=lambda c: c[0])
+    if not ordered:
+        raise ValueError("an allreduce needs at least one contribution")
+    if len({i for i, _ in ordered}) != len(ordered):
+        raise ValueError("two contributions share a micro-batch index")
+    numel = ordered[0][1].numel()
+    out = into or Reduced(torch.full((numel,), float("nan")), [0] * len(buckets))
+    stop = len(buckets) if stop_after is None else stop_after
+    for b in buckets[:stop]:
+        if out.counts[b.index]:
+            continue
+        acc = ordered[0][1][b.start:b.stop].clone()
+        for _, g in ordered[1:]:
+            acc.add_(g[b.start:b.stop])
+        if mean:
+            acc.div_(len(ordered))
+        out.flat[b.start:b.stop] = acc
+        out.counts[b.index] = len(ordered)
+    return out
+
+
+def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float) -> float:
+    """Time of a ring allreduce of one ``nbytes`` message over ``ranks`` ranks.
+
+    Each rank sends and receives ``2 (n-1)/n`` of the message (reduce-scatter, then
+    all-gather) over its own link; one rank alone does not communicate.
+    """
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) / ranks * nbytes / bandwidth + latency

@@ -1,0 +1,158 @@
+"""Data-parallel fault-tolerance policies: recovery, elasticity, replacement.
+
+Policies decide, engines act. Call order, for any data-parallel engine:
+
+1. once: :func:`group_recovery_policy` for the strategy, :class:`ElasticPolicy` and
+   :class:`ReplacementPolicy` for the run; ``needs_step_snapshot`` tells the engine
+   whether ranks must copy their state before every update (to be able to undo it);
+2. before every step: ``ElasticPolicy.decide(live)`` sizes the global batch and the
+   learning rate for the ranks alive now;
+3. on a failure: ``GroupRecoveryPolicy.decide(GroupFailure)`` returns a
+   :class:`~trainthrough.ft.decisions.GroupRecoveryDecision`; after a re-formation
+   ``ReplacementPolicy.decide`` says when replacements join (the group grows back).
+
+The three recovery policies follow Nicolae et al. (CCGrid'22, REFERENCE.md §3).
+Every decision is a frozen value computed from a few numbers: no tensors, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from trainthrough.errors import UserError
+from trainthrough.ft.decisions import (
+    ElasticDecision,
+    GroupRecoveryDecision,
+    RecoveryAction,
+    ReplacementDecision,
+)
+
+Phase = Literal["boundary", "forward", "backward", "allreduce", "update"]
+ELASTIC = ("keep-global", "keep-local")
+
+
+@dataclass(frozen=True)
+class GroupFailure:
+    """What a policy is told about a failure.
+
+    ``phase``: where it struck (``boundary`` = between two steps, nothing in flight);
+    ``buckets_done``: allreduce buckets that completed with every rank's share;
+    ``applied``: surviving ranks that had already applied the interrupted step.
+    """
+
+    failed: tuple[int, ...]
+    survivors: int
+    phase: Phase = "boundary"
+    buckets_done: int = 0
+    applied: int = 0
+    have_checkpoint: bool = False
+
+
+class GroupRecoveryPolicy(Protocol):
+    """Decides how a data-parallel group recovers from lost ranks."""
+
+    needs_step_snapshot: bool
+
+    def decide(self, failure: GroupFailure) -> GroupRecoveryDecision: ...
+
+
+def _restart(f: GroupFailure) -> GroupRecoveryDecision:
+    return GroupRecoveryDecision(RecoveryAction.ROLLBACK_ALL, f.failed, rewind=True,
+                                 from_checkpoint=f.have_checkpoint)
+
+
+class CheckpointRestart:
+    """Every rank restarts from the last checkpoint; failed ranks are replaced first.
+
+    Loses the steps since that checkpoint (half an interval on average) plus the
+    restart; needs no spare state in memory.
+    """
+
+    needs_step_snapshot = False
+
+    def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
+        return _restart(failure)
+
+
+class MiniBatchRollback:
+    """Survivors undo the partly applied step and redo that global mini-batch.
+
+    No checkpoint is read and nothing is lost: at most one step of rework. Undoing
+    an update needs the pre-update state, hence a snapshot before every update.
+    With no survivor there is nobody to copy from: fall back to a restart.
+    """
+
+    needs_step_snapshot = True
+
+    def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
+        if failure.survivors == 0:
+            return _restart(failure)
+        in_step = failure.phase != "boundary"
+        return GroupRecoveryDecision(RecoveryAction.MINI_BATCH_ROLLBACK, failure.failed,
+                                     reform=True, undo_applied=failure.applied > 0,
+                                     redo_step=in_step)
+
+
+class LossyForward:
+    """Keep what was applied; finish the step with what arrived; carry on.
+
+    The failed ranks' share of the interrupted step is dropped (buckets reduced
+    before the failure keep it), so the model takes a slightly different step: the
+    perturbation. Nothing is redone and nothing is read.
+    """
+
+    needs_step_snapshot = False
+
+    def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
+        if failure.survivors == 0:
+            return _restart(failure)
+        return GroupRecoveryDecision(RecoveryAction.LOSSY_FORWARD, failure.failed, reform=True,
+                                     complete_step=failure.phase != "boundary")
+
+
+def group_recovery_policy(recovery: str) -> GroupRecoveryPolicy:
+    """The policy for a strategy's ``recovery`` choice.
+
+    Raises:
+        UserError: a recovery that only exists for the parameter server.
+    """
+    policies: dict[str, type] = {"rollback-all": CheckpointRestart,
+                                 "mini-batch-rollback": MiniBatchRollback,
+                                 "lossy-forward": LossyForward}
+    if recovery not in policies:
+        raise UserError(f"recovery {recovery!r} is for the parameter server; data-parallel "
+                        f"runs use one of: {', '.join(policies)}")
+    return policies[recovery]()  # type: ignore[no-any-return]
+
+
+class ElasticPolicy:
+    """What a smaller (or regrown) group trains on.
+
+    ``keep-global``: the global batch stays ``ranks * batch_size``, so each survivor
+    takes a larger share and the optimization is unchanged. ``keep-local``: each rank
+    keeps ``batch_size``, the global batch shrinks with the group and the learning
+    rate is scaled by the same factor (the linear scaling rule).
+    """
+
+    def __init__(self, mode: str, ranks: int, batch_size: int) -> None:
+        if mode not in ELASTIC:
+            raise UserError(f"elastic must be one of {', '.join(ELASTIC)} (got {mode!r})")
+        self.mode, self.ranks, self.batch_size = mode, ranks, batch_size
+
+    def decide(self, live: int) -> ElasticDecision:
+        if self.mode == "keep-global" or live >= self.ranks:
+            return ElasticDecision(live, self.ranks * self.batch_size, 1.0)
+        return ElasticDecision(live, live * self.batch_size, live / self.ranks)
+
+
+class ReplacementPolicy:
+    """Failed ranks come back ``delay`` simulated seconds after the failure (if enabled)."""
+
+    def __init__(self, enabled: bool, delay: float) -> None:
+        self.enabled, self.delay = enabled, delay
+
+    def decide(self, failed: tuple[int, ...], now: float) -> ReplacementDecision | None:
+        if not self.enabled or not failed:
+            return None
+        return ReplacementDecision(tuple(sorted(failed)), now + self.delay)
