@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from trainthrough.cli import main
+from trainthrough.coord.zkserver import ZooKeeperServer, find_zookeeper
 
 
 class CliResult:
@@ -34,3 +38,25 @@ def read_summary(folder: Path) -> dict[str, Any]:
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def zk_server() -> Iterator[ZooKeeperServer]:
+    """A real standalone ZooKeeper server on a free loopback port, shared by the session.
+
+    Missing ZooKeeper (or kazoo) skips the test locally but fails it under CI: there
+    `.ci/run` installs the Debian package and `make` installs kazoo, so a skip would
+    hide a broken setup.
+    """
+    missing = None
+    if find_zookeeper() is None:
+        missing = "no ZooKeeper server installed (Debian package `zookeeper`, needs java)"
+    elif importlib.util.find_spec("kazoo") is None:
+        missing = "kazoo is not installed (extra `zookeeper`)"
+    if missing:
+        msg = f"{missing}; .ci/run should have installed it (see .ci/run and the Makefile)"
+        if os.environ.get("CI"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    with ZooKeeperServer() as server:
+        yield server

@@ -39,6 +39,12 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--workload", help="workload name (see `trainthrough list`)")
     p.add_argument("--strategy", help="strategy preset or composition")
     p.add_argument("--engine", help="engine: sim")
+    p.add_argument("--paradigm", choices=["ps", "dp"],
+                   help="ps (parameter server) or dp (data parallel, allreduce)")
+    p.add_argument("--ranks", type=int, help="dp: data-parallel ranks N")
+    p.add_argument("--elastic", choices=["keep-global", "keep-local"],
+                   help="dp: after a rank is lost keep the global batch, or the per-rank "
+                        "batch (lr scaled)")
     p.add_argument("--shards", type=int, help="parameter-server shards K")
     p.add_argument("--workers", type=int, help="workers N")
     p.add_argument("--consistency", choices=["bsp", "ssp"], help="bsp or ssp")
@@ -93,7 +99,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
     over = {k: getattr(args, k) for k in (
-        "workload", "strategy", "engine", "shards", "workers", "consistency", "staleness",
+        "workload", "strategy", "engine", "paradigm", "ranks", "elastic", "shards", "workers",
+        "consistency", "staleness",
         "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir", "checkpoint_fraction",
         "checkpoint_rule", "max_iterations",
         "eval_every", "target", "lr", "baseline") if getattr(args, k) is not None}
@@ -128,7 +135,8 @@ def _cmd_list() -> int:
     from trainthrough.workloads import WORKLOADS
 
     for title, items in (("workloads", {k: v[1] for k, v in WORKLOADS.items()}),
-                         ("strategies", {k: v.description for k, v in PRESETS.items()}),
+                         ("strategies", {k: f"[{'/'.join(v.paradigms)}] {v.description}"
+                                         for k, v in PRESETS.items()}),
                          ("engines", ENGINES),
                          ("suites", {k: v.description for k, v in SUITES.items()})):
         print(f"{title}:")

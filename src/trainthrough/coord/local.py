@@ -18,9 +18,9 @@ from trainthrough.coord.base import (
     CoordinatorError,
     MembersCallback,
     PredecessorCallback,
+    changes_only,
     check_key,
     check_name,
-    changes_only,
     check_value,
 )
 

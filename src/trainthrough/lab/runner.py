@@ -32,6 +32,10 @@ def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
 
 
 def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_url: str) -> Any:
+    if cfg.paradigm == "dp":
+        from trainthrough.engines.sim.dp_engine import SimDPEngine
+
+        return SimDPEngine(cfg, workload, callback, checkpoint_url)
     from trainthrough.engines.sim.engine import SimEngine
 
     return SimEngine(cfg, workload, callback, checkpoint_url)

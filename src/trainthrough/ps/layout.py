@@ -60,6 +60,11 @@ class Layout:
         return [{b.name: params[b.name][b.start:b.stop] for b in blocks}
                 for blocks in self.shards]
 
+    def split_partial(self, params: Params) -> list[Params]:
+        """Like :meth:`split` for an update that touches only some parameters."""
+        return [{b.name: params[b.name][b.start:b.stop] for b in blocks if b.name in params}
+                for blocks in self.shards]
+
     def assemble(self, parts: list[Params]) -> Params:
         """Inverse of :meth:`split`: concatenate shard slices into full tensors."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in self.shapes}

@@ -30,6 +30,9 @@ class Shard:
         self.values: Tensors = {n: v.clone() for n, v in values.items()}
         self.opt_state = optim.init_state(spec, self.values)
         self.version = 0
+        # Highest push sequence number applied per worker: Ray may re-deliver a call,
+        # and a retried chain write reaches replicas that already have it.
+        self.applied: dict[int, int] = {}
 
     # -- training ---------------------------------------------------------------
     def apply(self, update: Tensors, scale: float = 1.0) -> int:
@@ -37,6 +40,21 @@ class Shard:
         optim.apply(self.spec, self.values, update, self.opt_state, scale)
         self.version += 1
         return self.version
+
+    def apply_once(self, worker_id: int, seq: int, update: Tensors, scale: float = 1.0) -> bool:
+        """Apply a worker's push unless its sequence number was already applied.
+
+        Returns:
+            True if applied, False for a duplicate (a re-delivered or retried push).
+        """
+        if seq <= self.applied.get(worker_id, -1):
+            return False
+        self.applied[worker_id] = seq
+        if update:
+            self.apply(update, scale)
+        else:
+            self.version += 1
+        return True
 
     def read(self) -> Tensors:
         """The current values (live tensors: callers that keep them must copy)."""
@@ -52,6 +70,8 @@ class Shard:
         out = {f"value/{n}": v for n, v in self.values.items()}
         out.update({f"opt/{k}": v for k, v in self.opt_state.items()})
         out["version"] = torch.tensor([self.version], dtype=torch.int64)
+        out["applied"] = torch.tensor(sorted(self.applied.items()) or [[-1, -1]],
+                                      dtype=torch.int64).reshape(-1, 2)
         return out
 
     def load_state_dict(self, state: Tensors) -> None:
@@ -62,6 +82,9 @@ class Shard:
         self.opt_state = {k: state[f"opt/{k}"].clone() if f"opt/{k}" in state else v
                           for k, v in fresh.items()}
         self.version = int(state["version"][0]) if "version" in state else 0
+        table = state.get("applied")
+        self.applied = ({int(w): int(q) for w, q in table.tolist() if w >= 0}
+                        if table is not None else {})
 
     def load_rows(self, name: str, rows: torch.Tensor, values: torch.Tensor,
                   opt: Tensors | None = None) -> None:
@@ -75,6 +98,7 @@ class Shard:
         self.values = {n: v.clone() for n, v in values.items()}
         self.opt_state = optim.init_state(self.spec, self.values)
         self.version = 0
+        self.applied = {}
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,169 @@
+"""A parameter-server shard (or one replica of its chain) hosted in a Ray actor.
+
+The actor is a thin host around :class:`trainthrough.ps.shard.Shard`: the same
+update, dedup and state code as every engine. What it adds is process-level:
+its pid (failures are real SIGKILLs), a ``watch`` call that only returns when the
+process dies (Ray's death notification, without polling), and chain replication:
+forwarding each applied push to a successor, synchronously (the push is
+acknowledged after the tail applied it) or asynchronously (a background thread
+forwards in order, at most ``max_lag`` pushes behind).
+
+Threaded actor: ``watch`` parks one thread for good; pushes from several workers run
+on the others and a lock orders them, so every replica applies pushes in one order.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Any
+
+import ray
+import torch
+
+from trainthrough.ps.layout import RowBlock
+from trainthrough.ps.shard import Shard, clone_state
+from trainthrough.workloads.base import OptimizerSpec
+
+Tensors = dict[str, torch.Tensor]
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)
+class ShardActor:
+    """One shard replica. ``mode``: ``none`` (no successor), ``sync`` or ``async``."""
+
+    def __init__(self, shard_id: int, blocks: tuple[RowBlock, ...], spec: OptimizerSpec,
+                 values: Tensors, name: str, max_lag: int = 64) -> None:
+        torch.set_num_threads(1)
+        self.name = name
+        self.shard = Shard(shard_id, blocks, spec, values)
+        self.lock = threading.Lock()
+        self.successor: Any = None
+        self.mode = "none"
+        self.forwarded = 0
+        self._dead = threading.Event()
+        self._queue: queue.Queue[tuple[int, int, Tensors, float] | None] = queue.Queue(max_lag)
+        self._forwarder: threading.Thread | None = None
+        self._rounds: set[int] = set()
+
+    # -- liveness ---------------------------------------------------------------
+    def pid(self) -> int:
+        return os.getpid()
+
+    def watch(self) -> None:
+        """Never returns while the actor lives: the caller gets ActorDiedError on death."""
+        self._dead.wait()
+
+    # -- data path --------------------------------------------------------------
+    def pull(self) -> tuple[int, Tensors]:
+        with self.lock:
+            return self.shard.version, {n: v.clone() for n, v in self.shard.values.items()}
+
+    def push(self, worker: int, seq: int, update: Tensors, scale: float = 1.0) -> int:
+        """Apply a worker's push once and replicate it; returns the version.
+
+        Sync chains: returns after the successor (recursively the tail) returned, so
+        an acknowledged push is on every live replica. A duplicate (re-delivered or
+        retried) push is not applied again but is still forwarded, because a
+        successor may have missed it when the chain broke mid-write.
+        """
+        with self.lock:
+            self.shard.apply_once(worker, seq, update, scale)
+            version = self.shard.version
+            if self.mode == "sync" and self.successor is not None:
+                ray.get(self.successor.push.remote(worker, seq, update, scale))
+                self.forwarded += 1
+        if self.mode == "async" and self.successor is not None:
+            self._queue.put((worker, seq, update, scale))  # blocks when max_lag behind
+        return version
+
+    def apply_round(self, round_no: int, scale: float, *updates: Tensors) -> int:
+        """Bulk-synchronous round: aggregate all workers' slices and apply once.
+
+        Idempotent per round: a round retried after a failure elsewhere is skipped here
+        if this shard already applied it.
+        """
+        with self.lock:
+            if round_no in self._rounds:
+                return self.shard.version
+            total: Tensors = {}
+            for u in updates:
+                for n in self.shard.values:
+                    if n in u:
+                        total[n] = total[n] + u[n] if n in total else u[n].clone()
+            self.shard.apply(total, scale)
+            self._rounds.add(round_no)
+            if len(self._rounds) > 64:
+                self._rounds = set(sorted(self._rounds)[-32:])
+            return self.shard.version
+
+    # -- replication and recovery ----------------------------------------------
+    def state(self) -> Tensors:
+        with self.lock:
+            return clone_state(self.shard.state_dict())
+
+    def load(self, state: Tensors) -> int:
+        with self.lock:
+            self.shard.load_state_dict(state)
+            return self.shard.version
+
+    def load_rows(self, name: str, rows: torch.Tensor, values: torch.Tensor,
+                  opt: Tensors) -> None:
+        with self.lock:
+            self.shard.load_rows(name, rows, values, opt)
+
+    def set_successor(self, successor: Any, mode: str) -> None:
+        """Rewire the chain. Async: start the forwarding thread on first use."""
+        with self.lock:
+            self.successor, self.mode = successor, mode
+        if mode == "async" and self._forwarder is None:
+            self._forwarder = threading.Thread(target=self._forward_loop, daemon=True)
+            self._forwarder.start()
+
+    def attach_tail(self, newcomer: Any, mode: str) -> int:
+        """Copy state into ``newcomer`` and make it this replica's successor, atomically
+        with respect to pushes, so the newcomer misses nothing."""
+        with self.lock:
+            ray.get(newcomer.load.remote(clone_state(self.shard.state_dict())))
+            self.successor, self.mode = newcomer, mode
+            version = self.shard.version
+        if mode == "async" and self._forwarder is None:
+            self._forwarder = threading.Thread(target=self._forward_loop, daemon=True)
+            self._forwarder.start()
+        return version
+
+    def _forward_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            succ = self.successor
+            if succ is None:
+                continue
+            try:
+                ray.get(succ.push.remote(*item))
+                self.forwarded += 1
+            except ray.exceptions.RayError:
+                # The successor died: the chain will be rewired; pushes queued for it
+                # are resent to the new successor by the retry below.
+                self._requeue(item)
+
+    def _requeue(self, item: tuple[int, int, Tensors, float]) -> None:
+        import time
+
+        for _ in range(200):
+            time.sleep(0.01)
+            succ = self.successor
+            if succ is None:
+                return
+            try:
+                ray.get(succ.push.remote(*item))
+                self.forwarded += 1
+                return
+            except ray.exceptions.RayError:
+                continue
+
+    def stats(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.shard.version, "forwarded": self.forwarded,
+                "lag": self._queue.qsize(), "applied": dict(self.shard.applied)}

@@ -1,0 +1,182 @@
+"""A parameter-server worker hosted in a Ray actor, running at its own pace.
+
+Each step: pull every shard (from the replica that serves reads), compute the
+workload's update with the same :class:`~trainthrough.ps.worker.Worker` code as
+every engine, push each shard its slice, and wait for the acknowledgements.
+
+When a shard is unreachable the outage policy decides: ``wait`` (look up the
+shard's new replica in the registry, retry the same push — its sequence number
+makes a retry safe) or ``buffer`` (the stateless PS: keep computing on the last
+parameters held, queue the slices for that shard in a bounded backlog, and apply
+them with the merge rule when the shard is back).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import ray
+import torch
+
+from trainthrough.ft.outage import Backlog, merge_plan
+from trainthrough.ps.layout import Layout
+from trainthrough.ps.worker import Worker
+from trainthrough.workloads import make_workload
+
+Tensors = dict[str, torch.Tensor]
+
+
+def _add(a: Tensors, b: Tensors) -> Tensors:
+    return {n: a[n] + b[n] if n in b else a[n] for n in a} | {n: b[n] for n in b if n not in a}
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+class WorkerActor:
+    """One worker; ``run`` loops until ``stop``; ``progress`` can be called meanwhile."""
+
+    def __init__(self, worker_id: int, workload: str, options: dict[str, Any], seed: int,
+                 num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
+                 start_step: int = 0, incarnation: int = 0) -> None:
+        torch.set_num_threads(1)
+        wl = make_workload(workload, seed=seed, **options)
+        self.layout = layout
+        self.worker = Worker(worker_id, wl, wl.partition(num_workers)[worker_id], seed)
+        self.registry = registry
+        self.s = settings  # outage, merge_rule, merge_threshold, read_from, backlog, scale
+        self.step = start_step
+        self.seq = start_step * 1000 + incarnation  # fresh, increasing across incarnations
+        self._stop = threading.Event()
+        self._handles: dict[int, tuple[int, Any, Any]] = {}  # shard -> (epoch, write, read)
+        self._params: Tensors | None = None
+        self._backlogs = [Backlog[Tensors](settings.get("backlog", 256))
+                          for _ in layout.shards]
+        self.busy = self.idle = 0.0
+        self.pushes = self.duplicates_skipped = self.buffered = 0
+        self.worker.start(wl.init_params(torch.Generator().manual_seed(seed)), incarnation)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def watch(self) -> None:
+        threading.Event().wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def progress(self) -> dict[str, Any]:
+        return {"step": self.step, "busy": self.busy, "idle": self.idle, "pushes": self.pushes,
+                "buffered": self.buffered, "backlog": sum(len(b) for b in self._backlogs)}
+
+    # -- shard lookup -----------------------------------------------------------
+    def _resolve(self, i: int) -> tuple[Any, Any] | None:
+        """(write replica, read replica) of shard ``i``, refreshed from the registry."""
+        epoch, members = ray.get(self.registry.members.remote(f"shard{i}"))
+        cached = self._handles.get(i)
+        if cached and cached[0] == epoch:
+            return cached[1], cached[2]
+        if not members:
+            return None
+        try:
+            write = ray.get_actor(members[0])
+            read = ray.get_actor(members[-1] if self.s["read_from"] == "tail" else members[0])
+        except ValueError:  # a replica named in the registry died before we got it
+            return None
+        self._handles[i] = (epoch, write, read)
+        return write, read
+
+    def _pull(self) -> Tensors | None:
+        parts: list[Tensors] = []
+        for i in range(self.layout.num_shards):
+            h = self._resolve(i)
+            if h is None:
+                return None
+            try:
+                parts.append(ray.get(h[1].pull.remote())[1])
+            except ray.exceptions.RayError:
+                self._handles.pop(i, None)
+                return None
+        return self.layout.assemble(parts)
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self, max_steps: int) -> dict[str, Any]:
+        buffer = self.s["outage"] == "buffer"
+        while not self._stop.is_set() and self.step < max_steps:
+            t0 = time.perf_counter()
+            params = self._pull()
+            if params is not None:
+                self._params = params
+            elif not buffer or self._params is None:
+                self.idle += self._pause(t0)
+                continue
+            t1 = time.perf_counter()
+            update = self.worker.compute(self._params, self.step)
+            self.busy += time.perf_counter() - t1
+            self.step += 1
+            self.seq += 1
+            self._push_all(update, stale=params is None)
+            self.idle += time.perf_counter() - t0 - (time.perf_counter() - t1)
+        return self.progress()
+
+    def _pause(self, t0: float) -> float:
+        time.sleep(0.005)
+        return time.perf_counter() - t0
+
+    def _push_all(self, update: Tensors, stale: bool) -> None:
+        slices = self.layout.split_partial(update)
+        pending = {}
+        for i, part in enumerate(slices):
+            h = self._resolve(i)
+            if h is not None and not (stale and self.s["outage"] == "buffer" and len(self._backlogs[i])):
+                self._flush(i, h[0])
+                pending[i] = (h[0], h[0].push.remote(self.worker.worker_id, self.seq, part,
+                                                      self.s["scale"]))
+            else:
+                pending[i] = (None, None)
+        for i, (_handle, ref) in pending.items():
+            ok = False
+            if ref is not None:
+                try:
+                    ray.get(ref)
+                    ok = True
+                except ray.exceptions.RayError:
+                    self._handles.pop(i, None)
+            if ok:
+                self.pushes += 1
+            elif self.s["outage"] == "buffer":
+                self._backlogs[i].add(slices[i], 0, _add)
+                self.buffered += 1
+            else:
+                self._retry(i, slices[i])
+
+    def _retry(self, i: int, part: Tensors) -> None:
+        """Wait for shard ``i`` to come back, then push the same sequence number."""
+        while not self._stop.is_set():
+            h = self._resolve(i)
+            if h is not None:
+                try:
+                    ray.get(h[0].push.remote(self.worker.worker_id, self.seq, part,
+                                             self.s["scale"]))
+                    self.pushes += 1
+                    return
+                except ray.exceptions.RayError:
+                    self._handles.pop(i, None)
+            time.sleep(0.005)
+
+    def _flush(self, i: int, handle: Any) -> None:
+        """Apply the backlog for shard ``i`` (oldest first) with the merge rule."""
+        items = self._backlogs[i].drain()
+        if not items:
+            return
+        plan = merge_plan([len(items) - k - 1 for k in range(len(items))], self.s["merge_rule"],
+                          self.s["merge_threshold"])
+        for d in plan:
+            self.seq += 1
+            try:
+                ray.get(handle.push.remote(self.worker.worker_id, self.seq, items[d.index][0],
+                                           self.s["scale"] * d.scale))
+                self.pushes += 1
+            except ray.exceptions.RayError:
+                self._backlogs[i].add(items[d.index][0], 0, _add)
