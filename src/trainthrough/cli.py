@@ -38,7 +38,20 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--config", type=Path, help="a config.toml (CLI options override it)")
     p.add_argument("--workload", help="workload name (see `trainthrough list`)")
     p.add_argument("--strategy", help="strategy preset or composition")
-    p.add_argument("--engine", help="engine: sim")
+    p.add_argument("--engine", help="engine: sim or ray")
+    p.add_argument("--ray-address", dest="ray_address",
+                   help="join this Ray cluster (default: start one on 127.0.0.1)")
+    p.add_argument("--recovery-delay", type=float, dest="recovery_delay",
+                   help="seconds a lost shard or worker stays down (ray)")
+    p.add_argument("--replicas", type=int, help="chain length per shard (chain strategies)")
+    p.add_argument("--coordinator", choices=["ray", "zookeeper"])
+    p.add_argument("--zookeeper-hosts", dest="zookeeper_hosts", help="host:port")
+    p.add_argument("--merge-rule", dest="merge_rule",
+                   choices=["sum", "mean", "scaled", "staleness"],
+                   help="stateless: how the backlog is applied")
+    p.add_argument("--merge-threshold", type=int, dest="merge_threshold")
+    p.add_argument("--wall-limit", type=float, dest="wall_limit",
+                   help="real engines: stop after this many seconds")
     p.add_argument("--paradigm", choices=["ps", "dp"],
                    help="ps (parameter server) or dp (data parallel, allreduce)")
     p.add_argument("--ranks", type=int, help="dp: data-parallel ranks N")
@@ -47,7 +60,8 @@ def _add_run(sub: Any) -> None:
                         "batch (lr scaled)")
     p.add_argument("--shards", type=int, help="parameter-server shards K")
     p.add_argument("--workers", type=int, help="workers N")
-    p.add_argument("--consistency", choices=["bsp", "ssp"], help="bsp or ssp")
+    p.add_argument("--consistency", choices=["bsp", "ssp", "async"],
+                   help="bsp, ssp (sim) or async (ray)")
     p.add_argument("--staleness", type=int, help="SSP staleness bound s")
     p.add_argument("--fail", action="append", default=None,
                    help="failure spec, repeatable (e.g. 'shards=50%%@iter=230')")
@@ -103,7 +117,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "consistency", "staleness",
         "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir", "checkpoint_fraction",
         "checkpoint_rule", "max_iterations",
-        "eval_every", "target", "lr", "baseline") if getattr(args, k) is not None}
+        "eval_every", "target", "lr", "baseline", "ray_address", "recovery_delay", "replicas",
+        "coordinator", "zookeeper_hosts", "merge_rule", "merge_threshold", "wall_limit")
+        if getattr(args, k) is not None}
     if args.fail is not None:
         over["failures"] = args.fail
     if args.option:

@@ -21,7 +21,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ENGINES = {"sim": "in-process, deterministic, virtual clock (the failure simulation framework)"}
+ENGINES = {"sim": "in-process, deterministic, virtual clock (the failure simulation framework)",
+           "ray": "shards, replicas and workers as Ray actors; failures are real SIGKILLs"}
 PARADIGMS = {"ps": "parameter server: K shards own the parameters, N workers push updates",
              "dp": "data parallel: N ranks each hold a replica and allreduce gradients"}
 
@@ -52,7 +53,7 @@ class RunConfig:
     paradigm: str = "ps"  #: ps (parameter server) or dp (data parallel, allreduce)
     shards: int = 4  #: parameter-server shards K
     workers: int = 4  #: workers N
-    consistency: str = "bsp"  #: bsp (bulk-synchronous) or ssp (bounded staleness)
+    consistency: str = "bsp"  #: bsp, ssp (sim: bounded staleness) or async (ray)
     staleness: int = 2  #: SSP bound s (ignored under bsp)
     ranks: int = 4  #: dp: data-parallel ranks N (each holds a full replica)
     elastic: str = "keep-global"  #: dp: keep-global (larger per-rank batch) or keep-local
@@ -75,6 +76,17 @@ class RunConfig:
     lr: float | None = None  #: override the workload's server step size
     baseline: bool = False  #: also run failure-free with the same seed for rework cost
     workload_options: dict[str, Any] = field(default_factory=dict)  #: passed to the workload
+    # -- real engines (ray) ---------------------------------------------------------
+    ray_address: str | None = None  #: join this Ray cluster instead of starting one
+    recovery_delay: float = 0.0  #: seconds a lost shard or worker stays down
+    replicas: int = 3  #: chain length R per shard (chain strategies)
+    max_lag: int = 64  #: chain-async: pushes the head may run ahead of its successor
+    coordinator: str = "ray"  #: ray (named actor) or zookeeper
+    zookeeper_hosts: str | None = None  #: host:port of ZooKeeper (coordinator=zookeeper)
+    merge_rule: str = "scaled"  #: stateless backlog: sum, mean, scaled, staleness
+    merge_threshold: int = 50  #: stateless 'scaled': backlog size that keeps full steps
+    backlog: int = 256  #: stateless: buffered updates per shard before merging oldest
+    wall_limit: float | None = None  #: real engines: stop after this many seconds
     cost: CostModel = field(default_factory=CostModel)
 
     def validate(self) -> None:
@@ -96,14 +108,16 @@ class RunConfig:
         resolve(self.strategy).require(self.paradigm)
         if self.engine not in ENGINES:
             raise UserError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
+        if self.paradigm == "dp" and self.engine != "sim":
+            raise UserError(f"data-parallel runs use the sim engine (got --engine {self.engine})")
         if self.elastic not in ("keep-global", "keep-local"):
             raise UserError(f"elastic must be keep-global or keep-local (got {self.elastic!r})")
         for name in ("shards", "workers", "checkpoint_keep", "ranks", "allreduce_buckets"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1 "
                                 f"(got {getattr(self, name)})")
-        if self.consistency not in ("bsp", "ssp"):
-            raise UserError(f"consistency must be bsp or ssp (got {self.consistency!r})")
+        if self.consistency not in ("bsp", "ssp", "async"):
+            raise UserError(f"consistency must be bsp, ssp or async (got {self.consistency!r})")
         if self.staleness < 0:
             raise UserError(f"staleness must be 0 or more (got {self.staleness})")
         for name in ("max_iterations", "eval_every", "checkpoint_every"):
@@ -122,6 +136,32 @@ class RunConfig:
             if getattr(self.cost, f.name) < 0:
                 raise UserError(f"cost.{f.name} must not be negative")
         parse(self.failures)
+        strategy = resolve(self.strategy)
+        if self.engine not in strategy.engines:
+            raise UserError(f"strategy {self.strategy} runs on the "
+                            f"{' or '.join(strategy.engines)} engine, not {self.engine}")
+        if self.engine == "ray":
+            if self.consistency == "ssp":
+                raise UserError("the ray engine runs bsp rounds or async workers; use "
+                                "--consistency bsp or async")
+            if (strategy.replication != "none" or strategy.outage != "wait") \
+                    and self.consistency == "bsp":
+                raise UserError(f"strategy {self.strategy} needs asynchronous workers: "
+                                "use --consistency async")
+        elif self.consistency == "async":
+            raise UserError("consistency async is for the ray engine; the sim engine runs "
+                            "bsp or ssp")
+        if self.replicas < 1 or self.max_lag < 1 or self.backlog < 2:
+            raise UserError("replicas and max-lag must be at least 1, backlog at least 2")
+        if self.recovery_delay < 0:
+            raise UserError(f"recovery-delay must not be negative (got {self.recovery_delay})")
+        if self.coordinator not in ("ray", "zookeeper"):
+            raise UserError(f"coordinator must be ray or zookeeper (got {self.coordinator!r})")
+        if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
+            raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
+        if self.merge_rule not in ("sum", "mean", "scaled", "staleness"):
+            raise UserError(f"merge-rule must be sum, mean, scaled or staleness "
+                            f"(got {self.merge_rule!r})")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, ``None`` fields left out (TOML has no null)."""

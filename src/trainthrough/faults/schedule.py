@@ -29,6 +29,7 @@ class FailureEvent:
     phase: str | None
     mode: str
     spec: str
+    replica: int | None = None  # chain position to kill (0 = head); real engines only
 
 
 class FailureSchedule:
@@ -56,14 +57,14 @@ class FailureSchedule:
     def _expand(self, s: FailureSpec) -> list[FailureEvent]:
         if s.mtbf is None:
             return [FailureEvent(s.kind, self._pick(s), s.at_iter, s.at_time, s.phase,
-                                 s.mode, s.text)]
+                                 s.mode, s.text, s.replica)]
         out, t = [], 0.0
         for _ in range(s.max_count if s.max_count is not None else _MTBF_CAP):
             t += float(self._rng.exponential(s.mtbf))
             at_iter = max(1, int(round(t))) if s.mtbf_unit == "iter" else None
             at_time = t if s.mtbf_unit == "s" else None
             out.append(FailureEvent(s.kind, self._pick(s), at_iter, at_time, s.phase,
-                                    s.mode, s.text))
+                                    s.mode, s.text, s.replica))
         return out
 
     def due(self, iteration: int, seconds: float, phase: str | None = None,

@@ -22,9 +22,11 @@ class Strategy:
 
     ``checkpoint``: ``none``, ``full`` or ``prioritized``; ``persist``: ``sync`` or ``async``;
     ``recovery``: ``reinit``, ``rollback-all`` or ``restore-lost`` (parameter server),
-    ``mini-batch-rollback`` or ``lossy-forward`` (data parallel; ``rollback-all`` is
-    checkpoint-restart in both); ``replication`` and ``outage`` are ``none``/``wait``
-    until the runtime issues. :attr:`paradigms` says where the strategy applies.
+    ``failover`` (promote a chain replica), ``mini-batch-rollback`` or ``lossy-forward``
+    (data parallel; ``rollback-all`` is checkpoint-restart in both); ``replication``:
+    ``none``, ``chain-sync`` or ``chain-async``; ``outage`` (what workers do while a
+    shard is down): ``wait`` or ``buffer``. :attr:`paradigms` says where the strategy
+    applies, :attr:`engines` which engines run it.
     """
 
     name: str
@@ -34,6 +36,7 @@ class Strategy:
     recovery: str = "reinit"
     replication: str = "none"
     outage: str = "wait"
+    engines: tuple[str, ...] = ("sim", "ray")
 
     def checkpoint_policy(self, every: int, fraction: float | None = None,
                           rule: str = "largest-change") -> CheckpointPolicy:
@@ -80,7 +83,7 @@ class Strategy:
         """The parameter-server recovery policy (data parallel: ft/dp_policies.py)."""
         self.require("ps")
         return {"reinit": Reinitialize, "rollback-all": RollbackAll,
-                "restore-lost": RestoreLost}[self.recovery]()
+                "restore-lost": RestoreLost, "failover": RestoreLost}[self.recovery]()
 
 
 PRESETS: dict[str, Strategy] = {
@@ -98,6 +101,26 @@ PRESETS: dict[str, Strategy] = {
                  "SCAR: prioritized checkpoints (the rows that changed most, a fraction r "
                  "every r*N; r=0.25 by default) + partial recovery", checkpoint="prioritized",
                  recovery="restore-lost"),
+        Strategy("checkpoint-sync",
+                 "TTF: full checkpoint every N, training blocked while it is written; a "
+                 "lost shard restarts from it", checkpoint="full", recovery="restore-lost"),
+        Strategy("checkpoint-async",
+                 "TTF: snapshot in memory, persist in the background; a lost shard "
+                 "restarts from the last complete one", checkpoint="full", persist="async",
+                 recovery="restore-lost"),
+        Strategy("chain-sync",
+                 "TTF: chain of R replicas per shard, a push acknowledged once the tail "
+                 "applied it, reads from the tail; failover promotes a replica",
+                 recovery="failover", replication="chain-sync", engines=("ray",)),
+        Strategy("chain-async",
+                 "TTF: chain of R replicas, the head acknowledges at once and forwards in "
+                 "the background with bounded lag", recovery="failover",
+                 replication="chain-async", engines=("ray",)),
+        Strategy("stateless",
+                 "TTF: while a shard is down workers keep computing on the weights they "
+                 "hold and buffer updates; the restarted shard (from its checkpoint) "
+                 "applies the backlog", checkpoint="full", persist="async",
+                 recovery="restore-lost", outage="buffer", engines=("ray",)),
         Strategy("rollback",
                  "data parallel: immediate mini-batch rollback; survivors undo the partial "
                  "step and redo that mini-batch, no checkpoint read",
@@ -110,7 +133,8 @@ PRESETS: dict[str, Strategy] = {
 
 _DP_ONLY = ("mini-batch-rollback", "lossy-forward")
 _CHOICES = {"checkpoint": ("none", "full", "prioritized"), "persist": ("sync", "async"),
-            "recovery": ("reinit", "rollback-all", "restore-lost", *_DP_ONLY)}
+            "recovery": ("reinit", "rollback-all", "restore-lost", "failover", *_DP_ONLY),
+            "replication": ("none", "chain-sync", "chain-async"), "outage": ("wait", "buffer")}
 
 
 def resolve(text: str) -> Strategy:
@@ -141,4 +165,10 @@ def resolve(text: str) -> Strategy:
         else:
             raise UserError(f"strategy: unknown key {key!r}; use base, "
                             f"{', '.join(_CHOICES)}")
-    return replace(base, name=text, description="custom composition", **fields)
+    out = replace(base, name=text, description="custom composition", **fields)
+    if out.replication != "none" or out.outage != "wait" or out.recovery == "failover":
+        out = replace(out, engines=("ray",))
+    if (out.recovery == "failover") != (out.replication != "none"):
+        raise UserError("strategy: recovery=failover goes with a chain replication "
+                        "(replication=chain-sync or chain-async), and a chain with failover")
+    return out

@@ -18,7 +18,8 @@ cost extra iterations (rework); that is measured, not predicted, here.
 
 Both elastic strategies then run on ``N-1`` ranks until a replacement joins
 (``replace_seconds``); keeping the global batch makes each step's compute
-``N/(N-1)`` times longer meanwhile (:func:`shrink_seconds`).
+``N/(N-1)`` times longer meanwhile (:func:`shrink_seconds`), and the join costs
+another re-formation plus copying a replica (``join_seconds``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class DPCosts:
     compute_share: float = 1.0  #: fraction of a step that is compute
     ranks: int = 0  #: N, for the shrunk period of the elastic strategies
     replace_seconds: float = 0.0  #: failure to a replacement joining
+    join_seconds: float = 0.0  #: growing back: re-formation + copying a replica (0: never)
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,14 @@ def checkpoint_restart(c: DPCosts, interval_seconds: float | None = None) -> Ove
 def rollback(c: DPCosts) -> Overhead:
     """Immediate mini-batch rollback: undo, re-form, redo the interrupted step."""
     steady = c.snapshot_seconds / c.step_seconds if c.step_seconds > 0 else 0.0
-    lost = c.detection_seconds + c.reform_seconds + c.step_seconds / 2 + shrink_seconds(c)
+    lost = (c.detection_seconds + c.reform_seconds + c.step_seconds / 2 + shrink_seconds(c)
+            + c.join_seconds)
     return Overhead("rollback", steady, lost, steady + lost / c.mtbf_seconds)
 
 
 def lossy_forward(c: DPCosts) -> Overhead:
     """Lossy forward recovery: re-form and carry on (the dropped share is not redone)."""
-    lost = c.detection_seconds + c.reform_seconds + shrink_seconds(c)
+    lost = c.detection_seconds + c.reform_seconds + shrink_seconds(c) + c.join_seconds
     return Overhead("lossy-forward", 0.0, lost, lost / c.mtbf_seconds)
 
 

@@ -6,6 +6,9 @@ started it, writes the same folder and the same summary fields.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +34,12 @@ def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
     ), workload
 
 
-def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_url: str) -> Any:
+def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_url: str,
+            out: Path | None = None) -> Any:
+    if cfg.engine == "ray":
+        from trainthrough.engines.ray.engine import RayEngine
+
+        return RayEngine(cfg, workload, callback, checkpoint_url, out)
     if cfg.paradigm == "dp":
         from trainthrough.engines.sim.dp_engine import SimDPEngine
 
@@ -42,7 +50,9 @@ def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_u
 
 
 def _drop_memory(url: str) -> None:
-    """Free an in-memory checkpoint store once its run is over."""
+    """Free an in-memory (or temporary) checkpoint store once its run is over."""
+    if os.path.basename(url).startswith("tt-ckpt-"):
+        shutil.rmtree(url, ignore_errors=True)
     if url.startswith("memory://"):
         import fsspec
 
@@ -59,7 +69,9 @@ def baseline_config(cfg: RunConfig) -> RunConfig:
 
 def run_silent(cfg: RunConfig, callback: Callback | None = None) -> dict[str, Any]:
     """Run without a folder (baselines, quick checks); checkpoints stay in memory."""
-    url = f"memory://trainthrough/{uuid.uuid4().hex}"
+    # Real engines' actors run in other processes: they need a real path, not memory.
+    url = (f"memory://trainthrough/{uuid.uuid4().hex}" if cfg.engine == "sim"
+           else tempfile.mkdtemp(prefix="tt-ckpt-"))
     try:
         resolved, workload = resolve_defaults(cfg)
         return _engine(resolved, workload, callback or Callback(), url).run().to_dict()
@@ -108,7 +120,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     try:
         # Build before touching the disk: bad sizes or ids fail without a folder.
         holder = Callbacks(list(callbacks or []))
-        engine = _engine(resolved, workload, holder, url)
+        engine = _engine(resolved, workload, holder, url, out)
         recorder = RunRecorder(out, resolved.to_toml())
         holder.items.insert(0, recorder)
         summary = engine.run().to_dict()

@@ -46,6 +46,13 @@ class ShardActor:
         self._queue: queue.Queue[tuple[int, int, Tensors, float] | None] = queue.Queue(max_lag)
         self._forwarder: threading.Thread | None = None
         self._rounds: set[int] = set()
+        self._persist: threading.Thread | None = None
+
+    def become(self, shard_id: int, blocks: tuple[RowBlock, ...], values: Tensors) -> None:
+        """Turn a warm spare into a replica of ``shard_id`` (fresh state)."""
+        with self.lock:
+            self.shard = Shard(shard_id, blocks, self.shard.spec, values)
+            self._rounds.clear()
 
     # -- liveness ---------------------------------------------------------------
     def pid(self) -> int:
@@ -163,6 +170,49 @@ class ShardActor:
                 return
             except ray.exceptions.RayError:
                 continue
+
+    # -- checkpoints (the shard writes its own; the driver only says when) ---------
+    def checkpoint(self, url: str, keep: int, step: int, asynchronous: bool) -> dict[str, Any]:
+        """Save this shard's state under tag ``shard<i>``.
+
+        Sync: the lock is held while writing, so pushes block (that is the cost).
+        Async: only the in-memory snapshot holds the lock; a background thread
+        persists it. A persist still running is waited for first: never two at once.
+        """
+        import time
+
+        from trainthrough.ft.checkpoint import CheckpointStore
+
+        t0 = time.perf_counter()
+        if self._persist is not None:
+            self._persist.join()
+        store = CheckpointStore(url, keep_last=keep)
+        tag = f"shard{self.shard.shard_id}"
+        with self.lock:
+            if not asynchronous:
+                info = store.save(step, self.shard.state_dict(), {"replica": self.name}, tag=tag)
+                return {"bytes": info.nbytes, "blocked": time.perf_counter() - t0}
+            snap = clone_state(self.shard.state_dict())
+        blocked = time.perf_counter() - t0
+
+        def persist() -> None:
+            store.save(step, snap, {"replica": self.name}, tag=tag)
+
+        self._persist = threading.Thread(target=persist, daemon=True)
+        self._persist.start()
+        return {"bytes": sum(v.numel() * v.element_size() for v in snap.values()),
+                "blocked": blocked}
+
+    def restore(self, url: str) -> int | None:
+        """Load this shard's latest valid checkpoint; return its step (None: none yet)."""
+        from trainthrough.ft.checkpoint import CheckpointStore
+
+        got = CheckpointStore(url).load_latest(tag=f"shard{self.shard.shard_id}")
+        if got is None:
+            return None
+        with self.lock:
+            self.shard.load_state_dict(got[0])
+        return got[1].step
 
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.shard.version, "forwarded": self.forwarded,

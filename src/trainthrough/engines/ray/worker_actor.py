@@ -72,11 +72,12 @@ class WorkerActor:
 
     # -- shard lookup -----------------------------------------------------------
     def _resolve(self, i: int) -> tuple[Any, Any] | None:
-        """(write replica, read replica) of shard ``i``, refreshed from the registry."""
-        epoch, members = ray.get(self.registry.members.remote(f"shard{i}"))
+        """(write replica, read replica) of shard ``i``: cached until a call to it fails
+        (then the registry says who serves the shard now)."""
         cached = self._handles.get(i)
-        if cached and cached[0] == epoch:
+        if cached:
             return cached[1], cached[2]
+        epoch, members = ray.get(self.registry.members.remote(f"shard{i}"))
         if not members:
             return None
         try:
@@ -88,17 +89,17 @@ class WorkerActor:
         return write, read
 
     def _pull(self) -> Tensors | None:
+        handles = [self._resolve(i) for i in range(self.layout.num_shards)]
+        if any(h is None for h in handles):
+            return None
+        refs = [h[1].pull.remote() for h in handles]  # type: ignore[index]
         parts: list[Tensors] = []
-        for i in range(self.layout.num_shards):
-            h = self._resolve(i)
-            if h is None:
-                return None
+        for i, ref in enumerate(refs):
             try:
-                parts.append(ray.get(h[1].pull.remote())[1])
+                parts.append(ray.get(ref)[1])
             except ray.exceptions.RayError:
                 self._handles.pop(i, None)
-                return None
-        return self.layout.assemble(parts)
+        return self.layout.assemble(parts) if len(parts) == len(refs) else None
 
     # -- the loop ---------------------------------------------------------------
     def run(self, max_steps: int) -> dict[str, Any]:

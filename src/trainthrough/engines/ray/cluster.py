@@ -1,0 +1,206 @@
+"""The actors of one run on Ray: shard chains, workers, their pids and death watches.
+
+It creates, kills (SIGKILL of the actor's process) and replaces actors and rewires
+chains as :mod:`trainthrough.ft.chain` decides. It owns no training logic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+
+from trainthrough.config import RunConfig
+from trainthrough.coord.ray import RayCoordinator
+from trainthrough.ft.chain import on_death, on_join, successors
+from trainthrough.ft.strategy import Strategy
+from trainthrough.ps.layout import Layout
+from trainthrough.workloads.base import OptimizerSpec, Params
+
+
+@dataclass
+class Member:
+    """One actor: what it is, its handle, pid and the pending death-watch call."""
+
+    kind: str  # "shard" or "worker"
+    index: int  # shard id or worker id
+    name: str
+    handle: Any
+    pid: int = 0
+    watch: Any = None
+    killed_at: float | None = None
+
+
+@dataclass
+class Chain:
+    """A shard's replicas in chain order (head first)."""
+
+    shard: int
+    members: list[str] = field(default_factory=list)
+
+
+class RayCluster:
+    """Creates and tracks the actors of one run."""
+
+    def __init__(self, cfg: RunConfig, strategy: Strategy, layout: Layout, x0: Params,
+                 spec: OptimizerSpec) -> None:
+        from trainthrough.engines.ray.shard_actor import ShardActor
+        from trainthrough.engines.ray.worker_actor import WorkerActor
+
+        self._shard_cls, self._worker_cls = ShardActor, WorkerActor
+        self.cfg, self.strategy, self.layout, self.spec = cfg, strategy, layout, spec
+        self.x0_parts = layout.split(x0)
+        self.prefix = f"tt-{uuid.uuid4().hex[:8]}"
+        self.coord = RayCoordinator(f"{self.prefix}-registry")
+        self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
+        self.replicas = cfg.replicas if self.mode != "none" else 1
+        self.members: dict[str, Member] = {}
+        self.chains = [Chain(i) for i in range(layout.num_shards)]
+        self._serial = 0
+        for i in range(layout.num_shards):
+            for _ in range(self.replicas):
+                self.add_replica(i, join=True)
+            self._rewire(i)
+        self.spares: list[Member] = [self._new_shard_actor(0, "spare")]
+        self.worker_names: list[str] = []
+        for w in range(cfg.workers):
+            self.worker_names.append(self.start_worker(w).name)
+        # Wait until every actor answers (actor start includes importing torch).
+        for m in self.members.values():
+            m.pid = ray.get(m.handle.pid.remote())
+            m.watch = m.handle.watch.remote()
+
+    # -- creation ---------------------------------------------------------------
+    def _name(self, what: str) -> str:
+        self._serial += 1
+        return f"{self.prefix}-{what}-{self._serial}"
+
+    def _new_shard_actor(self, shard: int, what: str) -> Member:
+        name = self._name(what)
+        h = self._shard_cls.options(name=name).remote(  # type: ignore[attr-defined]
+            shard, self.layout.shards[shard], self.spec,
+            {n: v.clone() for n, v in self.x0_parts[shard].items()}, name, self.cfg.max_lag)
+        return Member("shard", shard, name, h)
+
+    def add_replica(self, shard: int, join: bool) -> Member:
+        """A replica of ``shard`` (joined to the chain now or later).
+
+        Replacements come from a warm spare when one is ready (a process that has
+        already started Python and imported torch, which takes seconds here), and a
+        new spare is started in the background for the next failure.
+        """
+        if join or not self.spares:
+            m = self._new_shard_actor(shard, f"s{shard}")
+        else:
+            m = self.spares.pop(0)
+            ray.get(m.handle.become.remote(shard, self.layout.shards[shard],
+                                           {n: v.clone() for n, v in self.x0_parts[shard].items()}))
+            m.index = shard
+            self.spares.append(self._new_shard_actor(0, "spare"))
+        self.members[m.name] = m
+        if join:
+            self.chains[shard].members.append(m.name)
+            self.coord.join(f"shard{shard}", m.name)
+        return m
+
+    def start_worker(self, w: int, start_step: int = 0, incarnation: int = 0) -> Member:
+        from trainthrough.workloads import make_workload
+
+        wl = make_workload(self.cfg.workload, seed=self.cfg.seed, **self.cfg.workload_options)
+        settings = {"outage": "buffer" if self.strategy.outage == "buffer" else "wait",
+                    "merge_rule": self.cfg.merge_rule, "merge_threshold": self.cfg.merge_threshold,
+                    "backlog": self.cfg.backlog,
+                    "read_from": "tail" if self.mode == "sync" else "head",
+                    "scale": 1.0 / self.cfg.workers if wl.aggregate == "mean" else 1.0}
+        name = self._name(f"w{w}")
+        h = self._worker_cls.options(name=name).remote(  # type: ignore[attr-defined]
+            w, self.cfg.workload, self.cfg.workload_options, self.cfg.seed, self.cfg.workers,
+            self.layout, self.coord.handle(), settings, start_step, incarnation)
+        m = Member("worker", w, name, h)
+        self.members[name] = m
+        return m
+
+    def activate(self, m: Member) -> None:
+        m.pid = ray.get(m.handle.pid.remote())
+        m.watch = m.handle.watch.remote()
+
+    # -- chains -----------------------------------------------------------------
+    def _rewire(self, shard: int) -> None:
+        names = tuple(self.chains[shard].members)
+        for name, succ in successors(names).items():
+            h = self.members[succ].handle if succ else None
+            ray.get(self.members[name].handle.set_successor.remote(h, self.mode))
+
+    def head(self, shard: int) -> Any | None:
+        ms = self.chains[shard].members
+        return self.members[ms[0]].handle if ms else None
+
+    def reader(self, shard: int) -> Any | None:
+        ms = self.chains[shard].members
+        if not ms:
+            return None
+        return self.members[ms[-1] if self.mode == "sync" else ms[0]].handle
+
+    def close_over(self, shard: int, dead: str) -> bool:
+        """Remove a dead replica from its chain; False if the chain is now empty."""
+        change = on_death(tuple(self.chains[shard].members), {dead})
+        self.chains[shard].members = list(change.members)
+        self.coord.leave(f"shard{shard}", dead)
+        for name, succ in change.rewire:
+            h = self.members[succ].handle if succ else None
+            ray.get(self.members[name].handle.set_successor.remote(h, self.mode))
+        return not change.lost_all
+
+    def join_tail(self, m: Member) -> None:
+        """A replacement copies state from the tail and joins after it."""
+        chain = self.chains[m.index]
+        change = on_join(tuple(chain.members), m.name)
+        if chain.members:
+            tail = self.members[chain.members[-1]].handle
+            ray.get(tail.attach_tail.remote(m.handle, self.mode))
+        chain.members = list(change.members)
+        self.coord.join(f"shard{m.index}", m.name)
+
+    def join_alone(self, m: Member) -> None:
+        """A restarted shard (no replication) takes its place in the registry."""
+        self.chains[m.index].members = [m.name]
+        self.coord.join(f"shard{m.index}", m.name)
+
+    # -- failures ---------------------------------------------------------------
+    def kill(self, name: str) -> float:
+        """SIGKILL the actor's process (ray.kill when it is on another node)."""
+        m = self.members[name]
+        m.killed_at = time.perf_counter()
+        try:
+            os.kill(m.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            ray.kill(m.handle, no_restart=True)
+        return m.killed_at
+
+    def pull(self) -> Params | None:
+        """Current parameters from the read replicas (None if a shard has none live)."""
+        readers = [self.reader(i) for i in range(self.layout.num_shards)]
+        if any(r is None for r in readers):
+            return None
+        try:
+            parts = ray.get([r.pull.remote() for r in readers])
+        except ray.exceptions.RayError:
+            return None
+        return self.layout.assemble([p[1] for p in parts])
+
+    def shutdown(self) -> None:
+        handles = [m.handle for m in list(self.members.values()) + self.spares]
+        for h in handles + [self.coord.handle()]:
+            with contextlib.suppress(Exception):  # already dead is fine
+                ray.kill(h, no_restart=True)
+
+
+def flat(params: Params) -> torch.Tensor:
+    return torch.cat([params[n].reshape(-1).double() for n in sorted(params)])

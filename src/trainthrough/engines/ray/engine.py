@@ -1,0 +1,238 @@
+"""The ``ray`` engine's driver: start the actors, inject real failures, recover, measure.
+
+The driver never computes updates. It watches (every ~20 ms) for three things:
+deaths (a pending ``watch`` call on each actor fails the moment its process is
+gone: that is the detection), due failures (iteration or wall-time triggers, carried
+out by SIGKILL), and due work (evaluations and checkpoints at iteration multiples,
+replacements whose down time has elapsed). Recovery follows the strategy: chains
+fail over at once and grow back later; other strategies bring a replacement up after
+``recovery_delay`` seconds, restored from the shard's own latest checkpoint. A
+replacement process is started as soon as the death is seen and only put in service
+when the delay is over, so the configured down time is what users wait, not the
+seconds it takes Python and torch to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+from typing import Any
+
+import ray
+import torch
+
+from trainthrough.config import RunConfig
+from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.ray.cluster import Member, RayCluster, flat
+from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+from trainthrough.engines.result import Recovery, RunResult
+from trainthrough.faults.schedule import FailureEvent, FailureSchedule
+from trainthrough.faults.spec import parse, validate
+from trainthrough.ft.strategy import resolve
+from trainthrough.ps.layout import make_layout
+from trainthrough.workloads.base import Workload
+
+TICK = 0.02
+
+
+class RayEngine:
+    """Runs one configuration on Ray actors."""
+
+    def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
+                 checkpoint_url: str, temp_root: Any = None) -> None:
+        self.cfg, self.w, self.cb, self.url = cfg, workload, callback, checkpoint_url
+        self.temp_root = temp_root
+        self.strategy = resolve(cfg.strategy)
+        spec = workload.default_optimizer
+        if cfg.lr is not None:
+            spec = replace(spec, lr=cfg.lr)
+        self.spec = spec
+        self.x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
+        self.layout = make_layout(self.x0, cfg.shards)
+        self.specs = parse(cfg.failures)
+        replicas = cfg.replicas if self.strategy.replication != "none" else 1
+        self.sizes = {"shard": cfg.shards, "worker": cfg.workers, "replica": replicas}
+        validate(self.specs, self.sizes)
+        self.target = cfg.target if cfg.target is not None else workload.default_target
+        self.max_iter = cfg.max_iterations or workload.default_max_iterations
+        self.eval_every = cfg.eval_every or workload.default_eval_every
+        self.every = cfg.checkpoint_every or workload.default_checkpoint_every
+        self.policy = self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
+                                                      cfg.checkpoint_rule)
+        self.result = RunResult(workload=workload.name, strategy=cfg.strategy, engine="ray",
+                                seed=cfg.seed, metric_name=workload.metric_name,
+                                target=self.target, direction=workload.direction)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        event.setdefault("wall_seconds", round(time.perf_counter() - self.t0, 4))
+        event.setdefault("sim_seconds", event["wall_seconds"])
+        self.cb.on_event(event)
+
+    # -- lifecycle --------------------------------------------------------------
+    def run(self) -> RunResult:
+        started = ensure_ray(self.cfg.ray_address, self.temp_root)
+        self.t0 = time.perf_counter()
+        cluster = None
+        try:
+            cluster = RayCluster(self.cfg, self.strategy, self.layout, self.x0, self.spec)
+            self.cb.before_run(self.cfg.to_dict())
+            return self._loop(cluster)
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
+            if started:
+                shutdown_ray()
+
+    def _loop(self, c: RayCluster) -> RunResult:
+        self.c = c
+        self.schedule = FailureSchedule(self.specs, self.sizes, self.cfg.seed)
+        self.pending: list[dict[str, Any]] = []  # replacements waiting for their down time
+        self.measuring: list[dict[str, Any]] = []  # recoveries waiting for the next update
+        self.incarnation = [0] * self.cfg.workers
+        self.t0 = time.perf_counter()
+        runs = {m.name: m.handle.run.remote(self.max_iter)
+                for m in c.members.values() if m.kind == "worker"}
+        last_ckpt = last_eval = 0
+        iteration, done, progress = 0, False, {}
+        self._evaluate(0, {})
+        while not done:
+            watches = {m.watch: m for m in c.members.values() if m.watch is not None}
+            ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=TICK)
+            for ref in ready:
+                self._on_death(watches[ref], iteration)
+            now = time.perf_counter() - self.t0
+            progress = self._progress()
+            iteration = sum(p["step"] for p in progress.values()) // self.cfg.workers
+            for e in self.schedule.due(iteration, now):
+                self._strike(e, iteration)
+            self._activate_due(iteration, runs)
+            self._measure()
+            while last_ckpt + 1 <= iteration:
+                last_ckpt += 1
+                d = self.policy.decide(last_ckpt)
+                if d is not None:
+                    self._checkpoint(last_ckpt, d.asynchronous)
+            if iteration >= last_eval + self.eval_every:
+                last_eval = iteration - iteration % self.eval_every
+                done = self._evaluate(iteration, progress) and self.cfg.stop_at_target
+            self.cb.after_step(iteration, now)
+            done = done or iteration >= self.max_iter or (
+                self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
+                not self.pending and all(_finished(r) for r in runs.values()))
+        for m in c.members.values():
+            if m.kind == "worker" and m.killed_at is None:
+                m.handle.stop.remote()
+        ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
+        return self._finish(iteration, progress)
+
+    # -- observation ------------------------------------------------------------
+    def _progress(self) -> dict[str, dict[str, Any]]:
+        live = [m for m in self.c.members.values() if m.kind == "worker" and m.killed_at is None]
+        out: dict[str, dict[str, Any]] = getattr(self, "_last_progress", {})
+        refs = {m.name: m.handle.progress.remote() for m in live}
+        for name, ref in refs.items():
+            with contextlib.suppress(ray.exceptions.RayError):
+                out[name] = ray.get(ref, timeout=5)
+        self._last_progress = out
+        return out
+
+    def _evaluate(self, iteration: int, progress: dict[str, dict[str, Any]]) -> bool:
+        params = self.c.pull()
+        if params is None:
+            return False  # a shard is down: nothing to score
+        self.cb.on_params(iteration, params)
+        ev = self.w.evaluate(params)
+        now = time.perf_counter() - self.t0
+        rec = {"iteration": iteration, "sim_seconds": now, "wall_seconds": now,
+               "metric": ev.metric, "loss": ev.loss, **ev.extras,
+               "updates_applied": sum(p["pushes"] for p in progress.values()),
+               "idle_seconds": sum(p["idle"] for p in progress.values())}
+        self.cb.after_eval(rec)
+        self.result.final_metric = ev.metric
+        if self.result.iterations_to_target is None and self.w.reached(ev.metric, self.target):
+            self.result.iterations_to_target = iteration
+            self.result.sim_seconds_to_target = now
+            self.result.converged = True
+        return self.result.converged
+
+    def _checkpoint(self, step: int, asynchronous: bool) -> None:
+        heads = [self.c.head(i) for i in range(self.layout.num_shards)]
+        refs = [h.checkpoint.remote(self.url, self.cfg.checkpoint_keep, step, asynchronous)
+                for h in heads if h is not None]
+        try:
+            infos = ray.get(refs)
+        except ray.exceptions.RayError:
+            return  # a shard died mid-checkpoint: the previous checkpoint stays valid
+        nbytes = sum(i["bytes"] for i in infos)
+        blocked = max((i["blocked"] for i in infos), default=0.0)
+        self.result.checkpoints += 1
+        self.result.checkpoint_bytes += nbytes
+        self.result.checkpoint_blocked_seconds += blocked
+        self._emit({"type": "checkpoint", "iteration": step, "bytes": nbytes,
+                    "blocked_seconds": blocked, "async": asynchronous})
+
+    # -- failures and recovery --------------------------------------------------
+    def _strike(self, e: FailureEvent, iteration: int) -> None:
+        from trainthrough.engines.ray.recovery import victims
+
+        for name in victims(self.c, e):
+            m = self.c.members[name]
+            before = self.c.pull() if m.kind == "shard" else None
+            t = self.c.kill(name)
+            self.result.failures += 1
+            self._emit({"type": "failure", "iteration": iteration, "kind": m.kind,
+                        "ids": [m.index], "member": name, "spec": e.spec})
+            m.before = before  # type: ignore[attr-defined]
+            m.kill_time = t  # type: ignore[attr-defined]
+
+    def _on_death(self, m: Member, iteration: int) -> None:
+        from trainthrough.engines.ray.recovery import on_death
+
+        on_death(self, m, iteration)
+
+    def _activate_due(self, iteration: int, runs: dict[str, Any]) -> None:
+        from trainthrough.engines.ray.recovery import activate
+
+        now = time.perf_counter()
+        for p in [p for p in self.pending if p["at"] <= now]:
+            self.pending.remove(p)
+            activate(self, p, iteration, runs)
+
+    def _measure(self) -> None:
+        """Close recoveries: the time from the kill to the next update applied."""
+        for r in list(self.measuring):
+            try:
+                version = ray.get(r["handle"].stats.remote(), timeout=2)["version"]
+            except ray.exceptions.RayError:
+                continue
+            if version > r["version"]:
+                self.measuring.remove(r)
+                rec: Recovery = r["record"]
+                rec.recovery_seconds = time.perf_counter() - r["kill_time"]
+                self.result.recoveries.append(rec)
+                self._emit({"type": "recovery", **rec.__dict__})
+
+    def _finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
+        r = self.result
+        r.iterations = iteration
+        r.updates_applied = sum(p["pushes"] for p in progress.values())
+        r.wall_seconds = r.sim_seconds = time.perf_counter() - self.t0
+        r.extras.update({
+            "worker_busy_seconds": sum(p["busy"] for p in progress.values()),
+            "worker_idle_seconds": sum(p["idle"] for p in progress.values()),
+            "updates_buffered": sum(p["buffered"] for p in progress.values()),
+            "time_to_target": r.sim_seconds_to_target})
+        return r
+
+
+def _finished(ref: Any) -> bool:
+    ready, _ = ray.wait([ref], timeout=0)
+    return bool(ready)
+
+
+def perturbation(before: dict[str, torch.Tensor] | None,
+                 after: dict[str, torch.Tensor] | None) -> float:
+    if before is None or after is None:
+        return float("nan")
+    return float((flat(after) - flat(before)).norm())
