@@ -18,7 +18,7 @@ from trainthrough.errors import UserError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{self.prog}: {message} (see --help)")
+        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def _kv(text: str) -> tuple[str, Any]:

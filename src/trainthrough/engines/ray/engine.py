@@ -185,6 +185,7 @@ class RayEngine:
                         "ids": [m.index], "member": name, "spec": e.spec})
             m.before = before  # type: ignore[attr-defined]
             m.kill_time = t  # type: ignore[attr-defined]
+            m.fail_iteration = iteration  # type: ignore[attr-defined]
 
     def _on_death(self, m: Member, iteration: int) -> None:
         from trainthrough.engines.ray.recovery import on_death
@@ -221,6 +222,7 @@ class RayEngine:
         r.extras.update({
             "worker_busy_seconds": sum(p["busy"] for p in progress.values()),
             "worker_idle_seconds": sum(p["idle"] for p in progress.values()),
+            "worker_comm_seconds": sum(p.get("comm", 0.0) for p in progress.values()),
             "updates_buffered": sum(p["buffered"] for p in progress.values()),
             "time_to_target": r.sim_seconds_to_target})
         return r

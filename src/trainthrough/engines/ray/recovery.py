@@ -105,7 +105,9 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
     else:
         c.join_alone(m)
     eng._emit({"type": "up", "shard": m.index, "iteration": iteration, "restored_from": restored})
-    record = Recovery(failed=[dead.name], at_iteration=iteration, recovery_seconds=0.0,
+    record = Recovery(failed=[dead.name],
+                      at_iteration=getattr(dead, "fail_iteration", iteration),
+                      recovery_seconds=0.0,
                       perturbation_norm=_delta(eng, getattr(dead, "before", None)),
                       action="restore" if restored is not None else "reinit",
                       restored_from=restored)

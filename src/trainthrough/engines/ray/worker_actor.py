@@ -53,7 +53,9 @@ class WorkerActor:
         self._params: Tensors | None = None
         self._backlogs = [Backlog[Tensors](settings.get("backlog", 256))
                           for _ in layout.shards]
-        self.busy = self.idle = 0.0
+        # busy: computing; idle: waiting for a shard that is down; comm: the rest
+        # (pulls and pushes that went through).
+        self.busy = self.idle = self.comm = 0.0
         self.pushes = self.duplicates_skipped = self.buffered = 0
         self.worker.start(wl.init_params(torch.Generator().manual_seed(seed)), incarnation)
 
@@ -67,7 +69,8 @@ class WorkerActor:
         self._stop.set()
 
     def progress(self) -> dict[str, Any]:
-        return {"step": self.step, "busy": self.busy, "idle": self.idle, "pushes": self.pushes,
+        return {"step": self.step, "busy": self.busy, "idle": self.idle, "comm": self.comm,
+                "pushes": self.pushes,
                 "buffered": self.buffered, "backlog": sum(len(b) for b in self._backlogs)}
 
     # -- shard lookup -----------------------------------------------------------
@@ -114,11 +117,13 @@ class WorkerActor:
                 continue
             t1 = time.perf_counter()
             update = self.worker.compute(self._params, self.step)
-            self.busy += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            self.busy += t2 - t1
             self.step += 1
             self.seq += 1
+            idle0 = self.idle
             self._push_all(update, stale=params is None)
-            self.idle += time.perf_counter() - t0 - (time.perf_counter() - t1)
+            self.comm += (t1 - t0) + (time.perf_counter() - t2) - (self.idle - idle0)
         return self.progress()
 
     def _pause(self, t0: float) -> float:
@@ -154,6 +159,13 @@ class WorkerActor:
 
     def _retry(self, i: int, part: Tensors) -> None:
         """Wait for shard ``i`` to come back, then push the same sequence number."""
+        t0 = time.perf_counter()
+        try:
+            self._retry_loop(i, part)
+        finally:
+            self.idle += time.perf_counter() - t0
+
+    def _retry_loop(self, i: int, part: Tensors) -> None:
         while not self._stop.is_set():
             h = self._resolve(i)
             if h is not None:
