@@ -60,3 +60,14 @@ def zk_server() -> Iterator[ZooKeeperServer]:
         pytest.skip(msg)
     with ZooKeeperServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray for the whole test session (starting one costs ~3 s)."""
+    from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+
+    started = ensure_ray()
+    yield
+    if started:
+        shutdown_ray()

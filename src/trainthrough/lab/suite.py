@@ -42,6 +42,8 @@ class SuiteSpec:
     group_by: tuple[str, ...] = ("workload", "fail", "strategy")
     baseline_strategy: str = "checkpoint-restart"
     sections: list[Any] = field(default_factory=list)  # callables(suite_dir, rows) -> (h, md)
+    jobs: int | None = None  # 1 for suites whose runs use the whole machine (Ray)
+    baselines: bool = True  # failure-free twins for rework (sim suites)
 
 
 def _baseline_job(cfg: RunConfig) -> dict[str, Any]:
@@ -65,7 +67,33 @@ def flatten(summary: dict[str, Any], labels: dict[str, Any], run_id: str) -> dic
     return row
 
 
-def _pool(jobs: int) -> ProcessPoolExecutor:
+class _Inline:
+    """An executor that runs each job at once in this process (jobs=1: Ray suites
+    share one Ray session instead of starting one per run)."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def submit(self, fn: Any, *args: Any) -> _Lazy:
+        return _Lazy(fn, args)
+
+
+class _Lazy:
+    """A job run when its result is asked for, so progress advances run by run."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def result(self) -> Any:
+        return self.fn(*self.args)
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor | _Inline:
+    if jobs == 1:
+        return _Inline()
     # spawn, not fork: a forked torch with an initialised thread pool can deadlock.
     return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
 
@@ -76,27 +104,42 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
     Raises:
         UserError: an invalid config in the grid, or ``out`` already in use.
     """
-    from trainthrough.lab.report import headline_table, load_results, summarize, write_report
-
     for r in spec.runs:
         r.config.validate()
     if out.exists() and any(out.iterdir()):
         raise UserError(f"suite folder {out} already exists and is not empty; "
                         "choose another --out or remove it")
-    jobs = jobs or min(2, os.cpu_count() or 1)
+    jobs = jobs or spec.jobs or min(2, os.cpu_count() or 1)
+    uses_ray = any(r.config.engine == "ray" for r in spec.runs)
+    started = False
+    if uses_ray:
+        from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+
+        started = ensure_ray(spec.runs[0].config.ray_address)
+    try:
+        return _run_all(spec, out, quiet, jobs)
+    finally:
+        if uses_ray and started:
+            shutdown_ray()
+
+
+def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
+    from trainthrough.lab.report import headline_table, load_results, summarize, write_report
+
     keys = {r.run_id: baseline_config(r.config).to_toml() for r in spec.runs}
     unique = {k: baseline_config(r.config) for r in spec.runs for k in [keys[r.run_id]]}
     baselines: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     with make_progress(quiet) as progress, _pool(jobs) as pool:
-        task = progress.add_task(f"{spec.name}: baselines", total=len(unique), status="")
-        futs = {k: pool.submit(_baseline_job, c) for k, c in unique.items()}
-        for k, f in futs.items():
-            baselines[k] = f.result()
-            progress.advance(task)
+        if spec.baselines:
+            task = progress.add_task(f"{spec.name}: baselines", total=len(unique), status="")
+            futs = {k: pool.submit(_baseline_job, c) for k, c in unique.items()}
+            for k, f in futs.items():
+                baselines[k] = f.result()
+                progress.advance(task)
         task = progress.add_task(f"{spec.name}: runs", total=len(spec.runs), status="")
         run_futs = [(r, pool.submit(_run_job, r.config, str(out / "runs" / r.run_id),
-                                    baselines[keys[r.run_id]])) for r in spec.runs]
+                                    baselines.get(keys[r.run_id], {}))) for r in spec.runs]
         for r, f in run_futs:
             summary = f.result()
             rows.append(flatten(summary, r.labels, r.run_id))

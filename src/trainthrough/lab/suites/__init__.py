@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainthrough.lab.suite import SuiteSpec
-from trainthrough.lab.suites import core, scar
+from trainthrough.lab.suites import core, scar, ttf
 
 
 @dataclass(frozen=True)
@@ -20,4 +20,5 @@ class SuiteDef:
 SUITES: dict[str, SuiteDef] = {
     "core": SuiteDef(core.DESCRIPTION, core.build),
     "scar": SuiteDef(scar.DESCRIPTION, scar.build),
+    "ttf": SuiteDef(ttf.DESCRIPTION, ttf.build),
 }
