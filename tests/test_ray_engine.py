@@ -112,3 +112,15 @@ def test_chain_sync_loses_no_acknowledged_update(position: int) -> None:
         assert values["x"].tolist() == [80.0] * 4  # each acknowledged push applied once
     for h in actors:
         ray.kill(h)
+
+
+def test_chain_failover_through_zookeeper_membership(zk_server) -> None:  # noqa: ANN001
+    """With coordinator=zookeeper each replica holds an ephemeral node in a real
+    ZooKeeper server; the head's SIGKILL is seen when its session expires, and the
+    chain fails over to the next replica."""
+    s = run_silent(_ray_cfg("chain-sync", coordinator="zookeeper",
+                            zookeeper_hosts=zk_server.hosts))
+    assert s["converged"] and s["failures"] == 1
+    assert s["recoveries"][0]["action"] == "failover"
+    # Detection waits for the 2 s session timeout, not Ray's ~20 ms notice.
+    assert 1.0 <= s["recoveries"][0]["recovery_seconds"] < 6.0

@@ -44,6 +44,7 @@ class SuiteSpec:
     sections: list[Any] = field(default_factory=list)  # callables(suite_dir, rows) -> (h, md)
     jobs: int | None = None  # 1 for suites whose runs use the whole machine (Ray)
     baselines: bool = True  # failure-free twins for rework (sim suites)
+    headline: Any = None  # callable(rows) -> str replacing the default terminal table
 
 
 def _baseline_job(cfg: RunConfig) -> dict[str, Any]:
@@ -153,6 +154,8 @@ def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
                  baseline_strategy=spec.baseline_strategy)
     if not quiet:
         console.print(f"[dim]{len(rows)} runs in {out}[/dim]")
+    if spec.headline is not None:
+        return str(spec.headline(results))
     return headline_table(summary_rows, spec.baseline_strategy)
 
 

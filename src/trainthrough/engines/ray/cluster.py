@@ -24,6 +24,10 @@ from trainthrough.ft.strategy import Strategy
 from trainthrough.ps.layout import Layout
 from trainthrough.workloads.base import OptimizerSpec, Params
 
+# ZooKeeper session timeout for replicas: a SIGKILLed replica's node vanishes this
+# long after the kill (ENVIRONMENT.md measured 2 s for 2 s); detection costs it.
+ZK_SESSION_SECONDS = 2.0
+
 
 @dataclass
 class Member:
@@ -62,6 +66,12 @@ class RayCluster:
         self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
         self.replicas = cfg.replicas if self.mode != "none" else 1
         self.members: dict[str, Member] = {}
+        self.zk: Any = None
+        if cfg.coordinator == "zookeeper":
+            from trainthrough.coord.zookeeper import ZooKeeperCoordinator
+
+            self.zk = ZooKeeperCoordinator(cfg.zookeeper_hosts or "", namespace=f"/{self.prefix}",
+                                           session_timeout=ZK_SESSION_SECONDS)
         self.chains = [Chain(i) for i in range(layout.num_shards)]
         self._serial = 0
         for i in range(layout.num_shards):
@@ -74,8 +84,7 @@ class RayCluster:
             self.worker_names.append(self.start_worker(w).name)
         # Wait until every actor answers (actor start includes importing torch).
         for m in self.members.values():
-            m.pid = ray.get(m.handle.pid.remote())
-            m.watch = m.handle.watch.remote()
+            self.activate(m)
 
     # -- creation ---------------------------------------------------------------
     def _name(self, what: str) -> str:
@@ -107,8 +116,16 @@ class RayCluster:
         self.members[m.name] = m
         if join:
             self.chains[shard].members.append(m.name)
-            self.coord.join(f"shard{shard}", m.name)
+            self._register(m)
         return m
+
+    def _register(self, m: Member) -> None:
+        """Publish a replica: the Ray registry (workers look handles up there) and, with
+        ZooKeeper, the replica's own ephemeral node (deaths are then seen through it)."""
+        self.coord.join(f"shard{m.index}", m.name)
+        if self.zk is not None:
+            ray.get(m.handle.join_coordinator.remote(self.cfg.zookeeper_hosts, f"/{self.prefix}",
+                                                     f"shard{m.index}", ZK_SESSION_SECONDS))
 
     def start_worker(self, w: int, start_step: int = 0, incarnation: int = 0) -> Member:
         from trainthrough.workloads import make_workload
@@ -128,8 +145,11 @@ class RayCluster:
         return m
 
     def activate(self, m: Member) -> None:
+        """Record the pid and arm the death watch. With ZooKeeper, replicas are watched
+        through their ephemeral nodes instead (the engine's ZooKeeper watch)."""
         m.pid = ray.get(m.handle.pid.remote())
-        m.watch = m.handle.watch.remote()
+        if not (self.zk is not None and m.kind == "shard"):
+            m.watch = m.handle.watch.remote()
 
     # -- chains -----------------------------------------------------------------
     def _rewire(self, shard: int) -> None:
@@ -166,12 +186,12 @@ class RayCluster:
             tail = self.members[chain.members[-1]].handle
             ray.get(tail.attach_tail.remote(m.handle, self.mode))
         chain.members = list(change.members)
-        self.coord.join(f"shard{m.index}", m.name)
+        self._register(m)
 
     def join_alone(self, m: Member) -> None:
         """A restarted shard (no replication) takes its place in the registry."""
         self.chains[m.index].members = [m.name]
-        self.coord.join(f"shard{m.index}", m.name)
+        self._register(m)
 
     # -- failures ---------------------------------------------------------------
     def kill(self, name: str) -> float:
@@ -200,6 +220,8 @@ class RayCluster:
         for h in handles + [self.coord.handle()]:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(h, no_restart=True)
+        if self.zk is not None:
+            self.zk.close()
 
 
 def flat(params: Params) -> torch.Tensor:

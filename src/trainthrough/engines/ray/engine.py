@@ -95,12 +95,18 @@ class RayEngine:
                 for m in c.members.values() if m.kind == "worker"}
         last_ckpt = last_eval = 0
         iteration, done, progress = 0, False, {}
+        departed = self._watch_zookeeper(c)
         self._evaluate(0, {})
         while not done:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}
             ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=TICK)
             for ref in ready:
                 self._on_death(watches[ref], iteration)
+            while departed:
+                name = departed.pop(0)
+                if name in c.members and c.members[name].watch is None \
+                        and name in c.chains[c.members[name].index].members:
+                    self._on_death(c.members[name], iteration)
             now = time.perf_counter() - self.t0
             progress = self._progress()
             iteration = sum(p["step"] for p in progress.values()) // self.cfg.workers
@@ -125,6 +131,23 @@ class RayEngine:
                 m.handle.stop.remote()
         ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
         return self._finish(iteration, progress)
+
+    def _watch_zookeeper(self, c: RayCluster) -> list[str]:
+        """With ZooKeeper, a replica's death is its ephemeral node vanishing: collect
+        the names that leave each chain (the callback runs on kazoo's thread)."""
+        departed: list[str] = []
+        if c.zk is None:
+            return departed
+        for i in range(self.layout.num_shards):
+            seen: set[str] = set()
+
+            def on_change(members: list[str], seen: set[str] = seen) -> None:
+                departed.extend(sorted(seen - set(members)))
+                seen.clear()
+                seen.update(members)
+
+            c.zk.watch(f"shard{i}", on_change)
+        return departed
 
     # -- observation ------------------------------------------------------------
     def _progress(self) -> dict[str, dict[str, Any]]:

@@ -54,6 +54,23 @@ class ShardActor:
             self.shard = Shard(shard_id, blocks, self.shard.spec, values)
             self._rounds.clear()
 
+    def join_coordinator(self, hosts: str, namespace: str, chain: str,
+                         session_timeout: float) -> str:
+        """Register in ZooKeeper: an ephemeral sequential node tied to this process's
+        session, so the node (and this replica's membership) vanishes when it dies.
+        Like the paper's replicas, it also watches its predecessor's node."""
+        from trainthrough.coord.zookeeper import ZooKeeperCoordinator
+
+        self.zk = ZooKeeperCoordinator(hosts, namespace=namespace,
+                                       session_timeout=session_timeout)
+        seq = self.zk.join(chain, self.name)
+        self.predecessor: str | None = None
+        self.zk.watch_predecessor(chain, self.name, self._on_predecessor)
+        return seq
+
+    def _on_predecessor(self, predecessor: str | None) -> None:
+        self.predecessor = predecessor  # None: this replica is the head now
+
     # -- liveness ---------------------------------------------------------------
     def pid(self) -> int:
         return os.getpid()

@@ -1,0 +1,200 @@
+"""The ``dist`` engine's controller: data-parallel training on real gloo processes.
+
+The controller is the parent of every rank. It owns the ``TCPStore`` (on 127.0.0.1,
+a free port) that outlives the ranks, starts them, and every ~10 ms: drains their
+events (failures they inflict on themselves, checkpoints, parameters to evaluate),
+notices processes that ended, and watches for reports (a group broke, or the ranks
+stopped because it asked). It never trains: evaluation is the only tensor work it
+does. Recovery decisions come from the same policies as ``sim``
+(ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`.
+Times are wall-clock; ``sim_seconds`` in records equals ``wall_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+
+from trainthrough.config import RunConfig
+from trainthrough.dp.allreduce import FlatLayout
+from trainthrough.dp.batching import Cursor, SampleStream
+from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.dist.faults import check_specs, order_dicts, resolve_orders
+from trainthrough.engines.dist.procs import Procs
+from trainthrough.engines.dist.protocol import EventReader, Plan, write_plan
+from trainthrough.engines.dist.recovery import DistRecovery
+from trainthrough.engines.result import RunResult
+from trainthrough.errors import UserError
+from trainthrough.faults.spec import parse, validate
+from trainthrough.ft.dp_policies import ElasticPolicy
+from trainthrough.ft.strategy import resolve
+from trainthrough.workloads.base import Workload
+
+TICK = 0.01
+START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded 2-core machine
+
+
+class DistEngine:
+    """Runs one data-parallel configuration on ``cfg.ranks`` gloo processes."""
+
+    def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
+                 checkpoint_url: str) -> None:
+        self.cfg, self.w, self.cb, self.url = cfg, workload, callback, checkpoint_url
+        strategy = resolve(cfg.strategy)
+        strategy.require("dp")
+        # Everything a rank would trip over is checked here, before any process starts.
+        n = workload.sample_count()
+        if n is None:
+            raise UserError(f"workload {workload.name} does not support data-parallel training; "
+                            "use mlr, cnn or a TorchWorkload")
+        numel = FlatLayout(workload.init_params(torch.Generator().manual_seed(cfg.seed))).numel
+        if not 1 <= cfg.allreduce_buckets <= numel:
+            raise UserError(f"allreduce-buckets must be between 1 and the {numel} parameters "
+                            f"of {workload.name} (got {cfg.allreduce_buckets})")
+        elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
+        SampleStream(n, cfg.seed).take(Cursor(), elastic.decide(cfg.ranks).global_batch)
+        specs = parse(cfg.failures)
+        validate(specs, {"rank": cfg.ranks})
+        check_specs(specs, cfg.allreduce_buckets)
+        if cfg.cost.timeout_seconds <= 0:
+            raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
+        self.orders = resolve_orders(specs, cfg.ranks, cfg.seed)
+        self.target = cfg.target if cfg.target is not None else workload.default_target
+        self.max_iter = cfg.max_iterations or workload.default_max_iterations
+        self.result = RunResult(workload=workload.name, strategy=cfg.strategy, engine="dist",
+                                seed=cfg.seed, metric_name=workload.metric_name,
+                                target=self.target, direction=workload.direction)
+        self.stopping = False
+        self.last_eval: int | None = None
+        self.logical = 0
+        self.hashes: dict[int, str] = {}
+
+    # -- lifecycle --------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Start the ranks, supervise them to the end, return the result.
+
+        Raises:
+            RuntimeError: a rank hit a bug (its traceback is in the message), or the
+                run stopped making progress.
+        """
+        self.t0 = time.time()
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=30))
+        cfg = replace(self.cfg, max_iterations=self.max_iter)
+        base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
+                "checkpoint_url": self.url}
+        self.store, self.events = store, EventReader(store)
+        self.procs = Procs(store, base)
+        self.rec = DistRecovery(self, order_dicts(self.orders))
+        try:
+            self.cb.before_run(self.cfg.to_dict())
+            self.rec.start(range(self.cfg.ranks), "fresh", attempt=0, executed=0)
+            self._loop()
+        finally:
+            self.procs.shutdown()
+        return self._finish()
+
+    def _loop(self) -> None:
+        idle_since = time.time()
+        stall = max(90.0, 6 * self.cfg.cost.timeout_seconds)
+        while True:
+            progressed = False
+            for event, blob in self.events.drain():
+                self._on_event(event, blob)
+                progressed = True
+            progressed = self.rec.tick() or progressed
+            if self.rec.finished():
+                return
+            if (self.cfg.wall_limit is not None and not self.stopping
+                    and time.time() - self.t0 >= self.cfg.wall_limit):
+                self.request_stop()
+            now = time.time()
+            if progressed:
+                idle_since = now
+            elif now - idle_since > stall:
+                raise RuntimeError(f"dist engine: no progress for {stall:.0f} s "
+                                   f"(state {self.rec.state}); giving up")
+            time.sleep(TICK)
+
+    def request_stop(self) -> None:
+        """Every member stops after the same step (see protocol.py, ``ctl``)."""
+        if not self.stopping:
+            self.stopping = True
+            self.store.set("stop", "1")
+            self.store.add("ctl", 1)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        wall = round(time.time() - self.t0, 4)
+        event.setdefault("wall_seconds", wall)
+        event.setdefault("sim_seconds", wall)
+        self.cb.on_event(event)
+
+    # -- what the ranks tell us ---------------------------------------------------
+    def _on_event(self, event: dict[str, Any], blob: bytes | None) -> None:
+        kind = event.get("type")
+        if kind == "error":
+            raise RuntimeError(f"dist engine: rank {event['slot']} failed with a bug:\n"
+                               f"{event['traceback']}")
+        if kind == "params":
+            assert blob is not None
+            self.logical = max(self.logical, int(event["logical"]))
+            self.result.updates_applied = int(event["applied"])
+            if event["iteration"] != self.last_eval or not event["final"]:
+                self._evaluate(event, safetensors.torch.load(blob))
+            return
+        if kind == "exit":
+            self.hashes[int(event["slot"])] = event["params_sha256"]
+            self.result.iterations = max(self.result.iterations, int(event["executed"]))
+            return
+        if kind == "checkpoint":
+            self.result.checkpoints += 1
+            self.result.checkpoint_bytes += int(event["bytes"])
+            self.result.checkpoint_blocked_seconds += float(event["blocked_seconds"])
+        self.rec.on_event(event)
+        event.pop("t", None)
+        self.emit(event)
+
+    def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor]) -> None:
+        it = int(event["iteration"])
+        self.last_eval = it
+        self.cb.on_params(it, params)
+        ev = self.w.evaluate(params)
+        wall = time.time() - self.t0
+        self.cb.after_eval({"iteration": it, "logical_iteration": int(event["logical"]),
+                            "sim_seconds": wall, "wall_seconds": wall, "metric": ev.metric,
+                            "loss": ev.loss, "ranks": len(self.rec.members), **ev.extras})
+        self.cb.after_step(it, wall)
+        r = self.result
+        r.final_metric = ev.metric
+        if r.iterations_to_target is None and self.w.reached(ev.metric, self.target):
+            r.iterations_to_target, r.sim_seconds_to_target, r.converged = it, wall, True
+        if (r.converged and self.cfg.stop_at_target and r.iterations_to_target is not None
+                and it >= r.iterations_to_target * (1 + self.cfg.past_target)):
+            self.request_stop()
+
+    def _finish(self) -> RunResult:
+        r, rec = self.result, self.rec
+        r.failures = rec.failures
+        r.wall_seconds = r.sim_seconds = time.time() - self.t0
+        live = sorted(rec.members)
+        hashes = [self.hashes.get(s) for s in live]
+        r.extras.update(
+            paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=rec.smallest,
+            reforms=rec.reforms, restarts=rec.restarts, ranks_joined=rec.joined,
+            samples_dropped=rec.samples_dropped, logical_iterations=self.logical,
+            detection_seconds=rec.detections, reform_seconds=rec.reform_times,
+            restart_seconds=rec.restart_times,
+            replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
+            time_to_target=r.sim_seconds_to_target)
+        return r
+
+
+def write_start(store: dist.Store, n: int, members: list[int]) -> None:
+    """Publish a plain start of attempt ``n`` (fresh or restarted processes)."""
+    write_plan(store, Plan(n, sorted(members), "start"))

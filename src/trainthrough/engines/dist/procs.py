@@ -1,0 +1,103 @@
+"""The rank processes a controller started: spawn, readiness, exits, and kills by PID.
+
+Processes start with multiprocessing's ``spawn`` (a forked torch with initialised
+thread pools can deadlock) as daemons, so they cannot outlive a controller that
+exits normally. The only processes this module ever signals are the ones it
+started, by the PID it recorded; it never looks processes up by name.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from trainthrough.engines.dist.protocol import RankSpec, has
+from trainthrough.engines.dist.rank_main import main as rank_main
+
+
+@dataclass
+class Proc:
+    """One rank process: slot, incarnation of that slot, and how it started."""
+
+    slot: int
+    inc: int
+    mode: str
+    process: Any  # multiprocessing.Process (spawn context)
+    started: float = field(default_factory=time.time)
+    died_at: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode  # type: ignore[no-any-return]
+
+
+class Procs:
+    """Every rank process of one run; ``current[slot]`` is the incarnation in use."""
+
+    def __init__(self, store: dist.Store, base: RankSpec) -> None:
+        self.store, self.base = store, base
+        self.ctx = mp.get_context("spawn")
+        self.current: dict[int, Proc] = {}
+        self.started: list[Proc] = []
+        self._inc: dict[int, int] = {}
+
+    def spawn(self, slot: int, mode: str, attempt: int, executed: int, ctl: int,
+              orders: list[dict[str, object]]) -> Proc:
+        """Start a rank process for ``slot`` (it becomes the slot's current process)."""
+        inc = self._inc[slot] = self._inc.get(slot, -1) + 1
+        spec = {**self.base, "slot": slot, "inc": inc, "mode": mode, "attempt": attempt,
+                "executed": executed, "ctl": ctl, "orders": orders}
+        proc = self.ctx.Process(target=rank_main, args=(spec,), daemon=True,
+                                name=f"trainthrough-rank{slot}.{inc}")
+        proc.start()
+        p = Proc(slot, inc, mode, proc)
+        self.current[slot] = p
+        self.started.append(p)
+        return p
+
+    def ready(self, p: Proc) -> bool:
+        return has(self.store, f"ready/{p.slot}/{p.inc}")
+
+    def alive(self, slot: int) -> bool:
+        p = self.current.get(slot)
+        return p is not None and p.exitcode is None
+
+    def newly_dead(self) -> list[Proc]:
+        """Current processes that ended since the last call (each reported once)."""
+        out = []
+        for p in self.current.values():
+            if p.died_at is None and p.exitcode is not None:
+                p.died_at = time.time()
+                out.append(p)
+        return out
+
+    def kill(self, p: Proc) -> None:
+        """SIGKILL one process this controller started (a stopped one dies too)."""
+        if p.exitcode is None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.process.join(timeout=5)
+
+    def wait_exit(self, procs: list[Proc], timeout: float) -> None:
+        """Give ``procs`` ``timeout`` seconds to end on their own, then kill the rest."""
+        end = time.time() + timeout
+        for p in procs:
+            p.process.join(timeout=max(0.0, end - time.time()))
+        for p in procs:
+            self.kill(p)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """End every process this run started (normally all have exited already)."""
+        self.wait_exit([p for p in self.started if p.exitcode is None], timeout)

@@ -1,0 +1,158 @@
+"""What the controller and its rank processes say to each other, through the store.
+
+The controller owns a ``TCPStore`` on 127.0.0.1 and outlives every rank, so the
+store is where ranks that lost their group still meet. Values are JSON text, plus
+safetensors bytes for parameters (nothing is pickled). Call order for one run:
+
+1. the controller starts the store and spawns ranks with a :data:`RankSpec`;
+2. each rank connects, builds its replica and sets ``ready/<slot>/<inc>``;
+3. once every member of attempt ``n`` is ready, the controller sets ``plan/<n>`` (a
+   :class:`Plan`); a joining rank first reads ``join/<slot>/<inc>`` to learn ``n``;
+4. the members form the group on ``PrefixStore(f"attempt{n}", store)`` and train,
+   pushing events (:func:`post`: evaluations, checkpoints, failures, commits);
+5. when a collective fails, or the controller asks for a change, every member sets
+   ``report/<n>/<slot>`` (a :class:`Report`) and waits for ``plan/<n+1>``;
+6. control requests (stop, a replacement is ready) go through the counter ``ctl``:
+   the controller sets ``stop`` or ``grow`` first and then increments ``ctl``; the
+   first member reads ``ctl`` every step and shares it in the commit vote, so every
+   member acts on it after the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+RankSpec = dict[str, Any]  # plain values only: it crosses the spawn pipe
+
+# How long a rank waits for the controller's next plan before giving up: the
+# controller decides within a grace period of the last report, so this only ends
+# ranks whose controller is gone.
+PLAN_WAIT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Attempt ``n``: who forms the group, and what the members do first.
+
+    ``action``: ``start`` (fresh or restarted ranks), ``join`` (a replacement joins:
+    the first member broadcasts its state), ``rollback`` (undo if ``undo``, redo the
+    interrupted step), ``lossy`` (finish the interrupted step with the survivors'
+    shares if ``complete``), ``exit`` (checkpoint-restart: every process ends and
+    fresh ones start), ``stop`` (end of the run). ``buckets_done``: allreduce buckets
+    every survivor completed before the failure. ``uncount``: the failure struck
+    between steps, so the attempt the survivors had begun does not count.
+    """
+
+    n: int
+    members: list[int]
+    action: str = "start"
+    undo: bool = False
+    complete: bool = False
+    buckets_done: int = 0
+    uncount: bool = False
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a member tells the controller when its group ends.
+
+    ``reason``: ``error`` (a collective failed or timed out) or ``ctl`` (it stopped
+    at a step boundary because the controller asked). ``phase``/``buckets_done``/
+    ``applied`` locate the interrupted step; ``t`` is when the error surfaced.
+    """
+
+    slot: int
+    reason: str
+    phase: str = "boundary"
+    buckets_done: int = 0
+    applied: bool = False
+    executed: int = 0
+    logical: int = 0
+    t: float = field(default_factory=time.time)
+    error: str = ""
+
+
+def connect(port: int, timeout: float) -> dist.TCPStore:
+    """A client of the controller's store (ranks call this first)."""
+    return dist.TCPStore("127.0.0.1", port, is_master=False,
+                         timeout=timedelta(seconds=timeout))
+
+
+def put(store: dist.Store, key: str, value: Any) -> None:
+    store.set(key, json.dumps(value))
+
+
+def get(store: dist.Store, key: str) -> Any:
+    return json.loads(store.get(key))
+
+
+def has(store: dist.Store, key: str) -> bool:
+    return bool(store.check([key]))
+
+
+def post(store: dist.Store, event: dict[str, Any], blob: bytes | None = None) -> None:
+    """Append an event to the queue the controller drains; ``blob`` travels beside it.
+
+    The blob is stored before the event names it, and the slot number is taken
+    atomically, so concurrent posters never overwrite each other.
+    """
+    i = store.add("evq", 1) - 1
+    if blob is not None:
+        store.set(f"blob/{i}", blob)
+        event = {**event, "blob": f"blob/{i}"}
+    event.setdefault("t", time.time())
+    put(store, f"evq/{i}", event)
+
+
+class EventReader:
+    """The controller's side of :func:`post`: drains events in order, once each."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self.store, self.seen = store, 0
+
+    def drain(self) -> list[tuple[dict[str, Any], bytes | None]]:
+        out = []
+        count = self.store.add("evq", 0)
+        while self.seen < count:
+            key = f"evq/{self.seen}"
+            if not has(self.store, key):
+                break  # its poster took the number but has not written it yet
+            event = get(self.store, key)
+            self.store.delete_key(key)
+            blob = None
+            if "blob" in event:
+                blob = self.store.get(event["blob"])
+                self.store.delete_key(event["blob"])
+            out.append((event, blob))
+            self.seen += 1
+        return out
+
+
+def write_plan(store: dist.Store, plan: Plan) -> None:
+    put(store, f"plan/{plan.n}", asdict(plan))
+
+
+def wait_plan(store: dist.Store, n: int) -> Plan:
+    """Block until the controller publishes attempt ``n``.
+
+    Raises:
+        RuntimeError: (from the store) no plan within :data:`PLAN_WAIT_SECONDS`.
+    """
+    store.wait([f"plan/{n}"], timedelta(seconds=PLAN_WAIT_SECONDS))
+    return Plan(**get(store, f"plan/{n}"))
+
+
+def write_report(store: dist.Store, n: int, report: Report) -> None:
+    put(store, f"report/{n}/{report.slot}", asdict(report))
+
+
+def read_reports(store: dist.Store, n: int, slots: list[int]) -> dict[int, Report]:
+    """The reports of attempt ``n`` that have arrived, by slot."""
+    return {s: Report(**get(store, f"report/{n}/{s}")) for s in slots
+            if has(store, f"report/{n}/{s}")}

@@ -1,0 +1,218 @@
+"""A rank process's training state and its step, on a real gloo group.
+
+The math is the ``sim`` engine's (:mod:`trainthrough.dp`): the same global batch
+from the same cursor, the same micro-batches and their seeds, the same buckets and
+the same optimizer, so a failure-free run matches ``sim`` to the last bits of float
+summation order (each rank sums its micro-batches, gloo sums the ranks). Call
+order: :meth:`Trainer.restore` (restarted processes only), then per attempt
+:meth:`Trainer.recover` with the attempt's plan and :meth:`Trainer.train` until it
+returns; :meth:`Trainer.finish` once at the end.
+
+A step: boundary point; compute (``forward`` point halfway); ``backward`` point;
+for each bucket an ``allreduce:K`` point and an allreduce; a snapshot if the
+strategy must be able to undo; ``update`` point; apply; a commit vote. A step is
+committed only once the vote succeeded: until then it is "in flight", and what it
+got through is what recovery works with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+
+from trainthrough.config import RunConfig
+from trainthrough.dp.allreduce import make_buckets
+from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, assign, micro_size, split_micro
+from trainthrough.dp.rank import Rank
+from trainthrough.engines.dist.faults import Injector
+from trainthrough.engines.dist.group import Group
+from trainthrough.engines.dist.protocol import Plan, post
+from trainthrough.ft.checkpoint import CheckpointStore
+from trainthrough.ft.dp_policies import ElasticPolicy, group_recovery_policy
+from trainthrough.ft.strategy import resolve
+from trainthrough.workloads import make_workload
+
+
+@dataclass
+class InFlight:
+    """The step under way: its batch split, this rank's sum, what was reduced."""
+
+    shares: dict[int, list[MicroBatch]]  # member slot -> its micro-batches
+    lr_scale: float
+    next_cursor: Cursor
+    local: torch.Tensor
+    reduced: torch.Tensor
+    buckets_done: int = 0
+    applied: bool = False
+    snapshot: dict[str, torch.Tensor] | None = None
+
+
+class Trainer:
+    """One replica and the run's counters, as this process sees them."""
+
+    def __init__(self, cfg: RunConfig, slot: int, store: dist.Store, injector: Injector,
+                 checkpoint_url: str) -> None:
+        self.cfg, self.slot, self.store, self.inj = cfg, slot, store, injector
+        w = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
+        spec = w.default_optimizer if cfg.lr is None else replace(w.default_optimizer, lr=cfg.lr)
+        x0 = w.init_params(torch.Generator().manual_seed(cfg.seed))
+        self.w, self.replica = w, Rank(slot, w, spec, x0, cfg.seed)
+        self.buckets = make_buckets(self.replica.layout.numel, cfg.allreduce_buckets)
+        self.stream = SampleStream(w.sample_count() or 0, cfg.seed)
+        self.micro = micro_size(w.batch_size)
+        self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, w.batch_size)
+        strategy = resolve(cfg.strategy)
+        self.snapshots = group_recovery_policy(strategy.recovery).needs_step_snapshot
+        self.ckpt_policy = strategy.checkpoint_policy(cfg.checkpoint_every or 1)
+        self.ckpt = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
+                     if strategy.checkpoint != "none" else None)
+        self.cursor, self.logical, self.executed = Cursor(), 0, 0
+        self.ctl_seen = 0.0  # the last control counter acted on (same on every member)
+        self.applied = 0  # replica updates of committed steps (first member's count)
+        self.flight: InFlight | None = None
+        self.resumed = False  # a recovery waits for its first committed step
+
+    # -- around failures ----------------------------------------------------------
+    def restore(self) -> None:
+        """Checkpoint-restart: start from the newest valid checkpoint, or from x0."""
+        loaded = None
+        if self.ckpt is not None:
+            loaded = self.ckpt.load_latest(on_corrupt=lambda m: post(
+                self.store, {"type": "checkpoint-corrupt", "message": m}))
+        if loaded is not None:
+            tensors, info = loaded
+            self.replica.load(tensors)
+            self.cursor = Cursor(int(info.meta["epoch"]), int(info.meta["offset"]))
+            self.logical = info.step
+        if self.slot == 0:
+            post(self.store, {"type": "restored", "step": self.logical})
+
+    def recover(self, g: Group, plan: Plan) -> None:
+        """Carry out the first part of attempt ``plan.n`` on the formed group."""
+        fl, self.flight = self.flight, None
+        if plan.action == "join":
+            self._share_state(g)
+        elif plan.action == "rollback":
+            if plan.undo and fl is not None and fl.applied and fl.snapshot is not None:
+                self.replica.load(fl.snapshot)
+        elif plan.action == "lossy" and plan.complete and fl is not None:
+            self._complete(g, fl, plan.buckets_done)
+        if plan.uncount:
+            self.executed -= 1
+        if plan.action not in ("start", "join"):
+            self.resumed = True
+        if g.rank == 0 and plan.action != "start":
+            post(self.store, {"type": "reformed", "n": plan.n, "ranks": g.members,
+                              "action": plan.action})
+
+    def _share_state(self, g: Group) -> None:
+        """A replacement joins: every member takes the first member's replica and counters."""
+        r = self.replica
+        tensors = [*r.params.values(), *r.opt.values()]
+        meta = torch.tensor([self.executed, self.logical, self.cursor.epoch, self.cursor.offset,
+                             r.steps, int(self.ctl_seen), self.applied], dtype=torch.int64)
+        g.broadcast([*tensors, meta])
+        m = [int(x) for x in meta]
+        self.executed, self.logical, self.cursor = m[0], m[1], Cursor(m[2], m[3])
+        r.steps, self.ctl_seen, self.applied = m[4], float(m[5]), m[6]
+
+    def _complete(self, g: Group, fl: InFlight, done: int) -> None:
+        """Lossy forward: reduce the unfinished buckets over the survivors, apply, commit."""
+        if not fl.applied:
+            micro = sum(len(fl.shares.get(s, [])) for s in g.members)
+            for b in self.buckets[done:]:
+                s = g.reduce_bucket(fl.local[b.start:b.stop], "allreduce", b.index)
+                fl.reduced[b.start:b.stop] = s / micro if self.w.aggregate == "mean" else s
+            self.replica.apply(fl.reduced, fl.lr_scale)
+            if g.rank == 0:
+                dropped = sum(len(v) for v in fl.shares.values()) - micro
+                post(self.store, {"type": "completed", "micro_dropped": dropped,
+                                  "samples_dropped": dropped * self.micro})
+        self._commit(g, fl)
+
+    # -- the step -----------------------------------------------------------------
+    def train(self, g: Group) -> str:
+        """Step until the run ends (``done``) or the controller asks for a change (``ctl``)."""
+        while self.executed < (self.cfg.max_iterations or 0):
+            ctl = self._step(g)
+            if ctl != self.ctl_seen:
+                self.ctl_seen = ctl
+                return "ctl"
+        return "done"
+
+    def _step(self, g: Group) -> float:
+        inj = self.inj
+        inj.strike("boundary", self.executed)
+        self.executed += 1
+        d = self.elastic.decide(g.size)
+        rows, nxt = self.stream.take(self.cursor, d.global_batch)
+        micro = split_micro(rows, self.micro)
+        shares = {s: [micro[j] for j in r] for s, r in zip(g.members, assign(len(micro), g.size))}
+        mine = shares[self.slot]
+        half = len(mine) // 2
+        contribs = self.replica.gradients(self.logical, mine[:half])
+        inj.strike("forward", self.executed)
+        contribs += self.replica.gradients(self.logical, mine[half:])
+        inj.strike("backward", self.executed)
+        local = torch.zeros(self.replica.layout.numel)
+        for _, grad in contribs:  # in micro-batch order
+            local.add_(grad)
+        fl = self.flight = InFlight(shares, d.lr_scale, nxt, local,
+                                    torch.full_like(local, float("nan")))
+        for b in self.buckets:
+            inj.strike(f"allreduce:{b.index}", self.executed)
+            s = g.reduce_bucket(local[b.start:b.stop], "allreduce", b.index)
+            fl.reduced[b.start:b.stop] = s / len(micro) if self.w.aggregate == "mean" else s
+            fl.buckets_done = b.index + 1
+        if self.snapshots:  # to undo an update a failure cuts short
+            fl.snapshot = self.replica.state()
+        inj.strike("update", self.executed)
+        self.replica.apply(fl.reduced, d.lr_scale)
+        fl.applied = True
+        ctl = float(self.store.add("ctl", 0)) if g.rank == 0 else 0.0
+        ctl = g.vote(ctl, applied=True)
+        self._commit(g, fl)
+        return ctl
+
+    def _commit(self, g: Group, fl: InFlight) -> None:
+        self.cursor, self.flight = fl.next_cursor, None
+        self.logical += 1
+        self.applied += g.size
+        if g.rank != 0:
+            return
+        if self.resumed:
+            post(self.store, {"type": "resumed", "iteration": self.executed})
+        self.resumed = False
+        if self.ckpt is not None and self.ckpt_policy.decide(self.logical) is not None:
+            self._checkpoint(g)
+        if self.executed % (self.cfg.eval_every or 1) == 0:
+            self.post_params()
+
+    def _checkpoint(self, g: Group) -> None:
+        t = time.perf_counter()
+        meta = {"iteration": self.logical, "epoch": self.cursor.epoch,
+                "offset": self.cursor.offset, "ranks": g.members, "workload": self.w.name}
+        info = self.ckpt.save(self.logical, self.replica.state(), meta)  # type: ignore[union-attr]
+        post(self.store, {"type": "checkpoint", "iteration": self.logical, "bytes": info.nbytes,
+                          "blocked_seconds": time.perf_counter() - t, "async": False,
+                          "rank": self.slot, "name": info.name})
+
+    def post_params(self, final: bool = False) -> None:
+        """Send the parameters to the controller, which evaluates them (safetensors bytes)."""
+        blob = safetensors.torch.save({n: v.contiguous() for n, v in self.replica.params.items()})
+        post(self.store, {"type": "params", "iteration": self.executed, "logical": self.logical,
+                          "final": final, "applied": self.applied}, blob)
+
+    def finish(self) -> dict[str, Any]:
+        """What every rank reports at the end: counters and a hash of its replica."""
+        h = hashlib.sha256()
+        for n in sorted(self.replica.params):
+            h.update(self.replica.params[n].numpy().tobytes())
+        return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
+                "params_sha256": h.hexdigest()}
