@@ -38,7 +38,7 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--config", type=Path, help="a config.toml (CLI options override it)")
     p.add_argument("--workload", help="workload name (see `trainthrough list`)")
     p.add_argument("--strategy", help="strategy preset or composition")
-    p.add_argument("--engine", help="engine: sim or ray")
+    p.add_argument("--engine", help="engine: sim, ray or dist (dp only)")
     p.add_argument("--ray-address", dest="ray_address",
                    help="join this Ray cluster (default: start one on 127.0.0.1)")
     p.add_argument("--recovery-delay", type=float, dest="recovery_delay",

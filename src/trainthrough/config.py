@@ -22,7 +22,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENGINES = {"sim": "in-process, deterministic, virtual clock (the failure simulation framework)",
-           "ray": "shards, replicas and workers as Ray actors; failures are real SIGKILLs"}
+           "ray": "shards, replicas and workers as Ray actors; failures are real SIGKILLs",
+           "dist": "data-parallel ranks as OS processes on a torch.distributed gloo group "
+                   "(127.0.0.1); failures are real SIGKILL/SIGSTOP"}
 PARADIGMS = {"ps": "parameter server: K shards own the parameters, N workers push updates",
              "dp": "data parallel: N ranks each hold a replica and allreduce gradients"}
 
@@ -78,7 +80,7 @@ class RunConfig:
     workload_options: dict[str, Any] = field(default_factory=dict)  #: passed to the workload
     # -- real engines (ray) ---------------------------------------------------------
     ray_address: str | None = None  #: join this Ray cluster instead of starting one
-    recovery_delay: float = 0.0  #: seconds a lost shard or worker stays down
+    recovery_delay: float = 0.0  #: seconds a lost shard, worker or (dist) rank stays down
     replicas: int = 3  #: chain length R per shard (chain strategies)
     max_lag: int = 64  #: chain-async: pushes the head may run ahead of its successor
     coordinator: str = "ray"  #: ray (named actor) or zookeeper
@@ -108,8 +110,11 @@ class RunConfig:
         resolve(self.strategy).require(self.paradigm)
         if self.engine not in ENGINES:
             raise UserError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
-        if self.paradigm == "dp" and self.engine != "sim":
-            raise UserError(f"data-parallel runs use the sim engine (got --engine {self.engine})")
+        if self.paradigm == "dp" and self.engine not in ("sim", "dist"):
+            raise UserError(f"data-parallel runs use the sim or dist engine (got --engine "
+                            f"{self.engine})")
+        if self.engine == "dist" and self.paradigm != "dp":
+            raise UserError("the dist engine runs data-parallel training: add --paradigm dp")
         if self.elastic not in ("keep-global", "keep-local"):
             raise UserError(f"elastic must be keep-global or keep-local (got {self.elastic!r})")
         for name in ("shards", "workers", "checkpoint_keep", "ranks", "allreduce_buckets"):

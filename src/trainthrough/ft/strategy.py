@@ -36,7 +36,7 @@ class Strategy:
     recovery: str = "reinit"
     replication: str = "none"
     outage: str = "wait"
-    engines: tuple[str, ...] = ("sim", "ray")
+    engines: tuple[str, ...] = ("sim", "ray", "dist")
 
     def checkpoint_policy(self, every: int, fraction: float | None = None,
                           rule: str = "largest-change") -> CheckpointPolicy:

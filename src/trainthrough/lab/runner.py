@@ -40,6 +40,10 @@ def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_u
         from trainthrough.engines.ray.engine import RayEngine
 
         return RayEngine(cfg, workload, callback, checkpoint_url, out)
+    if cfg.engine == "dist":
+        from trainthrough.engines.dist.controller import DistEngine
+
+        return DistEngine(cfg, workload, callback, checkpoint_url)
     if cfg.paradigm == "dp":
         from trainthrough.engines.sim.dp_engine import SimDPEngine
 

@@ -8,6 +8,7 @@ started, by the PID it recorded; it never looks processes up by name.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -84,11 +85,11 @@ class Procs:
     def kill(self, p: Proc) -> None:
         """SIGKILL one process this controller started (a stopped one dies too)."""
         if p.exitcode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         p.process.join(timeout=5)
+        if p.died_at is None:
+            p.died_at = time.time()
 
     def wait_exit(self, procs: list[Proc], timeout: float) -> None:
         """Give ``procs`` ``timeout`` seconds to end on their own, then kill the rest."""

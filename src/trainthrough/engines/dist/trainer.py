@@ -28,7 +28,14 @@ import torch.distributed as dist
 
 from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import make_buckets
-from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, assign, micro_size, split_micro
+from trainthrough.dp.batching import (
+    Cursor,
+    MicroBatch,
+    SampleStream,
+    assign,
+    micro_size,
+    split_micro,
+)
 from trainthrough.dp.rank import Rank
 from trainthrough.engines.dist.faults import Injector
 from trainthrough.engines.dist.group import Group

@@ -208,6 +208,7 @@ class RayEngine:
                         "ids": [m.index], "member": name, "spec": e.spec})
             m.before = before  # type: ignore[attr-defined]
             m.kill_time = t  # type: ignore[attr-defined]
+            m.work_at_kill = self._work()  # type: ignore[attr-defined]
             m.fail_iteration = iteration  # type: ignore[attr-defined]
 
     def _on_death(self, m: Member, iteration: int) -> None:
@@ -235,7 +236,23 @@ class RayEngine:
                 rec: Recovery = r["record"]
                 rec.recovery_seconds = time.perf_counter() - r["kill_time"]
                 self.result.recoveries.append(rec)
-                self._emit({"type": "recovery", **rec.__dict__})
+                busy = self._busy_share(r.get("work_at_kill"))
+                self.result.extras.setdefault("busy_during_outage", []).append(busy)
+                self._emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
+
+    def _work(self) -> tuple[float, float]:
+        """Workers' (compute seconds, all accounted seconds) so far."""
+        ps = self._progress().values()
+        busy = sum(p["busy"] for p in ps)
+        return busy, busy + sum(p["idle"] + p.get("comm", 0.0) for p in ps)
+
+    def _busy_share(self, at_kill: tuple[float, float] | None) -> float | None:
+        """Share of the workers' time spent computing since the kill (stateless: ~1)."""
+        if at_kill is None:
+            return None
+        busy, total = self._work()
+        spent = total - at_kill[1]
+        return (busy - at_kill[0]) / spent if spent > 0 else None
 
     def _finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
         r = self.result

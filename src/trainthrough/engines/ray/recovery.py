@@ -65,7 +65,8 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
         eng._emit({"type": "failover", "shard": shard, "head": c.chains[shard].members[0]})
         head = c.head(shard)
         eng.measuring.append({"handle": head, "version": _version(head),
-                              "kill_time": kill_time, "record": record})
+                              "kill_time": kill_time, "record": record,
+                              "work_at_kill": getattr(m, "work_at_kill", None)})
         warm = c.add_replica(shard, join=False)
         eng.pending.append({"kind": "replica", "member": warm, "at": at, "dead": m})
         return
@@ -112,7 +113,8 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
                       action="restore" if restored is not None else "reinit",
                       restored_from=restored)
     eng.measuring.append({"handle": m.handle, "version": _version(m.handle),
-                          "kill_time": kill_time, "record": record})
+                          "kill_time": kill_time, "record": record,
+                          "work_at_kill": getattr(dead, "work_at_kill", None)})
 
 
 def _version(handle: Any) -> int:

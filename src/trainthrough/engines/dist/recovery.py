@@ -1,0 +1,248 @@
+"""Membership and recovery for the ``dist`` controller: start, fail, re-form, restart, grow.
+
+States: ``starting`` (processes spawned, waiting until every one is ready, then the
+start plan is published), ``training`` (a group is running; watch for reports and
+deaths), and back. When a group breaks, the survivors report; the controller waits
+until every member whose process is still alive has reported, or a grace period
+after the first sign (a hung rank never reports: it is then presumed failed and
+SIGKILLed). Who reported is who is alive: that is the agreement. The strategy's
+policy (the same as ``sim``'s) then decides:
+
+- rollback / lossy-forward: publish the next attempt with the survivors, and spawn
+  replacements at once; each waits, warm, until ``recovery_delay`` seconds after the
+  failure, then the controller asks the group to stop after a step (``ctl``) and
+  publishes an attempt that includes it (the first member broadcasts its state);
+- checkpoint-restart: every process exits and ``ranks`` fresh ones start from the
+  newest checkpoint (a restart, as torchrun does).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from trainthrough.engines.dist.procs import Proc
+from trainthrough.engines.dist.protocol import Plan, Report, read_reports, write_plan
+from trainthrough.engines.result import Recovery
+from trainthrough.ft.decisions import RecoveryAction
+from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
+from trainthrough.ft.strategy import resolve
+
+if TYPE_CHECKING:
+    from trainthrough.engines.dist.controller import DistEngine
+
+GRACE = 0.5  # after the first survivor reports, the others follow within milliseconds
+
+
+class DistRecovery:
+    """The controller's view of who is in the group, and what happens on a change."""
+
+    def __init__(self, engine: DistEngine, orders: list[dict[str, Any]]) -> None:
+        self.e, self.orders = engine, orders
+        cfg = engine.cfg
+        self.policy = group_recovery_policy(resolve(cfg.strategy).recovery)
+        self.replacement = ReplacementPolicy(cfg.replace, cfg.recovery_delay)
+        self.n, self.members, self.state = 0, list[int](), "starting"
+        self.waiting: list[Proc] = []
+        self.started_at = 0.0
+        self.joiners: list[tuple[Proc, float]] = []
+        self.grow_requested = False
+        self.first_sign: float | None = None
+        self.fail_events: list[dict[str, Any]] = []
+        self.open: list[dict[str, Any]] = []  # recoveries waiting for their first commit
+        self.failures = self.reforms = self.restarts = self.joined = self.samples_dropped = 0
+        self.smallest = cfg.ranks
+        self.detections: list[float] = []
+        self.reform_times: list[float] = []
+        self.restart_times: list[float] = []
+        self.join_times: list[float] = []
+        self.t_detect = self.t_grow = 0.0
+        self.last_joined: list[int] = []
+
+    # -- starting -----------------------------------------------------------------
+    def start(self, slots: range | list[int], mode: str, attempt: int, executed: int) -> None:
+        """Spawn a process per slot; attempt ``attempt`` starts once all are ready."""
+        ctl = self.e.store.add("ctl", 0)
+        self.waiting = [self.e.procs.spawn(s, mode, attempt, executed, ctl,
+                                           self._orders_for(s, executed)) for s in slots]
+        self.n, self.state, self.started_at = attempt, "starting", time.time()
+
+    def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
+        """Orders a new process of ``slot`` carries; those due while the slot was down
+        are skipped, as ``sim`` skips a failure of a rank that is not there."""
+        now = time.time() - self.e.t0
+        out = []
+        for o in [o for o in self.orders if o["slot"] == slot]:
+            past = ((o["at_iter"] is not None and o["at_iter"] < executed)
+                    or (o["at_time"] is not None and o["at_time"] < now))
+            if past:
+                self.orders.remove(o)
+                self.e.emit({"type": "failure-skipped", "ids": [slot], "spec": o["spec"]})
+            else:
+                out.append(o)
+        return out
+
+    def finished(self) -> bool:
+        """The members of the running attempt all ended cleanly: the run is over."""
+        cur = self.e.procs.current
+        return (self.state == "training" and bool(self.members)
+                and all(cur[s].exitcode == 0 for s in self.members))
+
+    # -- every tick ---------------------------------------------------------------
+    def tick(self) -> bool:
+        """Advance the state machine; returns whether anything happened."""
+        if self.state == "starting":
+            if any(p.exitcode is not None for p in self.waiting):
+                raise RuntimeError("dist engine: a rank process ended while starting")
+            if time.time() - self.started_at > 120:
+                raise RuntimeError("dist engine: rank processes did not start within 120 s")
+            if not all(self.e.procs.ready(p) for p in self.waiting):
+                return False
+            self.members = sorted(p.slot for p in self.waiting)
+            write_plan(self.e.store, Plan(self.n, self.members, "start"))
+            self.state = "training"
+            return True
+        now = time.time()
+        dead = [p for p in self.e.procs.newly_dead() if p.exitcode != 0]
+        if any(p.slot not in self.members for p in dead):
+            raise RuntimeError("dist engine: a replacement rank process ended before joining")
+        reports = read_reports(self.e.store, self.n, self.members)
+        if (reports or dead) and self.first_sign is None:
+            self.first_sign = now
+        if self.first_sign is not None:
+            expected = [s for s in self.members if self.e.procs.alive(s)]
+            if all(s in reports for s in expected) or now - self.first_sign > GRACE:
+                self._decide(reports)
+                return True
+        self._maybe_grow()
+        return bool(dead)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """Bookkeeping for events from the ranks (the controller then records them)."""
+        kind, t = event.get("type"), float(event.get("t", time.time()))
+        if kind == "failure":
+            self.failures += 1
+            self.fail_events.append(event)
+            for i, o in enumerate(self.orders):  # that order is spent
+                if (o["slot"], o["spec"], o["phase"]) == (event["ids"][0], event["spec"],
+                                                         event["phase"]):
+                    del self.orders[i]
+                    break
+        elif kind == "reformed" and event.get("action") == "join":
+            event.update(type="rank-joined", join_seconds=t - self.t_grow,
+                         slots=self.last_joined)
+            self.join_times.append(t - self.t_grow)
+            self.joined += len(self.last_joined)
+        elif kind == "reformed":
+            event.update(type="reform", reform_seconds=t - self.t_detect)
+            self.reform_times.append(t - self.t_detect)
+        elif kind == "restored":
+            for rec in self.open:
+                if rec.get("restart"):
+                    rec["restored_from"] = int(event["step"])
+                    self.e.result.updates_lost += (rec["logical"] - int(event["step"])) \
+                        * self.e.cfg.ranks
+        elif kind == "completed":
+            self.samples_dropped += int(event["samples_dropped"])
+            self.e.result.updates_lost += len(self.open[-1]["failed"]) if self.open else 0
+        elif kind == "resumed":
+            for rec in self.open:
+                self._close(rec, t)
+            self.open = []
+
+    def _close(self, rec: dict[str, Any], t: float) -> None:
+        if rec.get("restart"):
+            self.restart_times.append(t - rec["t_detect"])
+        norm = 0.0 if rec["action"] == "mini-batch-rollback" else float("nan")
+        r = Recovery(failed=[f"rank{i}" for i in rec["failed"]], at_iteration=rec["iteration"],
+                     recovery_seconds=t - rec["t_fail"], perturbation_norm=norm,
+                     action=rec["action"], restored_from=rec.get("restored_from"))
+        self.e.result.recoveries.append(r)
+        self.e.emit({"type": "recovery", **r.__dict__, "phase": rec["phase"],
+                     "detection_seconds": rec["t_detect"] - rec["t_fail"]})
+
+    # -- decisions ----------------------------------------------------------------
+    def _decide(self, reports: dict[int, Report]) -> None:
+        now = time.time()
+        procs = self.e.procs
+        self.first_sign = None
+        survivors = sorted(reports)
+        failed = [s for s in self.members if s not in reports]
+        for s in failed:  # hung, or too slow to report: presumed failed, and made so
+            procs.kill(procs.current[s])
+        errors = [r for r in reports.values() if r.reason == "error"]
+        if not errors and not failed:
+            self._grow(survivors)
+            return
+        victims = [e for e in self.fail_events if e["ids"][0] in failed]
+        self.fail_events = [e for e in self.fail_events if e not in victims]
+        phase = victims[0]["phase_kind"] if victims else "boundary"
+        died = [procs.current[s].died_at for s in failed if procs.current[s].died_at]
+        t_fail = victims[0]["t"] if victims else min(died, default=now)
+        t_detect = min((r.t for r in errors), default=now)
+        self.t_detect = t_detect
+        self.detections.append(t_detect - t_fail)
+        executed = max((r.executed for r in reports.values()), default=self.e.result.iterations)
+        logical = max((r.logical for r in reports.values()), default=self.e.logical)
+        nb = self.e.cfg.allreduce_buckets
+        done = min((r.buckets_done if r.phase == "allreduce" else nb if r.phase == "update" else 0
+                    for r in errors), default=0)
+        applied = sum(r.applied for r in errors)
+        d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
+                                            done, applied, self.e.result.checkpoints > 0))
+        self.e.emit({"type": "detection", "iteration": executed,
+                     "failed": [f"rank{i}" for i in failed],
+                     "detection_seconds": t_detect - t_fail, "survivors": survivors})
+        rec = {"failed": failed, "iteration": executed, "logical": logical, "t_fail": t_fail,
+               "t_detect": t_detect, "action": d.action.value, "phase": phase}
+        self.open.append(rec)
+        if d.action is RecoveryAction.ROLLBACK_ALL:
+            rec["restart"] = True
+            self._restart(survivors, executed)
+            return
+        action = "rollback" if d.action is RecoveryAction.MINI_BATCH_ROLLBACK else "lossy"
+        self.n += 1
+        self.members = survivors
+        write_plan(self.e.store, Plan(self.n, survivors, action, undo=d.undo_applied,
+                                      complete=d.complete_step, buckets_done=done,
+                                      uncount=phase == "boundary"))
+        self.reforms += 1
+        self.smallest = min(self.smallest, len(survivors))
+        join = self.replacement.decide(tuple(failed), now)
+        if join is not None:
+            ctl = self.e.store.add("ctl", 0)
+            for s in join.slots:  # warm now, join once the delay is over
+                p = procs.spawn(s, "join", -1, executed, ctl, self._orders_for(s, executed))
+                self.joiners.append((p, join.at_seconds))
+
+    def _restart(self, survivors: list[int], executed: int) -> None:
+        """Checkpoint-restart: every process leaves; fresh ones load the checkpoint."""
+        procs = self.e.procs
+        self.n += 1
+        write_plan(self.e.store, Plan(self.n, [], "exit"))
+        procs.wait_exit([procs.current[s] for s in survivors]
+                        + [p for p, _ in self.joiners], timeout=10)
+        self.joiners, self.grow_requested = [], False
+        self.restarts += 1
+        self.start(range(self.e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed)
+
+    def _maybe_grow(self) -> None:
+        if self.grow_requested or self.e.stopping or not self.joiners:
+            return
+        now = time.time()
+        if any(at <= now and self.e.procs.ready(p) for p, at in self.joiners):
+            self.grow_requested, self.t_grow = True, now
+            self.e.store.add("ctl", 1)
+
+    def _grow(self, survivors: list[int]) -> None:
+        """Everyone stopped at a step boundary because we asked: take the joiners in."""
+        now = time.time()
+        self.grow_requested = False
+        ready = [p for p, at in self.joiners if at <= now and self.e.procs.ready(p)]
+        self.joiners = [(p, at) for p, at in self.joiners if p not in ready]
+        self.last_joined = [p.slot for p in ready]
+        self.n += 1
+        for p in ready:
+            self.e.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
+        self.members = sorted(survivors + [p.slot for p in ready])
+        write_plan(self.e.store, Plan(self.n, self.members, "join" if ready else "start"))
