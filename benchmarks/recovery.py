@@ -1,6 +1,6 @@
 """Recovery time on real processes: from the SIGKILL of a shard to the next applied update.
 
-For each strategy, mlr on Ray (1 shard, 4 asynchronous workers) has its shard
+For each strategy, cnn on Ray (1 shard, 4 asynchronous workers) has its shard
 SIGKILLed at iteration 40 and kept down ``--delay`` seconds. Printed per strategy:
 detection latency (kill to Ray's death notice), recovery time (kill to the next
 update applied by the new or promoted shard), recovery minus the configured delay,
@@ -29,10 +29,10 @@ STRATEGIES = ("checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async"
 
 
 def one(strategy: str, delay: float, out: Path) -> dict:
-    cfg = RunConfig(workload="mlr", strategy=strategy, engine="ray", shards=1, workers=4,
+    cfg = RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1, workers=4,
                     consistency="async", failures=["shards=0@iter=40"], recovery_delay=delay,
                     checkpoint_every=20, eval_every=20, stop_at_target=False,
-                    max_iterations=400, wall_limit=60)
+                    max_iterations=10**6, wall_limit=4 + 2 * delay)
     s = run(cfg, out)
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     detect = [e["detect_seconds"] for e in events if e["type"] == "detection"]
@@ -46,17 +46,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--delay", type=float, default=2.0, help="down time before a restart")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     args = ap.parse_args()
     ensure_ray()
     root = Path(tempfile.mkdtemp(prefix="tt-bench-recovery-"))
-    results: dict[str, list[dict]] = {s: [] for s in STRATEGIES}
+    results: dict[str, list[dict]] = {s: [] for s in args.strategies}
     try:
         for r in range(args.repeats):
-            for s in STRATEGIES:
+            for s in args.strategies:
                 results[s].append(one(s, args.delay, root / f"{s}-{r}"))
     finally:
         shutdown_ray()
-    print(f"recovery on Ray, mlr, 1 shard, 4 async workers, down time {args.delay:g} s, "
+    print(f"recovery on Ray, cnn, 1 shard, 4 async workers, down time {args.delay:g} s, "
           f"median of {args.repeats}")
     print(f"{'strategy':<18}{'detect s':>10}{'recovery s':>12}{'minus delay':>13}"
           f"{'busy share':>12}  target")

@@ -72,7 +72,7 @@ class DistEngine:
                                 target=self.target, direction=workload.direction)
         self.stopping = False
         self.last_eval: int | None = None
-        self.logical = 0
+        self.logical = self.iteration = 0  # the latest the ranks told us of
         self.hashes: dict[int, str] = {}
 
     # -- lifecycle --------------------------------------------------------------
@@ -143,7 +143,8 @@ class DistEngine:
                                f"{event['traceback']}")
         if kind == "params":
             assert blob is not None
-            self.logical = max(self.logical, int(event["logical"]))
+            self.logical = int(event["logical"])  # goes back on a restart
+            self.iteration = max(self.iteration, int(event["iteration"]))
             self.result.updates_applied = int(event["applied"])
             if event["iteration"] != self.last_eval or not event["final"]:
                 self._evaluate(event, safetensors.torch.load(blob))
@@ -157,8 +158,7 @@ class DistEngine:
             self.result.checkpoint_bytes += int(event["bytes"])
             self.result.checkpoint_blocked_seconds += float(event["blocked_seconds"])
         self.rec.on_event(event)
-        event.pop("t", None)
-        self.emit(event)
+        self.emit({k: v for k, v in event.items() if k != "t"})  # rec keeps the original
 
     def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor]) -> None:
         it = int(event["iteration"])

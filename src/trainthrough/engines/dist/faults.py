@@ -78,7 +78,7 @@ class Injector:
         self.orders = [Order(**o) for o in orders]  # type: ignore[arg-type]
         self.store, self.t0 = store, t0
 
-    def strike(self, point: str, executed: int) -> None:
+    def strike(self, point: str, executed: int, logical: int) -> None:
         """Fail now if an order for ``point`` is due (this call then never returns)."""
         phase = "allreduce" if point.startswith("allreduce:") else point
         now = time.time() - self.t0
@@ -86,15 +86,15 @@ class Injector:
             due = ((o.at_iter is not None and executed >= o.at_iter)
                    or (o.at_time is not None and now >= o.at_time))
             if due and o.phase == point:
-                self._die(o, phase, executed)
+                self._die(o, phase, executed, logical)
 
-    def _die(self, o: Order, phase: str, executed: int) -> None:
+    def _die(self, o: Order, phase: str, executed: int, logical: int) -> None:
         from trainthrough.engines.dist.protocol import post
 
         # Posted before dying, so the controller knows what failed, where and when.
         post(self.store, {"type": "failure", "kind": "rank", "ids": [o.slot], "spec": o.spec,
                           "phase": o.phase, "phase_kind": phase, "mode": o.mode,
-                          "iteration": executed, "pid": os.getpid()})
+                          "iteration": executed, "logical": logical, "pid": os.getpid()})
         os.kill(os.getpid(), signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
         # A stopped rank resumes here only if someone sends SIGCONT; it must not go on.
         os._exit(3)

@@ -53,11 +53,15 @@ class Procs:
         self._inc: dict[int, int] = {}
 
     def spawn(self, slot: int, mode: str, attempt: int, executed: int, ctl: int,
-              orders: list[dict[str, object]]) -> Proc:
-        """Start a rank process for ``slot`` (it becomes the slot's current process)."""
+              orders: list[dict[str, object]], applied: int = 0) -> Proc:
+        """Start a rank process for ``slot`` (it becomes the slot's current process).
+
+        ``executed``, ``ctl`` and ``applied`` are the run's counters so far, which a
+        restarted process carries on from (a joining one receives them from a peer).
+        """
         inc = self._inc[slot] = self._inc.get(slot, -1) + 1
         spec = {**self.base, "slot": slot, "inc": inc, "mode": mode, "attempt": attempt,
-                "executed": executed, "ctl": ctl, "orders": orders}
+                "executed": executed, "ctl": ctl, "orders": orders, "applied": applied}
         proc = self.ctx.Process(target=rank_main, args=(spec,), daemon=True,
                                 name=f"trainthrough-rank{slot}.{inc}")
         proc.start()

@@ -57,7 +57,8 @@ def _run(spec: RankSpec, store: dist.Store) -> None:
                  spec["checkpoint_url"])
     if spec["mode"] == "restart":
         tr.restore()
-    tr.executed, tr.ctl_seen = spec["executed"], float(spec["ctl"])
+        tr.resumed = True  # its first commit ends the recovery
+    tr.executed, tr.ctl_seen, tr.applied = spec["executed"], float(spec["ctl"]), spec["applied"]
     store.set(f"ready/{slot}/{inc}", "1")
     n = spec["attempt"]
     if spec["mode"] == "join":  # the controller says which attempt takes us in

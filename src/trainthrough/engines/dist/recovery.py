@@ -64,7 +64,8 @@ class DistRecovery:
         """Spawn a process per slot; attempt ``attempt`` starts once all are ready."""
         ctl = self.e.store.add("ctl", 0)
         self.waiting = [self.e.procs.spawn(s, mode, attempt, executed, ctl,
-                                           self._orders_for(s, executed)) for s in slots]
+                                           self._orders_for(s, executed),
+                                           self.e.result.updates_applied) for s in slots]
         self.n, self.state, self.started_at = attempt, "starting", time.time()
 
     def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
@@ -138,7 +139,7 @@ class DistRecovery:
             self.reform_times.append(t - self.t_detect)
         elif kind == "restored":
             for rec in self.open:
-                if rec.get("restart"):
+                if rec.get("restart") and "restored_from" not in rec:
                     rec["restored_from"] = int(event["step"])
                     self.e.result.updates_lost += (rec["logical"] - int(event["step"])) \
                         * self.e.cfg.ranks
@@ -182,8 +183,11 @@ class DistRecovery:
         t_detect = min((r.t for r in errors), default=now)
         self.t_detect = t_detect
         self.detections.append(t_detect - t_fail)
-        executed = max((r.executed for r in reports.values()), default=self.e.result.iterations)
-        logical = max((r.logical for r in reports.values()), default=self.e.logical)
+        # With no survivor, the victims' own last words say how far the run got.
+        executed = max([r.executed for r in reports.values()]
+                       + [int(e["iteration"]) for e in victims], default=self.e.iteration)
+        logical = max([r.logical for r in reports.values()]
+                      + [int(e["logical"]) for e in victims], default=self.e.logical)
         nb = self.e.cfg.allreduce_buckets
         done = min((r.buckets_done if r.phase == "allreduce" else nb if r.phase == "update" else 0
                     for r in errors), default=0)
@@ -231,13 +235,14 @@ class DistRecovery:
             return
         now = time.time()
         if any(at <= now and self.e.procs.ready(p) for p, at in self.joiners):
-            self.grow_requested, self.t_grow = True, now
+            self.grow_requested = True
             self.e.store.add("ctl", 1)
 
     def _grow(self, survivors: list[int]) -> None:
         """Everyone stopped at a step boundary because we asked: take the joiners in."""
         now = time.time()
-        self.grow_requested = False
+        # Timed from here, not from the request: a failure may have come in between.
+        self.grow_requested, self.t_grow = False, now
         ready = [p for p, at in self.joiners if at <= now and self.e.procs.ready(p)]
         self.joiners = [(p, at) for p, at in self.joiners if p not in ready]
         self.last_joined = [p.slot for p in ready]

@@ -119,10 +119,17 @@ class RayCluster:
             self._register(m)
         return m
 
+    def announce(self, shard: int) -> None:
+        """Tell live workers that shard ``shard`` is served by someone new."""
+        for w in self.members.values():
+            if w.kind == "worker" and w.killed_at is None:
+                w.handle.shard_changed.remote(shard)
+
     def _register(self, m: Member) -> None:
         """Publish a replica: the Ray registry (workers look handles up there) and, with
         ZooKeeper, the replica's own ephemeral node (deaths are then seen through it)."""
         self.coord.join(f"shard{m.index}", m.name)
+        self.announce(m.index)
         if self.zk is not None:
             ray.get(m.handle.join_coordinator.remote(self.cfg.zookeeper_hosts, f"/{self.prefix}",
                                                      f"shard{m.index}", ZK_SESSION_SECONDS))
@@ -176,6 +183,7 @@ class RayCluster:
         for name, succ in change.rewire:
             h = self.members[succ].handle if succ else None
             ray.get(self.members[name].handle.set_successor.remote(h, self.mode))
+        self.announce(shard)
         return not change.lost_all
 
     def join_tail(self, m: Member) -> None:

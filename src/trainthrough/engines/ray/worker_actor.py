@@ -27,6 +27,9 @@ from trainthrough.ps.worker import Worker
 from trainthrough.workloads import make_workload
 
 Tensors = dict[str, torch.Tensor]
+# While a shard is down its replacement is announced by the driver (``shard_changed``);
+# the registry is still polled this often in case an announcement is missed.
+RECHECK = 1.0
 
 
 def _add(a: Tensors, b: Tensors) -> Tensors:
@@ -50,6 +53,7 @@ class WorkerActor:
         self.seq = start_step * 1000 + incarnation  # fresh, increasing across incarnations
         self._stop = threading.Event()
         self._handles: dict[int, tuple[int, Any, Any]] = {}  # shard -> (epoch, write, read)
+        self._recheck: dict[int, float] = {}  # shard -> when to ask the registry again
         self._params: Tensors | None = None
         self._backlogs = [Backlog[Tensors](settings.get("backlog", 256))
                           for _ in layout.shards]
@@ -64,6 +68,11 @@ class WorkerActor:
 
     def watch(self) -> None:
         threading.Event().wait()
+
+    def shard_changed(self, i: int) -> None:
+        """The driver says who serves shard ``i`` changed: look it up on next use."""
+        self._handles.pop(i, None)
+        self._recheck[i] = 0.0
 
     def stop(self) -> None:
         self._stop.set()
@@ -80,6 +89,12 @@ class WorkerActor:
         cached = self._handles.get(i)
         if cached:
             return cached[1], cached[2]
+        # A shard known to be down is looked up again at most every RECHECK seconds,
+        # so a stateless worker spends the outage computing, not asking the registry.
+        now = time.perf_counter()
+        if now < self._recheck.get(i, 0.0):
+            return None
+        self._recheck[i] = now + RECHECK
         epoch, members = ray.get(self.registry.members.remote(f"shard{i}"))
         if not members:
             return None

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainthrough.lab.suite import SuiteSpec
-from trainthrough.lab.suites import core, scar, ttf
+from trainthrough.lab.suites import core, dataparallel, scar, ttf
 
 
 @dataclass(frozen=True)
@@ -21,4 +21,5 @@ SUITES: dict[str, SuiteDef] = {
     "core": SuiteDef(core.DESCRIPTION, core.build),
     "scar": SuiteDef(scar.DESCRIPTION, scar.build),
     "ttf": SuiteDef(ttf.DESCRIPTION, ttf.build),
+    "dataparallel": SuiteDef(dataparallel.DESCRIPTION, dataparallel.build),
 }

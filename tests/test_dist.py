@@ -1,0 +1,118 @@
+"""The ``dist`` engine on real gloo processes (127.0.0.1): crash, hang, re-formation, join.
+
+These start real rank processes (torch + gloo, spawn), so they take seconds each;
+timeouts are short so a broken recovery fails fast instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainthrough.config import CostModel, RunConfig
+from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.dist.controller import DistEngine
+from trainthrough.lab.runner import resolve_defaults, run_silent
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class Watch(Callback):
+    """Records events and evaluations; stops the run once ``done`` says so."""
+
+    def __init__(self, done: Any = None) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.engine: DistEngine | None = None
+        self.done = done
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        self.evals.append(record)
+        if self.done is not None and self.engine is not None and self.done(self):
+            self.engine.request_stop()
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+
+def _engine(tmp_path: Path, cb: Watch, **kw: Any) -> DistEngine:
+    cfg, w = resolve_defaults(RunConfig(paradigm="dp", engine="dist", **kw))
+    cfg.validate()
+    e = DistEngine(cfg, w, cb, str(tmp_path / "checkpoints"))
+    cb.engine = e
+    return e
+
+
+def test_crash_in_allreduce_reform_rejoin_and_reach_the_target(tmp_path: Path) -> None:
+    target = 0.3
+    # Run until the target is reached *and* the replacement has joined (its process
+    # needs a few seconds to start), then compare with sim step by step.
+    cb = Watch(lambda w: bool(w.of("rank-joined")) and w.evals[-1]["metric"] <= target
+               and w.evals[-1]["ranks"] == 4)
+    e = _engine(tmp_path, cb, strategy="rollback", target=target, stop_at_target=False,
+                max_iterations=4000, wall_limit=150, cost=CostModel(timeout_seconds=3),
+                failures=["rank=1@iter=10,phase=allreduce:2"])
+    r = e.run()
+    x = r.extras
+    assert r.converged and r.failures == 1
+    assert x["detection_seconds"][0] < 1.0, x["detection_seconds"]
+    assert x["reform_seconds"][0] < 2.0, x["reform_seconds"]
+    rec = r.recoveries[0]
+    assert rec.action == "mini-batch-rollback" and rec.perturbation_norm == 0.0
+    assert rec.failed == ["rank1"] and rec.at_iteration == 10
+    # The group grew back to N and every replica holds the same bits.
+    assert x["ranks_min"] == 3 and x["ranks_final"] == 4 and x["ranks_joined"] == 1
+    assert cb.of("rank-joined")[0]["slots"] == [1] and x["replicas_identical"]
+    assert all(p.exitcode is not None for p in e.procs.started)
+    # Same math as sim: rollback keeps the global batch, so at every logical step the
+    # model is the failure-free one (up to float summation order across processes).
+    last = max(ev["logical_iteration"] for ev in cb.evals)
+    sim = Watch()
+    run_silent(RunConfig(paradigm="dp", strategy="rollback", max_iterations=last, eval_every=1,
+                         stop_at_target=False), sim)
+    ref = {ev["iteration"]: ev["metric"] for ev in sim.evals}
+    for ev in cb.evals:
+        assert ev["metric"] == pytest.approx(ref[ev["logical_iteration"]], rel=1e-4, abs=1e-5)
+
+
+def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path) -> None:
+    cb = Watch()
+    e = _engine(tmp_path, cb, strategy="checkpoint-restart", checkpoint_every=10,
+                max_iterations=40, stop_at_target=False, cost=CostModel(timeout_seconds=2.0),
+                failures=["rank=3@iter=15,phase=allreduce:1,mode=hang"])
+    r = e.run()
+    x = r.extras
+    assert r.failures == 1 and x["restarts"] == 1
+    # Detected when the collective timed out, not before, and not much after.
+    assert 1.9 <= x["detection_seconds"][0] < 3.0, x["detection_seconds"]
+    rec = r.recoveries[0]
+    assert rec.action == "rollback-all" and rec.restored_from == 10
+    # The hung process was SIGKILLed; the restarted group has all four ranks again.
+    assert all(p.exitcode is not None for p in e.procs.started)
+    assert x["ranks_final"] == 4 and x["replicas_identical"]
+    # Steps 11..14 were lost; the 15th attempt counts as executed (as in sim).
+    assert x["logical_iterations"] == 40 - 1 - 4 and r.updates_lost == 4 * 4
+    assert r.checkpoints >= 3 and {"failure", "detection", "recovery"} <= {
+        ev["type"] for ev in cb.events}
+
+
+def test_bad_dist_input_exits_2(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    cases = [(["--engine", "dist"], "--paradigm dp"),
+             (["--engine", "dist", "--paradigm", "dp", "--strategy", "rollback", "--fail",
+               "rank=1@iter=5,phase=recovery"], "dist engine"),
+             (["--engine", "dist", "--paradigm", "dp", "--strategy", "rollback", "--fail",
+               "rank=7@iter=5"], "rank 7"),
+             (["--engine", "dist", "--paradigm", "dp", "--strategy", "scar"], "parameter-server"),
+             (["--engine", "dist", "--paradigm", "dp", "--workload", "mf",
+               "--strategy", "rollback"], "data-parallel")]
+    for i, (args, words) in enumerate(cases):
+        out = tmp_path / f"r{i}"
+        r = cli("run", *args, "--quiet", "--out", str(out))
+        assert r.code == 2, (args, r.err)
+        assert words in r.err and len(r.err.strip().splitlines()) == 1, r.err
+        assert not out.exists()
