@@ -97,7 +97,11 @@ class DistEngine:
             self.rec.start(range(self.cfg.ranks), "fresh", attempt=0, executed=0)
             self._loop()
         finally:
+            for p, _ in self.rec.joiners:  # warm replacements that never got to join
+                self.procs.kill(p)
             self.procs.shutdown()
+        for event, blob in self.events.drain():  # the last words of the last ranks
+            self._on_event(event, blob)
         return self._finish()
 
     def _loop(self) -> None:

@@ -104,7 +104,7 @@ def post(store: dist.Store, event: dict[str, Any], blob: bytes | None = None) ->
     """
     i = store.add("evq", 1) - 1
     if blob is not None:
-        store.set(f"blob/{i}", blob)
+        store.set(f"blob/{i}", blob)  # type: ignore[arg-type]  # bytes are accepted as is
         event = {**event, "blob": f"blob/{i}"}
     event.setdefault("t", time.time())
     put(store, f"evq/{i}", event)

@@ -178,8 +178,8 @@ class DistRecovery:
         victims = [e for e in self.fail_events if e["ids"][0] in failed]
         self.fail_events = [e for e in self.fail_events if e not in victims]
         phase = victims[0]["phase_kind"] if victims else "boundary"
-        died = [procs.current[s].died_at for s in failed if procs.current[s].died_at]
-        t_fail = victims[0]["t"] if victims else min(died, default=now)
+        died = [t for s in failed if (t := procs.current[s].died_at) is not None]
+        t_fail = float(victims[0]["t"]) if victims else min(died, default=now)
         t_detect = min((r.t for r in errors), default=now)
         self.t_detect = t_detect
         self.detections.append(t_detect - t_fail)

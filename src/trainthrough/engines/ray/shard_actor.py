@@ -158,35 +158,25 @@ class ShardActor:
         return version
 
     def _forward_loop(self) -> None:
+        """Forward queued pushes in order. When the successor dies the driver rewires
+        the chain; the push is retried (for up to 2 s) to whoever the successor is
+        then, and the successor's dedup makes a repeat harmless."""
+        import time
+
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            succ = self.successor
-            if succ is None:
-                continue
-            try:
-                ray.get(succ.push.remote(*item))
-                self.forwarded += 1
-            except ray.exceptions.RayError:
-                # The successor died: the chain will be rewired; pushes queued for it
-                # are resent to the new successor by the retry below.
-                self._requeue(item)
-
-    def _requeue(self, item: tuple[int, int, Tensors, float]) -> None:
-        import time
-
-        for _ in range(200):
-            time.sleep(0.01)
-            succ = self.successor
-            if succ is None:
-                return
-            try:
-                ray.get(succ.push.remote(*item))
-                self.forwarded += 1
-                return
-            except ray.exceptions.RayError:
-                continue
+            for _ in range(200):
+                succ = self.successor
+                if succ is None:
+                    break  # this replica is the tail now: nothing to forward
+                try:
+                    ray.get(succ.push.remote(*item))
+                    self.forwarded += 1
+                    break
+                except ray.exceptions.RayError:
+                    time.sleep(0.01)
 
     # -- checkpoints (the shard writes its own; the driver only says when) ---------
     def checkpoint(self, url: str, keep: int, step: int, asynchronous: bool) -> dict[str, Any]:

@@ -35,10 +35,10 @@ ELASTIC = ("keep-global", "keep-local")
 COST = CostModel(compute_scale=10.0, detection_seconds=0.03, reform_seconds=0.3,
                  restart_seconds=3.0, replace_seconds=1.0)
 # workload -> (L committed steps, checkpoint interval, 1-failure step, 3-failure steps)
-FULL = {"cnn": (300, 50, (125,), (60, 175, 240)),
-        "mlr": (600, 100, (250,), (120, 350, 480))}
-QUICK = {"cnn": (200, 50, (75,), (60, 125, 190)),
-         "mlr": (400, 100, (150,), (120, 250, 380))}
+FULL = {"cnn": (250, 50, (125,), (60, 125, 190)),
+        "mlr": (600, 100, (250,), (120, 250, 380))}
+QUICK = {"cnn": (100, 25, (37,), (5, 37, 70)),
+         "mlr": (400, 100, (150,), (20, 150, 280))}
 
 
 def failure_trace(strategy: str, steps: tuple[int, ...], phase: str, every: int
