@@ -85,7 +85,7 @@ class RunConfig:
     max_lag: int = 64  #: chain-async: pushes the head may run ahead of its successor
     coordinator: str = "ray"  #: ray (named actor) or zookeeper
     zookeeper_hosts: str | None = None  #: host:port of ZooKeeper (coordinator=zookeeper)
-    merge_rule: str = "scaled"  #: stateless backlog: sum, mean, scaled, staleness
+    merge_rule: str = "mean"  #: stateless backlog: sum, mean, scaled (paper), staleness
     merge_threshold: int = 50  #: stateless 'scaled': backlog size that keeps full steps
     backlog: int = 256  #: stateless: buffered updates per shard before merging oldest
     wall_limit: float | None = None  #: real engines: stop after this many seconds

@@ -3,8 +3,9 @@
 A chain is an ordered list of live replica ids: the head takes writes, the tail
 serves reads in sync mode. On a death the chain *closes over* the dead replica
 (its predecessor's successor becomes its successor); a dead head promotes its
-successor with no rollback; a replacement joins at the tail after copying state
-from a live replica. The coordinator reports membership; the engine rewires actors
+successor with no rollback; a replacement joins at the tail after copying the
+tail's state (atomically with respect to pushes, so with FIFO forwarding it misses
+nothing in sync or async mode). The coordinator reports membership; the engine rewires actors
 as these functions say.
 """
 
@@ -47,11 +48,3 @@ def on_join(members: tuple[str, ...], new: str) -> ChainChange:
     grown = members + (new,)
     rewire = ((members[-1], new),) if members else ()
     return ChainChange(grown, None, rewire)
-
-
-def copy_source(members: tuple[str, ...], sync: bool) -> str:
-    """Which live replica a newcomer copies from: the tail under sync replication
-    (it has every acknowledged update), the head under async (it is the freshest)."""
-    if not members:
-        raise ValueError("no live replica to copy from")
-    return members[-1] if sync else members[0]

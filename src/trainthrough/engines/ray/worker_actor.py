@@ -198,13 +198,14 @@ class WorkerActor:
         items = self._backlogs[i].drain()
         if not items:
             return
-        plan = merge_plan([len(items) - k - 1 for k in range(len(items))], self.s["merge_rule"],
-                          self.s["merge_threshold"])
+        plan = merge_plan([c for _, _, c in items], [len(items) - k - 1 for k in range(len(items))],
+                          self.s["merge_rule"], self.s["merge_threshold"])
         for d in plan:
+            update, _, count = items[d.index]
             self.seq += 1
             try:
-                ray.get(handle.push.remote(self.worker.worker_id, self.seq, items[d.index][0],
+                ray.get(handle.push.remote(self.worker.worker_id, self.seq, update,
                                            self.s["scale"] * d.scale))
                 self.pushes += 1
             except ray.exceptions.RayError:
-                self._backlogs[i].add(items[d.index][0], 0, _add)
+                self._backlogs[i].add(update, 0, _add, count)

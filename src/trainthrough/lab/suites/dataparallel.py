@@ -37,7 +37,7 @@ COST = CostModel(compute_scale=10.0, detection_seconds=0.03, reform_seconds=0.3,
 # workload -> (L committed steps, checkpoint interval, 1-failure step, 3-failure steps)
 FULL = {"cnn": (250, 50, (125,), (60, 125, 190)),
         "mlr": (600, 100, (250,), (120, 250, 380))}
-QUICK = {"cnn": (100, 25, (37,), (5, 37, 70)),
+QUICK = {"cnn": (80, 20, (30,), (4, 30, 56)),
          "mlr": (400, 100, (150,), (20, 150, 280))}
 
 
