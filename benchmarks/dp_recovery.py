@@ -33,17 +33,28 @@ from trainthrough.workloads import make_workload
 STRATEGIES = ("rollback", "lossy-forward", "checkpoint-restart")
 
 
-class _Evals(Callback):
+class _Record(Callback):
     def __init__(self) -> None:
         self.evals: list[dict[str, Any]] = []
+        self.failures: list[float] = []
 
     def after_eval(self, record: dict[str, Any]) -> None:
         self.evals.append(record)
 
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event["type"] == "failure":
+            self.failures.append(float(event["sim_seconds"]))
+
 
 def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
          cost: CostModel) -> dict[str, Any]:
-    """One run to exactly ``steps`` committed steps; training seconds and the summary."""
+    """One run to exactly ``steps`` committed steps.
+
+    Returns its training seconds (first to last evaluation), its own step time (the
+    median over evaluation intervals that hold no failure and lost no attempt), the
+    overhead (training seconds minus ``steps`` such steps) and the summary. Using the
+    run's own step time keeps machine-load swings between runs out of the overhead.
+    """
     specs, extra = failure_trace(strategy, (every + every // 2,), "allreduce:1", every) \
         if fail else ([], 0)
     cfg = RunConfig(workload="mlr", paradigm="dp", engine=engine, strategy=strategy, ranks=4,
@@ -51,11 +62,20 @@ def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
                     max_iterations=steps + extra, eval_every=10, checkpoint_every=every,
                     failures=specs, cost=cost)
     cfg.validate()
-    cb = _Evals()
+    cb = _Record()
     s = run_silent(cfg, cb)
     assert s["logical_iterations"] == steps, (strategy, s["logical_iterations"])
     clock = "wall_seconds" if engine == "dist" else "sim_seconds"
-    return {"seconds": cb.evals[-1][clock] - cb.evals[0][clock], "summary": s}
+    rates = []
+    for a, b in zip(cb.evals, cb.evals[1:]):
+        dl = b["logical_iteration"] - a["logical_iteration"]
+        clean = dl > 0 and dl == b["iteration"] - a["iteration"] and not any(
+            a["sim_seconds"] <= t <= b["sim_seconds"] for t in cb.failures)
+        if clean:
+            rates.append((b[clock] - a[clock]) / dl)
+    seconds = cb.evals[-1][clock] - cb.evals[0][clock]
+    step = statistics.median(rates)
+    return {"seconds": seconds, "step": step, "overhead": seconds - steps * step, "summary": s}
 
 
 def main() -> None:
@@ -71,18 +91,18 @@ def main() -> None:
                 for _ in range(args.repeats)]
         hit = [_run("dist", strategy, args.steps, args.every, True, dist_cost)
                for _ in range(args.repeats)]
-        t_free = statistics.median(r["seconds"] for r in free)
-        t_hit = statistics.median(r["seconds"] for r in hit)
-        s = hit[len(hit) // 2]["summary"]
-        step = t_free / args.steps
+        noise = statistics.median(r["overhead"] for r in free)
+        mid = sorted(hit, key=lambda r: r["overhead"])[len(hit) // 2]
+        s = mid["summary"]
         detect = s["detection_seconds"][0]
         rebuild = (s["restart_seconds"] or s["reform_seconds"])[0]
-        rows.append({"strategy": strategy, "step": step, "overhead": t_hit - t_free,
+        rows.append({"strategy": strategy, "step": mid["step"], "overhead": mid["overhead"],
                      "detect": detect, "rebuild": rebuild,
                      "blocked": s["checkpoint_blocked_seconds"] / max(1, s["checkpoints"])})
-        print(f"[dist] {strategy}: step {step * 1e3:.1f} ms, overhead {t_hit - t_free:.3f} s, "
-              f"detection {detect * 1e3:.0f} ms, {'restart' if s['restart_seconds'] else 'reform'}"
-              f" {rebuild:.3f} s", flush=True)
+        print(f"[dist] {strategy}: step {mid['step'] * 1e3:.1f} ms, overhead "
+              f"{mid['overhead']:.3f} s (failure-free run: {noise:+.3f} s), detection "
+              f"{detect * 1e3:.0f} ms, {'restart' if s['restart_seconds'] else 'reform'} "
+              f"{rebuild:.3f} s", flush=True)
     w = make_workload("mlr")
     print(f"\n{'strategy':<20}{'dist overhead':>14}{'detect+rebuild':>15}{'lost work':>11}"
           f"{'model lost':>11}{'lost (steps)':>13}{'model':>7}{'sim overhead':>14}"
@@ -105,6 +125,7 @@ def main() -> None:
                              storage_bandwidth=1e12, replace_seconds=0.0)
         sim = (_run("sim", r["strategy"], args.steps, args.every, True, sim_cost)["seconds"]
                - _run("sim", r["strategy"], args.steps, args.every, False, sim_cost)["seconds"])
+
         print(f"{r['strategy']:<20}{r['overhead']:>13.3f}s{fixed:>14.3f}s{lost:>10.3f}s"
               f"{model_lost:>10.3f}s{lost / step:>13.1f}{model_lost / step:>7.1f}"
               f"{sim:>13.3f}s{model_total:>11.3f}s")

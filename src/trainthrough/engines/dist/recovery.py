@@ -184,8 +184,11 @@ class DistRecovery:
         self.t_detect = t_detect
         self.detections.append(t_detect - t_fail)
         # With no survivor, the victims' own last words say how far the run got.
+        # An interrupted attempt counts as executed (as in sim); one not begun does not.
         executed = max([r.executed for r in reports.values()]
-                       + [int(e["iteration"]) for e in victims], default=self.e.iteration)
+                       + [int(e["iteration"]) + (e["phase"] != "boundary") for e in victims],
+                       default=self.e.iteration)
+        at_iteration = min((int(e["iteration"]) for e in victims), default=executed)
         logical = max([r.logical for r in reports.values()]
                       + [int(e["logical"]) for e in victims], default=self.e.logical)
         nb = self.e.cfg.allreduce_buckets
@@ -194,10 +197,10 @@ class DistRecovery:
         applied = sum(r.applied for r in errors)
         d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
                                             done, applied, self.e.result.checkpoints > 0))
-        self.e.emit({"type": "detection", "iteration": executed,
+        self.e.emit({"type": "detection", "iteration": at_iteration,
                      "failed": [f"rank{i}" for i in failed],
                      "detection_seconds": t_detect - t_fail, "survivors": survivors})
-        rec = {"failed": failed, "iteration": executed, "logical": logical, "t_fail": t_fail,
+        rec = {"failed": failed, "iteration": at_iteration, "logical": logical, "t_fail": t_fail,
                "t_detect": t_detect, "action": d.action.value, "phase": phase}
         self.open.append(rec)
         if d.action is RecoveryAction.ROLLBACK_ALL:

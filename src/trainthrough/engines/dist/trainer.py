@@ -156,8 +156,9 @@ class Trainer:
         return "done"
 
     def _step(self, g: Group) -> float:
-        inj = self.inj
-        inj.strike("boundary", self.executed, self.logical)
+        # Failure triggers count attempts made *before* this one, as sim does.
+        inj, before = self.inj, self.executed
+        inj.strike("boundary", before, self.logical)
         self.executed += 1
         d = self.elastic.decide(g.size)
         rows, nxt = self.stream.take(self.cursor, d.global_batch)
@@ -166,22 +167,22 @@ class Trainer:
         mine = shares[self.slot]
         half = len(mine) // 2
         contribs = self.replica.gradients(self.logical, mine[:half])
-        inj.strike("forward", self.executed, self.logical)
+        inj.strike("forward", before, self.logical)
         contribs += self.replica.gradients(self.logical, mine[half:])
-        inj.strike("backward", self.executed, self.logical)
+        inj.strike("backward", before, self.logical)
         local = torch.zeros(self.replica.layout.numel)
         for _, grad in contribs:  # in micro-batch order
             local.add_(grad)
         fl = self.flight = InFlight(shares, d.lr_scale, nxt, local,
                                     torch.full_like(local, float("nan")))
         for b in self.buckets:
-            inj.strike(f"allreduce:{b.index}", self.executed, self.logical)
+            inj.strike(f"allreduce:{b.index}", before, self.logical)
             s = g.reduce_bucket(local[b.start:b.stop], "allreduce", b.index)
             fl.reduced[b.start:b.stop] = s / len(micro) if self.w.aggregate == "mean" else s
             fl.buckets_done = b.index + 1
         if self.snapshots:  # to undo an update a failure cuts short
             fl.snapshot = self.replica.state()
-        inj.strike("update", self.executed, self.logical)
+        inj.strike("update", before, self.logical)
         self.replica.apply(fl.reduced, d.lr_scale)
         fl.applied = True
         ctl = float(self.store.add("ctl", 0)) if g.rank == 0 else 0.0

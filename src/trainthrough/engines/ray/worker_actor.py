@@ -198,6 +198,13 @@ class WorkerActor:
         items = self._backlogs[i].drain()
         if not items:
             return
+        if self.s["merge_rule"] == "mean":
+            # One step of the usual size: push the sum once, scaled by 1/count (many
+            # tiny steps would cost one round trip each and, under Adam, not be equal).
+            total = {n: v.clone() for n, v in items[0][0].items()}
+            for update, _, _ in items[1:]:
+                total = _add(total, update)
+            items = [(total, 0, sum(c for _, _, c in items))]
         plan = merge_plan([c for _, _, c in items], [len(items) - k - 1 for k in range(len(items))],
                           self.s["merge_rule"], self.s["merge_threshold"])
         for d in plan:
