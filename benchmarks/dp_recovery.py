@@ -50,10 +50,11 @@ def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
          cost: CostModel) -> dict[str, Any]:
     """One run to exactly ``steps`` committed steps.
 
-    Returns its training seconds (first to last evaluation), its own step time (the
-    median over evaluation intervals that hold no failure and lost no attempt), the
-    overhead (training seconds minus ``steps`` such steps) and the summary. Using the
-    run's own step time keeps machine-load swings between runs out of the overhead.
+    Returns its training seconds (first to last evaluation), its own step time and
+    the overhead: for a failure-free run, training seconds minus ``steps`` steps (the
+    noise floor); with a failure, the time of the window around it minus the
+    committed progress made in it, at the step time measured right around it. Using
+    the run's own, local step time keeps machine-load swings out of the overhead.
     """
     specs, extra = failure_trace(strategy, (every + every // 2,), "allreduce:1", every) \
         if fail else ([], 0)
@@ -66,16 +67,30 @@ def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
     s = run_silent(cfg, cb)
     assert s["logical_iterations"] == steps, (strategy, s["logical_iterations"])
     clock = "wall_seconds" if engine == "dist" else "sim_seconds"
-    rates = []
-    for a, b in zip(cb.evals, cb.evals[1:]):
-        dl = b["logical_iteration"] - a["logical_iteration"]
-        clean = dl > 0 and dl == b["iteration"] - a["iteration"] and not any(
-            a["sim_seconds"] <= t <= b["sim_seconds"] for t in cb.failures)
-        if clean:
-            rates.append((b[clock] - a[clock]) / dl)
-    seconds = cb.evals[-1][clock] - cb.evals[0][clock]
-    step = statistics.median(rates)
-    return {"seconds": seconds, "step": step, "overhead": seconds - steps * step, "summary": s}
+    ev = cb.evals
+    rates = [(b[clock] - a[clock]) / (b["logical_iteration"] - a["logical_iteration"])
+             for a, b in zip(ev, ev[1:])
+             if 0 < b["logical_iteration"] - a["logical_iteration"] == b["iteration"] - a["iteration"]
+             and not any(a["sim_seconds"] <= t <= b["sim_seconds"] for t in cb.failures)]
+    seconds = ev[-1][clock] - ev[0][clock]
+    if not cb.failures:
+        step = statistics.median(rates)
+        return {"seconds": seconds, "step": step, "overhead": seconds - steps * step,
+                "summary": s}
+    # The window from the last evaluation before the failure to the first one after the
+    # run is back to normal steps, priced at the step time measured just around it.
+    t = cb.failures[0]
+    i = max(k for k, e in enumerate(ev) if e["sim_seconds"] < t)
+    j = next(k for k in range(i + 1, len(ev) - 1)
+             if ev[k + 1]["iteration"] - ev[k]["iteration"]
+             == ev[k + 1]["logical_iteration"] - ev[k]["logical_iteration"] > 0)
+    near = [(b[clock] - a[clock]) / (b["logical_iteration"] - a["logical_iteration"])
+            for a, b in [*zip(ev[max(0, i - 3):i], ev[max(1, i - 2):i + 1]),
+                         *zip(ev[j:j + 3], ev[j + 1:j + 4])]]
+    step = statistics.median(near)
+    a, b = ev[i], ev[j]
+    over = (b[clock] - a[clock]) - (b["logical_iteration"] - a["logical_iteration"]) * step
+    return {"seconds": seconds, "step": step, "overhead": over, "summary": s}
 
 
 def main() -> None:

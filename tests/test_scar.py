@@ -47,12 +47,15 @@ def test_row_change_is_a_per_row_norm() -> None:
     assert row_change(a, torch.zeros(2, 2)).tolist() == [5.0, 0.0]
 
 
-@pytest.mark.parametrize("every,fraction,period", [(50, 0.25, 12), (50, 0.02, 1), (10, 1.0, 10)])
-def test_prioritized_policy_period(every: int, fraction: float, period: int) -> None:
+@pytest.mark.parametrize("every,fraction,period", [(50, 0.25, 12), (50, 0.02, 1), (10, 1.0, 10),
+                                                   (5, 0.25, 1)])
+def test_prioritized_policy_period_and_bytes_per_interval(every: int, fraction: float,
+                                                          period: int) -> None:
     p = PrioritizedEvery(every, fraction)
     saves = [i for i in range(1, 101) if p.decide(i)]
     assert saves[:2] == [period, 2 * period]
-    assert p.decide(period).fraction == fraction  # type: ignore[union-attr]
+    # Each save writes period/N of a full checkpoint: one full checkpoint per N.
+    assert p.decide(period).fraction == period / every  # type: ignore[union-attr]
 
 
 def _engine(strategy: str, **kw) -> SimEngine:  # noqa: ANN003

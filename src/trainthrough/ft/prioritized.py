@@ -22,7 +22,12 @@ INDEX_BYTES = 4  # row indices are stored as int32
 
 
 class PrioritizedEvery:
-    """Decide a partial save of fraction ``r`` every ``max(1, round(r * N))`` iterations."""
+    """Decide a partial save every ``p = max(1, round(r * N))`` iterations.
+
+    The fraction each save may write is ``p / N``, not ``r``: ``r * N`` is rarely a
+    whole number, and writing ``r`` every ``p`` iterations would write more (or less)
+    than one full checkpoint per ``N`` (with N=5 and r=0.25, p=1: 25% more).
+    """
 
     def __init__(self, every: int, fraction: float, rule: str = "largest-change",
                  asynchronous: bool = False) -> None:
@@ -30,9 +35,9 @@ class PrioritizedEvery:
             raise ValueError(f"checkpoint fraction must be in (0, 1] (got {fraction})")
         if rule not in RULES:
             raise ValueError(f"selection rule must be one of {', '.join(RULES)} (got {rule!r})")
-        self.fraction = fraction
         self.rule = rule
         self.period = max(1, round(fraction * every))
+        self.fraction = min(1.0, self.period / every)
         self.asynchronous = asynchronous
 
     def decide(self, iteration: int) -> CheckpointDecision | None:

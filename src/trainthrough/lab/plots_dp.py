@@ -36,7 +36,8 @@ def plot_tradeoff(measures: list[dict[str, Any]], out: Path) -> Path:
         ax.set_xlabel("runtime overhead vs failure-free (%)")
         ax.set_ylabel("accuracy loss vs failure-free (points)")
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=c, marker="o", ls="", label=s) for s, c in colors.items()]
+    handles = [Line2D([], [], color=c, marker="D" if s == "checkpoint-restart" else "o", ls="",
+                      label=s) for s, c in colors.items()]
     handles += [Line2D([], [], color="0.3", marker=mk, ls="", mfc="none", label=e)
                 for e, mk in _MARKERS.items()]
     handles += [Line2D([], [], color="0.3", marker="o", ls="", mfc="none", label="1 failure"),
