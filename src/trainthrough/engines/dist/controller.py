@@ -100,18 +100,14 @@ class DistEngine:
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
                 self.procs.kill(p)
             self.procs.shutdown()
-        for event, blob in self.events.drain():  # the last words of the last ranks
-            self._on_event(event, blob)
+        self.pump()  # the last words of the last ranks
         return self._finish()
 
     def _loop(self) -> None:
         idle_since = time.time()
         stall = max(90.0, 6 * self.cfg.cost.timeout_seconds)
         while True:
-            progressed = False
-            for event, blob in self.events.drain():
-                self._on_event(event, blob)
-                progressed = True
+            progressed = self.pump()
             progressed = self.rec.tick() or progressed
             if self.rec.finished():
                 return
@@ -125,6 +121,13 @@ class DistEngine:
                 raise RuntimeError(f"dist engine: no progress for {stall:.0f} s "
                                    f"(state {self.rec.state}); giving up")
             time.sleep(TICK)
+
+    def pump(self) -> bool:
+        """Handle every event the ranks posted so far; returns whether there were any."""
+        events = self.events.drain()
+        for event, blob in events:
+            self._on_event(event, blob)
+        return bool(events)
 
     def request_stop(self) -> None:
         """Every member stops after the same step (see protocol.py, ``ctl``)."""

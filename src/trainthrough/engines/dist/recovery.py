@@ -164,6 +164,9 @@ class DistRecovery:
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
+        # A victim posts its failure before it dies, and survivors report after: drain
+        # once more, so the failure event is in even if it came within this tick.
+        self.e.pump()
         now = time.time()
         procs = self.e.procs
         self.first_sign = None

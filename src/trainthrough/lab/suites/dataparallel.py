@@ -35,8 +35,8 @@ ELASTIC = ("keep-global", "keep-local")
 COST = CostModel(compute_scale=10.0, detection_seconds=0.03, reform_seconds=0.3,
                  restart_seconds=3.0, replace_seconds=1.0)
 # workload -> (L committed steps, checkpoint interval, 1-failure step, 3-failure steps)
-FULL = {"cnn": (250, 50, (125,), (60, 125, 190)),
-        "mlr": (600, 100, (250,), (120, 250, 380))}
+FULL = {"cnn": (160, 40, (60,), (8, 60, 112)),
+        "mlr": (400, 100, (150,), (20, 150, 280))}
 QUICK = {"cnn": (80, 20, (30,), (4, 30, 56)),
          "mlr": (400, 100, (150,), (20, 150, 280))}
 
