@@ -7,7 +7,11 @@ The lab adds the baseline-dependent fields (``baseline_iterations_to_target``,
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainthrough.config import RunConfig
+    from trainthrough.workloads.base import Workload
 
 
 @dataclass
@@ -56,3 +60,27 @@ class RunResult:
         extras = d.pop("extras")
         d.update(extras)
         return d
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a run stops and what it aims at: the config's values, else the workload's."""
+
+    target: float
+    max_iterations: int
+    eval_every: int
+
+
+def limits(cfg: RunConfig, workload: Workload) -> Limits:
+    """Resolve a run's target and budgets (the runner already filled them into ``cfg``;
+    engines built directly, as benchmarks do, get the workload's defaults)."""
+    return Limits(cfg.target if cfg.target is not None else workload.default_target,
+                  cfg.max_iterations or workload.default_max_iterations,
+                  cfg.eval_every or workload.default_eval_every)
+
+
+def new_result(cfg: RunConfig, workload: Workload, engine: str, target: float) -> RunResult:
+    """An empty :class:`RunResult` for one run of ``workload`` on ``engine``."""
+    return RunResult(workload=workload.name, strategy=cfg.strategy, engine=engine, seed=cfg.seed,
+                     metric_name=workload.metric_name, target=target,
+                     direction=workload.direction)

@@ -29,7 +29,7 @@ from trainthrough.engines.dist.faults import check_specs, order_dicts, resolve_o
 from trainthrough.engines.dist.procs import Procs
 from trainthrough.engines.dist.protocol import EventReader, Plan, write_plan
 from trainthrough.engines.dist.recovery import DistRecovery
-from trainthrough.engines.result import RunResult
+from trainthrough.engines.result import RunResult, limits, new_result
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import parse, validate
 from trainthrough.ft.dp_policies import ElasticPolicy
@@ -65,11 +65,9 @@ class DistEngine:
         if cfg.cost.timeout_seconds <= 0:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
         self.orders = resolve_orders(specs, cfg.ranks, cfg.seed)
-        self.target = cfg.target if cfg.target is not None else workload.default_target
-        self.max_iter = cfg.max_iterations or workload.default_max_iterations
-        self.result = RunResult(workload=workload.name, strategy=cfg.strategy, engine="dist",
-                                seed=cfg.seed, metric_name=workload.metric_name,
-                                target=self.target, direction=workload.direction)
+        lim = limits(cfg, workload)
+        self.target, self.max_iter = lim.target, lim.max_iterations
+        self.result = new_result(cfg, workload, "dist", self.target)
         self.stopping = False
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of

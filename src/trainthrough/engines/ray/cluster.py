@@ -54,7 +54,7 @@ class RayCluster:
     """Creates and tracks the actors of one run."""
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, layout: Layout, x0: Params,
-                 spec: OptimizerSpec) -> None:
+                 spec: OptimizerSpec, aggregate: str = "mean") -> None:
         from trainthrough.engines.ray.shard_actor import ShardActor
         from trainthrough.engines.ray.worker_actor import WorkerActor
 
@@ -65,6 +65,12 @@ class RayCluster:
         self.coord = RayCoordinator(f"{self.prefix}-registry")
         self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
         self.replicas = cfg.replicas if self.mode != "none" else 1
+        # What every worker is told; a worker's own push is 1/N of a mean-aggregated step.
+        self.worker_settings = {
+            "outage": "buffer" if strategy.outage == "buffer" else "wait",
+            "merge_rule": cfg.merge_rule, "merge_threshold": cfg.merge_threshold,
+            "backlog": cfg.backlog, "read_from": "tail" if self.mode == "sync" else "head",
+            "scale": 1.0 / cfg.workers if aggregate == "mean" else 1.0}
         self.members: dict[str, Member] = {}
         self.zk: Any = None
         if cfg.coordinator == "zookeeper":
@@ -79,9 +85,8 @@ class RayCluster:
                 self.add_replica(i, join=True)
             self._rewire(i)
         self.spares: list[Member] = [self._new_shard_actor(0, "spare")]
-        self.worker_names: list[str] = []
         for w in range(cfg.workers):
-            self.worker_names.append(self.start_worker(w).name)
+            self.start_worker(w)
         # Wait until every actor answers (actor start includes importing torch).
         for m in self.members.values():
             self.activate(m)
@@ -135,15 +140,8 @@ class RayCluster:
                                                      f"shard{m.index}", ZK_SESSION_SECONDS))
 
     def start_worker(self, w: int, start_step: int = 0, incarnation: int = 0) -> Member:
-        from trainthrough.workloads import make_workload
-
-        wl = make_workload(self.cfg.workload, seed=self.cfg.seed, **self.cfg.workload_options)
-        settings = {"outage": "buffer" if self.strategy.outage == "buffer" else "wait",
-                    "merge_rule": self.cfg.merge_rule, "merge_threshold": self.cfg.merge_threshold,
-                    "backlog": self.cfg.backlog,
-                    "read_from": "tail" if self.mode == "sync" else "head",
-                    "scale": 1.0 / self.cfg.workers if wl.aggregate == "mean" else 1.0}
         name = self._name(f"w{w}")
+        settings = self.worker_settings
         h = self._worker_cls.options(name=name).remote(  # type: ignore[attr-defined]
             w, self.cfg.workload, self.cfg.workload_options, self.cfg.seed, self.cfg.workers,
             self.layout, self.coord.handle(), settings, start_step, incarnation)

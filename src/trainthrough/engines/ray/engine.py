@@ -26,7 +26,7 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.ray.cluster import Member, RayCluster, flat
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
-from trainthrough.engines.result import Recovery, RunResult
+from trainthrough.engines.result import Recovery, RunResult, limits, new_result
 from trainthrough.faults.schedule import FailureEvent, FailureSchedule
 from trainthrough.faults.spec import parse, validate
 from trainthrough.ft.strategy import resolve
@@ -54,15 +54,13 @@ class RayEngine:
         replicas = cfg.replicas if self.strategy.replication != "none" else 1
         self.sizes = {"shard": cfg.shards, "worker": cfg.workers, "replica": replicas}
         validate(self.specs, self.sizes)
-        self.target = cfg.target if cfg.target is not None else workload.default_target
-        self.max_iter = cfg.max_iterations or workload.default_max_iterations
-        self.eval_every = cfg.eval_every or workload.default_eval_every
+        lim = limits(cfg, workload)
+        self.target, self.max_iter = lim.target, lim.max_iterations
+        self.eval_every = lim.eval_every
         self.every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.policy = self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
                                                       cfg.checkpoint_rule)
-        self.result = RunResult(workload=workload.name, strategy=cfg.strategy, engine="ray",
-                                seed=cfg.seed, metric_name=workload.metric_name,
-                                target=self.target, direction=workload.direction)
+        self.result = new_result(cfg, workload, "ray", self.target)
 
     def _emit(self, event: dict[str, Any]) -> None:
         event.setdefault("wall_seconds", round(time.perf_counter() - self.t0, 4))
@@ -75,7 +73,8 @@ class RayEngine:
         self.t0 = time.perf_counter()
         cluster = None
         try:
-            cluster = RayCluster(self.cfg, self.strategy, self.layout, self.x0, self.spec)
+            cluster = RayCluster(self.cfg, self.strategy, self.layout, self.x0, self.spec,
+                                 self.w.aggregate)
             self.cb.before_run(self.cfg.to_dict())
             return self._loop(cluster)
         finally:

@@ -23,6 +23,7 @@ import torch
 
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
+from trainthrough.engines.sim.persist import Persister
 from trainthrough.ft.checkpointing import CheckpointPolicy
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.prioritized import INDEX_BYTES, row_change, select_rows
@@ -43,8 +44,7 @@ class SimCheckpointer:
         self.count = 0
         self.bytes = 0  # everything written: tensors, safetensors headers, manifests
         self.payload_bytes = 0  # tensor data only (values, optimizer state, row indices)
-        self.blocked = 0.0
-        self._pending: tuple[float, Callable[[], None]] | None = None
+        self.persist = Persister(clock, costs)
         # Prioritized bookkeeping, per shard: the values as last saved, the save that
         # holds each row's freshest copy (-1: never saved, i.e. initial values).
         self._ref = [{n: v.clone() for n, v in p.items()} for p in cluster.x0_parts]
@@ -56,12 +56,13 @@ class SimCheckpointer:
         self._saves = 0
 
     # -- saving -----------------------------------------------------------------
+    @property
+    def blocked(self) -> float:
+        return self.persist.blocked
+
     def flush_due(self) -> None:
         """Complete a background persist whose simulated write has finished."""
-        if self._pending is not None and self._pending[0] <= self.clock.now:
-            _, finish = self._pending
-            self._pending = None
-            finish()
+        self.persist.flush_due()
 
     def after_iteration(self, logical: int) -> None:
         """Finish a persist that is due, then ask the policy whether to save now."""
@@ -94,27 +95,12 @@ class SimCheckpointer:
             if tag == "prio":
                 self._prune()
 
-        if not decision.asynchronous:
-            blocked = self.costs.storage(nbytes)
-            self.clock.advance(blocked)
-            self.blocked += blocked
-            finish(blocked)
-            return
-        wait = 0.0
-        if self._pending is not None:  # never two persists at once: wait for the first
-            wait = max(0.0, self._pending[0] - self.clock.now)
-            self.clock.advance(wait)
-            self.flush_due()
-        snap = nbytes / self.costs.m.memory_bandwidth
-        self.clock.advance(snap)
-        self.blocked += wait + snap
-        self._pending = (self.clock.now + self.costs.storage(nbytes), finish)
+        self.persist.write(nbytes, decision.asynchronous, finish)
 
     def drop_pending(self) -> None:
         """A failure struck: a persist still in flight never completes."""
-        if self._pending is not None:
+        if self.persist.drop():
             self.emit({"type": "checkpoint-abandoned"})
-            self._pending = None
 
     def _meta(self) -> dict[str, Any]:
         return {"layout": self.c.layout.to_dict(), "workload": self.c.workload.name}

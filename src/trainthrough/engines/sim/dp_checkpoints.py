@@ -18,6 +18,7 @@ import torch
 from trainthrough.dp.batching import Cursor
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_group import SimGroup
+from trainthrough.engines.sim.persist import Persister
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointing import CheckpointPolicy
 
@@ -33,16 +34,15 @@ class DPCheckpointer:
         self.clock, self.costs, self.emit = clock, costs, emit
         self.count = 0
         self.bytes = 0
-        self.blocked = 0.0
-        # (simulated end of the write, writing slot, the write itself)
-        self._pending: tuple[float, int, Callable[[], None]] | None = None
+        self.persist = Persister(clock, costs)
+
+    @property
+    def blocked(self) -> float:
+        return self.persist.blocked
 
     def flush_due(self) -> None:
         """Complete a background write whose simulated time is up."""
-        if self._pending is not None and self._pending[0] <= self.clock.now:
-            finish = self._pending[2]
-            self._pending = None
-            finish()
+        self.persist.flush_due()
 
     def after_step(self, logical: int) -> None:
         """Ask the policy after a committed step; save if it says so."""
@@ -65,26 +65,11 @@ class DPCheckpointer:
                        "blocked_seconds": blocked, "async": decision.asynchronous,
                        "rank": writer.rank_id, "name": info.name})
 
-        if not decision.asynchronous:
-            blocked = self.costs.storage(nbytes)
-            self.clock.advance(blocked)
-            self.blocked += blocked
-            finish(blocked)
-            return
-        wait = 0.0
-        if self._pending is not None:  # never two writes at once: wait for the first
-            wait = max(0.0, self._pending[0] - self.clock.now)
-            self.clock.advance(wait)
-            self.flush_due()
-        snap = nbytes / self.costs.m.memory_bandwidth
-        self.clock.advance(snap)
-        self.blocked += wait + snap
-        self._pending = (self.clock.now + self.costs.storage(nbytes), writer.rank_id, finish)
+        self.persist.write(nbytes, decision.asynchronous, finish, owner=writer.rank_id)
 
     def rank_failed(self, slot: int) -> None:
         """A write in flight from ``slot`` dies with it."""
-        if self._pending is not None and self._pending[1] == slot:
-            self._pending = None
+        if self.persist.drop(owner=slot):
             self.emit({"type": "checkpoint-abandoned", "rank": slot})
 
     def has_checkpoint(self) -> bool:
@@ -95,8 +80,7 @@ class DPCheckpointer:
 
         A write still in flight is abandoned: every rank restarts, the writer too.
         """
-        if self._pending is not None:
-            self._pending = None
+        if self.persist.drop():
             self.emit({"type": "checkpoint-abandoned"})
         if self.store is None:
             return None

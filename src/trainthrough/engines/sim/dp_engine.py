@@ -28,7 +28,7 @@ import torch
 from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import Reduced, allreduce, ring_seconds
 from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.result import RunResult
+from trainthrough.engines.result import RunResult, limits, new_result
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import DPCheckpointer
 from trainthrough.engines.sim.dp_group import SimGroup
@@ -79,12 +79,10 @@ class SimDPEngine:
         every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.ckpt = DPCheckpointer(self.g, store, self.strategy.checkpoint_policy(every),
                                    self.clock, self.costs, self._emit)
-        self.target = cfg.target if cfg.target is not None else workload.default_target
-        self.max_iter = cfg.max_iterations or workload.default_max_iterations
-        self.eval_every = cfg.eval_every or workload.default_eval_every
-        self.result = RunResult(workload=workload.name, strategy=cfg.strategy, engine="sim",
-                                seed=cfg.seed, metric_name=workload.metric_name,
-                                target=self.target, direction=workload.direction)
+        lim = limits(cfg, workload)
+        self.target, self.max_iter = lim.target, lim.max_iterations
+        self.eval_every = lim.eval_every
+        self.result = new_result(cfg, workload, "sim", self.target)
         self.recovery = SimDPRecovery(
             self.g, FailureSchedule(specs, {"rank": cfg.ranks}, cfg.seed), self.policy,
             ReplacementPolicy(cfg.replace, cfg.cost.replace_seconds), self.ckpt, self.clock,

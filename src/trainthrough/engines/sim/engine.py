@@ -21,7 +21,7 @@ import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.result import RunResult
+from trainthrough.engines.result import RunResult, limits, new_result
 from trainthrough.engines.sim.checkpoints import SimCheckpointer
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
@@ -78,12 +78,10 @@ class SimEngine:
                                             self._emit, cfg.seed)
         self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
                                     self.checkpointer, self.clock, self.costs, self._emit)
-        self.target = cfg.target if cfg.target is not None else workload.default_target
-        self.max_iter = cfg.max_iterations or workload.default_max_iterations
-        self.eval_every = cfg.eval_every or workload.default_eval_every
-        self.result = RunResult(workload=workload.name, strategy=cfg.strategy, engine="sim",
-                                seed=cfg.seed, metric_name=workload.metric_name,
-                                target=self.target, direction=workload.direction)
+        lim = limits(cfg, workload)
+        self.target, self.max_iter = lim.target, lim.max_iterations
+        self.eval_every = lim.eval_every
+        self.result = new_result(cfg, workload, "sim", self.target)
         self._wall0 = time.perf_counter()
 
     # -- hooks ------------------------------------------------------------------

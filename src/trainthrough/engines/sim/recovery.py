@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from trainthrough.engines.result import Recovery
 from trainthrough.engines.sim.checkpoints import SimCheckpointer
 from trainthrough.engines.sim.clock import Costs, VirtualClock
@@ -102,8 +100,3 @@ class SimRecovery:
                 failed.append(f"{e.kind}{i}")
             self.emit({"type": "failure", "iteration": executed, "kind": e.kind,
                        "ids": list(e.ids), "spec": e.spec, "during_recovery": during_recovery})
-
-
-def perturbation(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
-    """L2 norm of ``after - before`` over all parameters."""
-    return float(sum(((after[n] - before[n]).double() ** 2).sum() for n in before)) ** 0.5
