@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 import safetensors.torch
@@ -27,7 +26,7 @@ from trainthrough.dp.batching import Cursor, SampleStream
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.dist.faults import check_specs, order_dicts, resolve_orders
 from trainthrough.engines.dist.procs import Procs
-from trainthrough.engines.dist.protocol import EventReader, Plan, write_plan
+from trainthrough.engines.dist.protocol import EventReader, Plan, serve, write_plan
 from trainthrough.engines.dist.recovery import DistRecovery
 from trainthrough.engines.result import RunResult, limits, new_result
 from trainthrough.errors import UserError
@@ -82,8 +81,7 @@ class DistEngine:
                 run stopped making progress.
         """
         self.t0 = time.time()
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=30))
+        store, self._listener = serve(timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
         base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
                 "checkpoint_url": self.url}
@@ -98,6 +96,7 @@ class DistEngine:
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
                 self.procs.kill(p)
             self.procs.shutdown()
+            self._listener.close()
         self.pump()  # the last words of the last ranks
         return self._finish()
 

@@ -3,15 +3,13 @@
 Processes start with multiprocessing's ``spawn`` (a forked torch with initialised
 thread pools can deadlock) as daemons, so they cannot outlive a controller that
 exits normally. The only processes this module ever signals are the ones it
-started, by the PID it recorded; it never looks processes up by name.
+started, identified by pid and start time when they started
+(:mod:`trainthrough.engines.signals`); it never looks processes up by name.
 """
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +18,7 @@ import torch.distributed as dist
 
 from trainthrough.engines.dist.protocol import RankSpec, has
 from trainthrough.engines.dist.rank_main import main as rank_main
+from trainthrough.engines.signals import ProcessIdentity, identify, send
 
 
 @dataclass
@@ -32,6 +31,7 @@ class Proc:
     process: Any  # multiprocessing.Process (spawn context)
     started: float = field(default_factory=time.time)
     died_at: float | None = None
+    ident: ProcessIdentity | None = None  # None: it ended before it was identified
 
     @property
     def pid(self) -> int:
@@ -65,7 +65,7 @@ class Procs:
         proc = self.ctx.Process(target=rank_main, args=(spec,), daemon=True,
                                 name=f"trainthrough-rank{slot}.{inc}")
         proc.start()
-        p = Proc(slot, inc, mode, proc)
+        p = Proc(slot, inc, mode, proc, ident=identify(proc.pid))
         self.current[slot] = p
         self.started.append(p)
         return p
@@ -88,9 +88,8 @@ class Procs:
 
     def kill(self, p: Proc) -> None:
         """SIGKILL one process this controller started (a stopped one dies too)."""
-        if p.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGKILL)
+        if p.exitcode is None and p.ident is not None:
+            send(p.ident)
         p.process.join(timeout=5)
         if p.died_at is None:
             p.died_at = time.time()

@@ -21,6 +21,7 @@ safetensors bytes for parameters (nothing is pickled). Call order for one run:
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -76,6 +77,22 @@ class Report:
     logical: int = 0
     t: float = field(default_factory=time.time)
     error: str = ""
+
+
+def serve(timeout: float) -> tuple[dist.TCPStore, socket.socket]:
+    """The controller's store, listening on 127.0.0.1 only.
+
+    ``TCPStore`` binds its server to every interface when it opens the port itself,
+    unauthenticated; so the socket is bound to loopback here and handed over. The
+    socket is returned too: the caller keeps it open for the store's lifetime.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
+                          wait_for_workers=False, timeout=timedelta(seconds=timeout),
+                          master_listen_fd=sock.fileno())
+    return store, sock
 
 
 def connect(port: int, timeout: float) -> dist.TCPStore:

@@ -1,14 +1,20 @@
-"""The actors of one run on Ray: shard chains, workers, their pids and death watches.
+"""The actors of one run on Ray: shard chains, workers, their processes and death watches.
 
-It creates, kills (SIGKILL of the actor's process) and replaces actors and rewires
-chains as :mod:`trainthrough.ft.chain` decides. It owns no training logic.
+It creates, kills and replaces actors and rewires chains as :mod:`trainthrough.ft.chain`
+decides. It owns no training logic.
+
+Nothing here blocks on an actor that is still starting (importing torch takes
+seconds on a loaded machine): a new actor's identity (pid, node) and any set-up
+calls are pending refs that :meth:`RayCluster.ready` checks without waiting, and its
+death watch is armed at creation, so a replacement that dies before it ever served is
+seen like any other death. A kill goes through :func:`trainthrough.engines.signals.send`
+(only a live, identified descendant of this process) and otherwise through
+``ray.kill``, which targets the actor itself: never a pid that is 0 or unknown.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +25,7 @@ import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
+from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
 from trainthrough.ft.chain import on_death, on_join, successors
 from trainthrough.ft.strategy import Strategy
 from trainthrough.ps.layout import Layout
@@ -31,15 +38,22 @@ ZK_SESSION_SECONDS = 2.0
 
 @dataclass
 class Member:
-    """One actor: what it is, its handle, pid and the pending death-watch call."""
+    """One actor: what it is, its handle, process, death watch and failure record."""
 
     kind: str  # "shard" or "worker"
     index: int  # shard id or worker id
     name: str
     handle: Any
-    pid: int = 0
-    watch: Any = None
-    killed_at: float | None = None
+    proc: ProcessIdentity | None = None  # set once identified on this node
+    whoami: Any = None  # pending ref: (pid, node id)
+    setup: list[Any] = field(default_factory=list)  # refs to finish before it serves
+    watch: Any = None  # pending ``watch`` call: fails the moment the process dies
+    in_service: bool = False
+    killed_at: float | None = None  # when we killed it (or saw it die)
+    # What the driver recorded when it killed this member (for recovery records).
+    fail_iteration: int | None = None
+    before: Params | None = None
+    work_at_kill: tuple[float, float] | None = None
 
 
 @dataclass
@@ -101,7 +115,7 @@ class RayCluster:
         h = self._shard_cls.options(name=name).remote(  # type: ignore[attr-defined]
             shard, self.layout.shards[shard], self.spec,
             {n: v.clone() for n, v in self.x0_parts[shard].items()}, name, self.cfg.max_lag)
-        return Member("shard", shard, name, h)
+        return _armed(Member("shard", shard, name, h))
 
     def add_replica(self, shard: int, join: bool) -> Member:
         """A replica of ``shard`` (joined to the chain now or later).
@@ -114,8 +128,10 @@ class RayCluster:
             m = self._new_shard_actor(shard, f"s{shard}")
         else:
             m = self.spares.pop(0)
-            ray.get(m.handle.become.remote(shard, self.layout.shards[shard],
-                                           {n: v.clone() for n, v in self.x0_parts[shard].items()}))
+            # Not waited for here: activation waits until ``become`` has finished.
+            m.setup.append(m.handle.become.remote(
+                shard, self.layout.shards[shard],
+                {n: v.clone() for n, v in self.x0_parts[shard].items()}))
             m.index = shard
             self.spares.append(self._new_shard_actor(0, "spare"))
         self.members[m.name] = m
@@ -145,23 +161,50 @@ class RayCluster:
         h = self._worker_cls.options(name=name).remote(  # type: ignore[attr-defined]
             w, self.cfg.workload, self.cfg.workload_options, self.cfg.seed, self.cfg.workers,
             self.layout, self.coord.handle(), settings, start_step, incarnation)
-        m = Member("worker", w, name, h)
+        m = _armed(Member("worker", w, name, h))
         self.members[name] = m
         return m
 
+    def ready(self, m: Member) -> bool:
+        """Whether ``m`` has started and finished its set-up (never blocks).
+
+        On the first positive answer its process is identified: on this node, by
+        pid and start time, so a later kill reaches exactly this process.
+        """
+        refs = ([m.whoami] if m.whoami is not None else []) + m.setup
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if len(done) < len(refs):
+                return False
+            try:
+                ray.get(refs)
+            except ray.exceptions.RayError:
+                return False  # it died starting: its watch reports the death
+            if m.whoami is not None:
+                pid, node = ray.get(m.whoami)
+                if node == ray.get_runtime_context().get_node_id():
+                    m.proc = identify(pid)
+            m.whoami, m.setup = None, []
+        return True
+
     def activate(self, m: Member) -> None:
-        """Record the pid and arm the death watch. With ZooKeeper, replicas are watched
-        through their ephemeral nodes instead (the engine's ZooKeeper watch)."""
-        m.pid = ray.get(m.handle.pid.remote())
-        if not (self.zk is not None and m.kind == "shard"):
-            m.watch = m.handle.watch.remote()
+        """Wait until ``m`` is up (start-up only; later callers check :meth:`ready`)."""
+        ray.get([m.whoami, *m.setup] if m.whoami is not None else m.setup)
+        self.ready(m)
+        m.in_service = True
 
     # -- chains -----------------------------------------------------------------
     def _rewire(self, shard: int) -> None:
         names = tuple(self.chains[shard].members)
         for name, succ in successors(names).items():
-            h = self.members[succ].handle if succ else None
-            ray.get(self.members[name].handle.set_successor.remote(h, self.mode))
+            self._set_successor(name, succ)
+
+    def _set_successor(self, name: str, succ: str | None) -> None:
+        """Point ``name`` at ``succ``. A member that died meanwhile is skipped: its own
+        death is detected next and rewires the chain again."""
+        h = self.members[succ].handle if succ else None
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(self.members[name].handle.set_successor.remote(h, self.mode), timeout=10)
 
     def head(self, shard: int) -> Any | None:
         ms = self.chains[shard].members
@@ -179,20 +222,30 @@ class RayCluster:
         self.chains[shard].members = list(change.members)
         self.coord.leave(f"shard{shard}", dead)
         for name, succ in change.rewire:
-            h = self.members[succ].handle if succ else None
-            ray.get(self.members[name].handle.set_successor.remote(h, self.mode))
+            self._set_successor(name, succ)
         self.announce(shard)
         return not change.lost_all
 
-    def join_tail(self, m: Member) -> None:
-        """A replacement copies state from the tail and joins after it."""
+    def join_tail(self, m: Member) -> bool:
+        """A replacement copies state from the tail and joins after it.
+
+        Returns:
+            False if the tail (or the newcomer) died during the copy: nothing changed,
+            and the caller tries again once that death has been handled.
+        """
         chain = self.chains[m.index]
         change = on_join(tuple(chain.members), m.name)
         if chain.members:
-            tail = self.members[chain.members[-1]].handle
-            ray.get(tail.attach_tail.remote(m.handle, self.mode))
+            tail = self.members[chain.members[-1]]
+            if tail.killed_at is not None:
+                return False  # killed, death not seen yet: join behind its successor later
+            try:
+                ray.get(tail.handle.attach_tail.remote(m.handle, self.mode), timeout=30)
+            except (ray.exceptions.RayError, TimeoutError):
+                return False
         chain.members = list(change.members)
         self._register(m)
+        return True
 
     def join_alone(self, m: Member) -> None:
         """A restarted shard (no replication) takes its place in the registry."""
@@ -201,13 +254,18 @@ class RayCluster:
 
     # -- failures ---------------------------------------------------------------
     def kill(self, name: str) -> float:
-        """SIGKILL the actor's process (ray.kill when it is on another node)."""
+        """Kill one of this run's actors: SIGKILL of its identified process on this node,
+        else ``ray.kill`` of the actor (another node, or not identified yet)."""
         m = self.members[name]
         m.killed_at = time.perf_counter()
-        try:
-            os.kill(m.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            ray.kill(m.handle, no_restart=True)
+        delivered = False
+        if m.proc is not None:
+            with contextlib.suppress(SignalRefused):
+                send(m.proc)
+                delivered = True  # or it had already died: either way it is gone
+        if not delivered:
+            with contextlib.suppress(Exception):  # already dead is fine
+                ray.kill(m.handle, no_restart=True)
         return m.killed_at
 
     def pull(self) -> Params | None:
@@ -228,6 +286,13 @@ class RayCluster:
                 ray.kill(h, no_restart=True)
         if self.zk is not None:
             self.zk.close()
+
+
+def _armed(m: Member) -> Member:
+    """Ask a new actor who it is and arm its death watch (both run once it is up)."""
+    m.whoami = m.handle.whoami.remote()
+    m.watch = m.handle.watch.remote()
+    return m
 
 
 def flat(params: Params) -> torch.Tensor:

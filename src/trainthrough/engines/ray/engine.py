@@ -40,9 +40,8 @@ class RayEngine:
     """Runs one configuration on Ray actors."""
 
     def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
-                 checkpoint_url: str, temp_root: Any = None) -> None:
+                 checkpoint_url: str) -> None:
         self.cfg, self.w, self.cb, self.url = cfg, workload, callback, checkpoint_url
-        self.temp_root = temp_root
         self.strategy = resolve(cfg.strategy)
         spec = workload.default_optimizer
         if cfg.lr is not None:
@@ -69,7 +68,7 @@ class RayEngine:
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
-        started = ensure_ray(self.cfg.ray_address, self.temp_root)
+        started = ensure_ray(self.cfg.ray_address)
         self.t0 = time.perf_counter()
         cluster = None
         try:
@@ -100,12 +99,16 @@ class RayEngine:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}
             ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=TICK)
             for ref in ready:
-                self._on_death(watches[ref], iteration)
+                m = watches[ref]
+                m.watch = None
+                if c.zk is not None and m.kind == "shard" and m.in_service:
+                    continue  # a serving replica's death is seen through ZooKeeper
+                self._on_death(m, iteration)
             while departed:
                 name = departed.pop(0)
-                if name in c.members and c.members[name].watch is None \
-                        and name in c.chains[c.members[name].index].members:
-                    self._on_death(c.members[name], iteration)
+                m = c.members.get(name)  # type: ignore[assignment]
+                if m is not None and m.in_service and name in c.chains[m.index].members:
+                    self._on_death(m, iteration)
             now = time.perf_counter() - self.t0
             progress = self._progress()
             iteration = sum(p["step"] for p in progress.values()) // self.cfg.workers
@@ -150,7 +153,8 @@ class RayEngine:
 
     # -- observation ------------------------------------------------------------
     def _progress(self) -> dict[str, dict[str, Any]]:
-        live = [m for m in self.c.members.values() if m.kind == "worker" and m.killed_at is None]
+        live = [m for m in self.c.members.values()
+                if m.kind == "worker" and m.in_service and m.killed_at is None]
         out: dict[str, dict[str, Any]] = getattr(self, "_last_progress", {})
         refs = {m.name: m.handle.progress.remote() for m in live}
         for name, ref in refs.items():
@@ -186,6 +190,9 @@ class RayEngine:
             infos = ray.get(refs)
         except ray.exceptions.RayError:
             return  # a shard died mid-checkpoint: the previous checkpoint stays valid
+        for i in infos:  # a save that failed (now, or an earlier one in the background)
+            if i.get("error"):
+                self._emit({"type": "checkpoint-failed", "iteration": step, "message": i["error"]})
         nbytes = sum(i["bytes"] for i in infos)
         blocked = max((i["blocked"] for i in infos), default=0.0)
         self.result.checkpoints += 1
@@ -201,14 +208,14 @@ class RayEngine:
         for name in victims(self.c, e):
             m = self.c.members[name]
             before = self.c.pull() if m.kind == "shard" else None
-            t = self.c.kill(name)
+            self.c.kill(name)
             self.result.failures += 1
             self._emit({"type": "failure", "iteration": iteration, "kind": m.kind,
-                        "ids": [m.index], "member": name, "spec": e.spec})
-            m.before = before  # type: ignore[attr-defined]
-            m.kill_time = t  # type: ignore[attr-defined]
-            m.work_at_kill = self._work()  # type: ignore[attr-defined]
-            m.fail_iteration = iteration  # type: ignore[attr-defined]
+                        "ids": [m.index], "member": name, "spec": e.spec,
+                        "in_service": m.in_service})
+            m.before = before
+            m.work_at_kill = self._work()
+            m.fail_iteration = iteration
 
     def _on_death(self, m: Member, iteration: int) -> None:
         from trainthrough.engines.ray.recovery import on_death
@@ -219,9 +226,9 @@ class RayEngine:
         from trainthrough.engines.ray.recovery import activate
 
         now = time.perf_counter()
-        for p in [p for p in self.pending if p["at"] <= now]:
-            self.pending.remove(p)
-            activate(self, p, iteration, runs)
+        for p in [p for p in self.pending if p["at"] <= now and self.c.ready(p["member"])]:
+            if activate(self, p, iteration, runs):
+                self.pending.remove(p)
 
     def _measure(self) -> None:
         """Close recoveries: the time from the kill to the next update applied."""

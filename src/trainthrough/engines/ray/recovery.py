@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from trainthrough.engines.ray.cluster import Member, RayCluster
+from trainthrough.engines.ray.shard_actor import restored_step
 from trainthrough.engines.result import Recovery
 from trainthrough.faults.schedule import FailureEvent
 
@@ -31,10 +32,13 @@ def victims(c: RayCluster, e: FailureEvent) -> list[str]:
     for i in e.ids:
         if e.kind in ("shard", "replica"):
             shard, pos = (i, e.replica or 0) if e.kind == "shard" else (0, i)
-            members = c.chains[shard].members
+            # Members already killed whose death is not seen yet are not struck again.
+            members = [n for n in c.chains[shard].members if c.members[n].killed_at is None]
             if pos < len(members):
                 out.append(members[pos])
         elif e.kind == "worker":
+            # The newest incarnation: a replacement still waiting for its down time
+            # counts (a failure during recovery).
             live = [m for m in c.members.values()
                     if m.kind == "worker" and m.index == i and m.killed_at is None]
             out.extend(m.name for m in live[-1:])
@@ -42,14 +46,19 @@ def victims(c: RayCluster, e: FailureEvent) -> list[str]:
 
 
 def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
-    """React to a death seen through its failed ``watch`` call."""
+    """React to a death seen through its failed ``watch`` call (or ZooKeeper)."""
     c = eng.c
     now = time.perf_counter()
-    kill_time = getattr(m, "kill_time", None) or now
-    m.killed_at = m.killed_at or now
+    kill_time = m.killed_at or now
+    m.killed_at = kill_time
     m.watch = None
+    m.in_service = False
     eng._emit({"type": "detection", "iteration": iteration, "member": m.name,
                "kind": m.kind, "detect_seconds": now - kill_time})
+    pending = next((p for p in eng.pending if p["member"] is m), None)
+    if pending is not None:
+        _replace_pending(eng, pending, m, iteration)
+        return
     at = kill_time + eng.cfg.recovery_delay
     if m.kind == "worker":
         eng.incarnation[m.index] += 1
@@ -60,13 +69,13 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
     shard = m.index
     if c.mode != "none" and c.close_over(shard, m.name):
         record = Recovery(failed=[m.name], at_iteration=iteration, recovery_seconds=0.0,
-                          perturbation_norm=_delta(eng, getattr(m, "before", None)),
+                          perturbation_norm=_delta(eng, m.before),
                           action="failover")
         eng._emit({"type": "failover", "shard": shard, "head": c.chains[shard].members[0]})
         head = c.head(shard)
         eng.measuring.append({"handle": head, "version": _version(head),
                               "kill_time": kill_time, "record": record,
-                              "work_at_kill": getattr(m, "work_at_kill", None)})
+                              "work_at_kill": m.work_at_kill})
         warm = c.add_replica(shard, join=False)
         eng.pending.append({"kind": "replica", "member": warm, "at": at, "dead": m})
         return
@@ -77,44 +86,75 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
     eng.pending.append({"kind": "shard", "member": warm, "at": at, "dead": m})
 
 
-def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, Any]) -> None:
-    """Put a replacement in service (its down time is over)."""
+def _replace_pending(eng: RayEngine, p: dict[str, Any], m: Member, iteration: int) -> None:
+    """A replacement died before it served (killed during recovery, or it crashed
+    starting): start another for the same loss, keeping the original down time."""
+    c = eng.c
+    if m.kind == "worker":
+        eng.incarnation[m.index] += 1
+        p["member"] = c.start_worker(m.index, start_step=iteration,
+                                     incarnation=eng.incarnation[m.index])
+    else:
+        p["member"] = c.add_replica(m.index, join=False)
+    eng._emit({"type": "replacement-lost", "member": m.name, "kind": m.kind,
+               "replaced_by": p["member"].name, "for": p["dead"].name})
+
+
+def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, Any]) -> bool:
+    """Put a ready replacement in service (its down time is over).
+
+    Returns:
+        False if it could not be done now (a peer it needs died meanwhile): the
+        replacement stays pending and is tried again after that death is handled.
+    """
     c, m, dead = eng.c, p["member"], p["dead"]
-    kill_time = getattr(dead, "kill_time", None) or dead.killed_at
-    c.activate(m)
+    kill_time = dead.killed_at
     if p["kind"] == "worker":
+        m.in_service = True
         runs[m.name] = m.handle.run.remote(eng.max_iter)
         rec = Recovery([dead.name], iteration, time.perf_counter() - kill_time, 0.0,
                        action="restart-worker")
         eng.result.recoveries.append(rec)
         eng._emit({"type": "recovery", **rec.__dict__})
-        return
+        return True
     if p["kind"] == "replica":
-        c.join_tail(m)
+        if not c.join_tail(m):
+            return False
+        m.in_service = True
         eng._emit({"type": "replica-join", "shard": m.index, "member": m.name,
                    "chain": list(c.chains[m.index].members)})
-        return
+        return True
     restored = None
-    if eng.strategy.checkpoint != "none":
-        restored = ray.get(m.handle.restore.remote(eng.url))
-        if eng.strategy.recovery == "rollback-all":
-            others = [c.head(i) for i in range(eng.layout.num_shards) if i != m.index]
-            ray.get([h.restore.remote(eng.url) for h in others if h is not None])
+    try:
+        if eng.strategy.checkpoint != "none":
+            restored = restored_step(ray.get(m.handle.restore.remote(eng.url), timeout=60),
+                                     eng._emit)
+            if eng.strategy.recovery == "rollback-all":
+                others = [c.head(i) for i in range(eng.layout.num_shards) if i != m.index]
+                for got in ray.get([h.restore.remote(eng.url) for h in others if h is not None],
+                                   timeout=60):
+                    restored_step(got, eng._emit)
+    except ray.exceptions.RayError:
+        return False  # the replacement (or a peer) died restoring: its death is handled next
     if c.mode != "none":
         c.chains[m.index].members = []
-        c.join_tail(m)
+        if not c.join_tail(m):
+            return False
     else:
         c.join_alone(m)
+    m.in_service = True
     eng._emit({"type": "up", "shard": m.index, "iteration": iteration, "restored_from": restored})
     record = Recovery(failed=[dead.name],
-                      at_iteration=getattr(dead, "fail_iteration", iteration),
+                      at_iteration=dead.fail_iteration if dead.fail_iteration is not None
+                      else iteration,
                       recovery_seconds=0.0,
-                      perturbation_norm=_delta(eng, getattr(dead, "before", None)),
+                      perturbation_norm=_delta(eng, dead.before),
                       action="restore" if restored is not None else "reinit",
                       restored_from=restored)
     eng.measuring.append({"handle": m.handle, "version": _version(m.handle),
                           "kill_time": kill_time, "record": record,
-                          "work_at_kill": getattr(dead, "work_at_kill", None)})
+                          "work_at_kill": dead.work_at_kill})
+    return True
 
 
 def _version(handle: Any) -> int:

@@ -2,25 +2,79 @@
 
 ENVIRONMENT.md measured that Ray advertises the machine's external address even with
 ``_node_ip_address="127.0.0.1"``, and that ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
-made every listener bind to 127.0.0.1; usage stats are off. Ray's session files go
-under a short temp dir (Unix socket paths are limited to ~107 bytes, so the run
-folder itself is often too deep), which the run folder records.
+made every listener bind to 127.0.0.1; usage stats are off. A local cluster keeps
+Ray's default token authentication; only the warning Ray logs about it on every run
+is silenced (setting ``RAY_AUTH_MODE`` instead would have to happen before Ray is
+first imported, which the caller may already have done).
+
+Ray's session files go under a short temp dir of their own, never under the run
+folder: Unix socket paths are limited to 107 bytes and Ray nests sockets several
+levels deep, and Ray insists on an absolute path. The temp dir is removed when the
+cluster this module started shuts down.
+
+Joining a cluster (``address``) is bounded: the address is checked to accept TCP
+connections first, because ``ray.init`` against a closed port retries for minutes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import socket
 import tempfile
-from pathlib import Path
 
 from trainthrough.errors import UserError
 
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_DEDUP_LOGS": "0"}
+# Longest temp root that leaves room for Ray's nested socket paths (107-byte limit).
+_MAX_TEMP_ROOT = 40
+CONNECT_SECONDS = 3.0
+_started_temp: list[str] = []
 
 
-def ensure_ray(address: str | None = None, temp_root: Path | None = None) -> bool:
-    """Start a local Ray (or join ``address``) unless one is already up.
+def _short_temp_root() -> str | None:
+    root = tempfile.gettempdir()
+    return root if len(root) <= _MAX_TEMP_ROOT else ("/tmp" if os.path.isdir("/tmp") else None)
+
+
+def check_address(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Refuse an address that is malformed or does not accept connections.
+
+    Raises:
+        UserError: naming the address and what went wrong.
+    """
+    if address == "auto":
+        return  # Ray looks up the cluster this machine started (its own error is clear)
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise UserError(f"--ray-address {address!r} must be host:port (e.g. 127.0.0.1:6379) "
+                        "or auto")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise UserError(f"could not reach a Ray cluster at {address}: "
+                        f"{e.strerror or e} (is `ray start --head` running there?)") from None
+
+
+def _loopback_even_if_imported() -> None:
+    """Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is imported: a
+    caller that imported Ray before us (a notebook, a test module) would otherwise
+    get listeners on every interface. Measured: with the flag read late, Ray bound
+    7 ports to 0.0.0.0; with this, none."""
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
+        return  # the user chose otherwise, explicitly
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def ensure_ray(address: str | None = None) -> bool:
+    """Start a local Ray on 127.0.0.1 (or join ``address``) unless one is already up.
 
     Returns:
         True if this call started Ray (and so should shut it down).
@@ -36,24 +90,38 @@ def ensure_ray(address: str | None = None, temp_root: Path | None = None) -> boo
         return False
     for k, v in _LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
+    if not address:
+        _loopback_even_if_imported()
     try:
         if address:
+            check_address(address)
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
-            base = temp_root if temp_root and len(str(temp_root)) < 40 else None
-            tmp = tempfile.mkdtemp(prefix="ttray-", dir=base)
+            logging.getLogger("ray._private.authentication.authentication_token_setup"
+                              ).setLevel(logging.ERROR)
+            tmp = tempfile.mkdtemp(prefix="ttray-", dir=_short_temp_root())
+            _started_temp.append(tmp)
             ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=tmp,
                      num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
                      configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError) as e:
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        _remove_temp()
         where = address or "a local cluster"
+        text = str(e).strip().splitlines()
         raise UserError(f"could not start or join Ray at {where}: "
-                        f"{str(e).splitlines()[0]}") from None
+                        f"{text[0] if text else type(e).__name__}") from None
     return True
 
 
 def shutdown_ray() -> None:
+    """Shut Ray down and remove the session temp dir this module created."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    _remove_temp()
+
+
+def _remove_temp() -> None:
+    while _started_temp:  # only folders this module created itself
+        shutil.rmtree(_started_temp.pop(), ignore_errors=True)

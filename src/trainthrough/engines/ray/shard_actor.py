@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -46,7 +47,9 @@ class ShardActor:
         self._queue: queue.Queue[tuple[int, int, Tensors, float] | None] = queue.Queue(max_lag)
         self._forwarder: threading.Thread | None = None
         self._rounds: set[int] = set()
-        self._persist: threading.Thread | None = None
+        self._persist: threading.Thread | None = None  # set only once started
+        self._persist_error: str | None = None
+        self._ckpt_lock = threading.Lock()
 
     def become(self, shard_id: int, blocks: tuple[RowBlock, ...], values: Tensors) -> None:
         """Turn a warm spare into a replica of ``shard_id`` (fresh state)."""
@@ -74,6 +77,10 @@ class ShardActor:
     # -- liveness ---------------------------------------------------------------
     def pid(self) -> int:
         return os.getpid()
+
+    def whoami(self) -> tuple[int, str]:
+        """(pid, node id): the driver signals this process only if it is on its node."""
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def watch(self) -> None:
         """Never returns while the actor lives: the caller gets ActorDiedError on death."""
@@ -179,48 +186,93 @@ class ShardActor:
                     time.sleep(0.01)
 
     # -- checkpoints (the shard writes its own; the driver only says when) ---------
+    # The actor is threaded: checkpoint and restore calls may arrive together. One lock
+    # orders them, and a background persist is only ever recorded once started, so
+    # there is never a second persist while one runs, never a join of a thread that
+    # has not started, and a failed persist is reported (``error``) in the next result.
+    def _wait_persist(self) -> dict[str, str]:
+        """Wait for the background persist (caller holds ``_ckpt_lock``); its failure."""
+        if self._persist is not None:
+            self._persist.join()
+            self._persist = None
+        error, self._persist_error = self._persist_error, None
+        return {"error": error} if error else {}
+
+    def _persist_run(self, store: Any, step: int, snap: Tensors, tag: str) -> None:
+        try:
+            store.save(step, snap, {"replica": self.name}, tag=tag)
+        except Exception as e:  # reported by the next checkpoint or restore call
+            self._persist_error = f"checkpoint {tag} step {step} was not written: {e}"
+
     def checkpoint(self, url: str, keep: int, step: int, asynchronous: bool) -> dict[str, Any]:
         """Save this shard's state under tag ``shard<i>``.
 
         Sync: the lock is held while writing, so pushes block (that is the cost).
         Async: only the in-memory snapshot holds the lock; a background thread
         persists it. A persist still running is waited for first: never two at once.
+
+        Returns:
+            ``bytes`` and ``blocked`` seconds; ``error`` if this save (sync) or the
+            previous background one failed.
         """
         import time
 
         from trainthrough.ft.checkpoint import CheckpointStore
 
         t0 = time.perf_counter()
-        if self._persist is not None:
-            self._persist.join()
-        store = CheckpointStore(url, keep_last=keep)
         tag = f"shard{self.shard.shard_id}"
-        with self.lock:
-            if not asynchronous:
-                info = store.save(step, self.shard.state_dict(), {"replica": self.name}, tag=tag)
-                return {"bytes": info.nbytes, "blocked": time.perf_counter() - t0}
-            snap = clone_state(self.shard.state_dict())
-        blocked = time.perf_counter() - t0
-
-        def persist() -> None:
-            store.save(step, snap, {"replica": self.name}, tag=tag)
-
-        self._persist = threading.Thread(target=persist, daemon=True)
-        self._persist.start()
+        with self._ckpt_lock:
+            out = self._wait_persist()
+            store = CheckpointStore(url, keep_last=keep)
+            with self.lock:
+                if not asynchronous:
+                    try:
+                        nbytes = store.save(step, self.shard.state_dict(), {"replica": self.name},
+                                            tag=tag).nbytes
+                    except Exception as e:
+                        nbytes, out = 0, {"error": f"checkpoint {tag} step {step} "
+                                                   f"was not written: {e}"}
+                    return {"bytes": nbytes, "blocked": time.perf_counter() - t0, **out}
+                snap = clone_state(self.shard.state_dict())
+            blocked = time.perf_counter() - t0
+            thread = threading.Thread(target=self._persist_run, args=(store, step, snap, tag),
+                                      daemon=True)
+            thread.start()
+            self._persist = thread
         return {"bytes": sum(v.numel() * v.element_size() for v in snap.values()),
-                "blocked": blocked}
+                "blocked": blocked, **out}
 
-    def restore(self, url: str) -> int | None:
-        """Load this shard's latest valid checkpoint; return its step (None: none yet)."""
+    def restore(self, url: str) -> dict[str, Any]:
+        """Load this shard's latest valid checkpoint (after its own persist in flight).
+
+        Returns:
+            ``step``: the checkpoint's step, None if there is none valid (the shard
+            keeps its state); ``skipped``: one message per newer checkpoint that was
+            corrupt, naming it and why; ``error`` if a background persist failed.
+        """
         from trainthrough.ft.checkpoint import CheckpointStore
 
-        got = CheckpointStore(url).load_latest(tag=f"shard{self.shard.shard_id}")
-        if got is None:
-            return None
-        with self.lock:
-            self.shard.load_state_dict(got[0])
-        return got[1].step
+        skipped: list[str] = []
+        with self._ckpt_lock:
+            out = self._wait_persist()
+            # The table of applied pushes grows: only its presence is required.
+            like = {k: None if k == "applied" else v for k, v in self.shard.state_dict().items()}
+            got = CheckpointStore(url).load_latest(tag=f"shard{self.shard.shard_id}",
+                                                   on_corrupt=skipped.append, like=like)
+            if got is not None:
+                with self.lock:
+                    self.shard.load_state_dict(got[0])
+        return {"step": got[1].step if got is not None else None, "skipped": skipped, **out}
 
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.shard.version, "forwarded": self.forwarded,
                 "lag": self._queue.qsize(), "applied": dict(self.shard.applied)}
+
+
+def restored_step(result: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> int | None:
+    """Driver side of :meth:`ShardActor.restore`: emit what it skipped; return its step."""
+    for msg in result.get("skipped", []):
+        emit({"type": "checkpoint-corrupt", "message": msg})
+    if result.get("error"):
+        emit({"type": "checkpoint-failed", "message": result["error"]})
+    return result.get("step")

@@ -66,6 +66,10 @@ class WorkerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def whoami(self) -> tuple[int, str]:
+        """(pid, node id): the driver signals this process only if it is on its node."""
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
     def watch(self) -> None:
         threading.Event().wait()
 

@@ -1,0 +1,115 @@
+"""The one way the project signals a process: only a known, live descendant of ours.
+
+A failure injector that sends SIGKILL to the wrong pid is the most dangerous defect a
+fault-tolerance tool can have: ``os.kill(0, SIGKILL)`` kills the caller's whole process
+group, and a pid recorded long ago may by now belong to someone else. So every signal
+the project sends goes through :func:`send`, which acts only when all of these hold:
+
+* the target was *identified* while alive (:func:`identify`): its pid together with its
+  start time (``/proc/<pid>/stat`` field 22), so a reused pid is never mistaken for it;
+* the pid is a real process id (> 1), not this process, and not a process group;
+* the process is still the same one (same start time) and still a descendant of this
+  process (its parent chain reaches ``os.getpid()``): a process we (or a runtime we
+  started, like a local Ray) created.
+
+Anything else is refused with :class:`SignalRefused`, never delivered. Processes on
+another machine (a Ray cluster we joined) are not ours to signal: their engines stop
+them through the runtime's own API instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+
+class SignalRefused(Exception):
+    """The target is not a live descendant this project identified; nothing was sent."""
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """A process as seen when it was identified: pid plus kernel start time."""
+
+    pid: int
+    start_ticks: int
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of ``pid``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ')'.
+    rest = text[text.rfind(")") + 2:].split()
+    if len(rest) < 20 or rest[0] == "Z":  # a zombie has already died
+        return None
+    return int(rest[1]), int(rest[19])
+
+
+def identify(pid: int | None) -> ProcessIdentity | None:
+    """Identify a live process by pid (None if the pid is invalid or not alive)."""
+    if pid is None or pid <= 1:
+        return None
+    st = _stat(pid)
+    return ProcessIdentity(pid, st[1]) if st else None
+
+
+def is_descendant(pid: int) -> bool:
+    """Whether ``pid``'s parent chain reaches this process (bounded walk)."""
+    me = os.getpid()
+    cur = pid
+    for _ in range(64):
+        st = _stat(cur)
+        if st is None:
+            return False
+        parent = st[0]
+        if parent == me:
+            return True
+        if parent <= 1:
+            return False
+        cur = parent
+    return False
+
+
+def alive(ident: ProcessIdentity) -> bool:
+    """Whether the identified process still runs (same pid, same start time)."""
+    st = _stat(ident.pid)
+    return st is not None and st[1] == ident.start_ticks
+
+
+def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:
+    """Send ``sig`` to an identified descendant.
+
+    Returns:
+        True if delivered; False if the process had already ended (nothing to do).
+
+    Raises:
+        SignalRefused: the target is unidentified, is this process, or is not a
+            descendant of this process.
+    """
+    if ident is None or ident.pid <= 1:
+        raise SignalRefused("no identified process to signal (pid unknown)")
+    if ident.pid == os.getpid():
+        raise SignalRefused("refusing to signal this process itself")
+    # A pidfd pins the process: once it is open and the identity checks pass, the
+    # signal reaches that very process even if it dies and its pid is reused meanwhile.
+    try:
+        fd = os.pidfd_open(ident.pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not alive(ident):
+            return False
+        if not is_descendant(ident.pid):
+            raise SignalRefused(f"pid {ident.pid} is not a process this run started")
+        try:
+            signal.pidfd_send_signal(fd, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        os.close(fd)
