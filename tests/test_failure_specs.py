@@ -33,6 +33,11 @@ def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
     "shards=1@mtbf=0s", "shards=1@mtbf=10", "shards=1@when=3", "shards=1@iter=3,phase=lunch",
     "shards=1@iter=3,mode=explode", "shards=1@iter=3,color=red", "shards=1,1@iter=3",
     "shards@iter=3", "shards=1@iter=3,max=x",
+    # ASCII digits only: str.isdigit() and int() accept these, the language does not.
+    "shards=1@iter=\u00b2", "shards=\u00b2@iter=3", "shards=1@iter=\u0663", "shards=1@time=\u0663s",
+    "shard=any@mtbf=1s,max=200000000", "shard=any@mtbf=1s,max=0", "shards=1@iter=3,max=2",
+    "shards=1@iter=3,phase=forward,phase=update", "shards=1@time=" + "9" * 400 + "s",
+    "shards=1@iter=99999999999999999999",
 ])
 def test_malformed_specs_are_user_errors(text: str) -> None:
     with pytest.raises(UserError, match="failure spec"):
@@ -63,6 +68,26 @@ def test_mtbf_draws_are_seeded_and_capped() -> None:
     assert len(a) == 5 and a == b
     times = [e.at_time for e in a]
     assert times == sorted(times) and all(t > 0 for t in times)
+
+
+def test_mtbf_is_drawn_lazily_the_same_events_as_drawn_all_at_once() -> None:
+    # max=100000 must cost nothing up front: events are drawn as the run reaches them,
+    # and the ones it reaches are exactly the start of the full list.
+    sizes = {"shard": 8}
+    lazy = FailureSchedule(parse("shard=any@mtbf=10s,max=100000"), sizes, seed=4)
+    fired = lazy.due(0, 200.0)
+    full = FailureSchedule(parse("shard=any@mtbf=10s,max=50"), sizes, seed=4).pending
+    assert 5 < len(fired) < 50
+    assert [(e.ids, e.at_time) for e in fired] == [(e.ids, e.at_time) for e in full[:len(fired)]]
+    assert lazy.next_time() == full[len(fired)].at_time > 200.0
+    assert lazy.due(0, 200.0) == [] and lazy.fired == fired
+
+
+def test_a_random_spec_does_not_shift_other_specs_picks() -> None:
+    alone = FailureSchedule(parse("shards=50%@iter=7"), {"shard": 8}, seed=2).pending
+    mixed = FailureSchedule(parse("shard=any@mtbf=5s;shards=50%@iter=7"), {"shard": 8},
+                            seed=2).pending
+    assert [e for e in mixed if e.at_iter == 7] == alone
 
 
 def test_due_fires_once_and_respects_phase() -> None:

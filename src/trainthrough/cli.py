@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from trainthrough.config import FLOAT_TEXT, INT_TEXT, field_choices
 from trainthrough.errors import UserError
 
 
@@ -21,16 +22,25 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
-def _kv(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise UserError(f"--option {text!r} must be key=value")
-    k, v = text.split("=", 1)
-    for cast in (int, float):
-        try:
-            return k, cast(v)
-        except ValueError:
-            pass
-    return k, {"true": True, "false": False}.get(v.lower(), v)
+def _int(text: str) -> int:
+    if not INT_TEXT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    # nan and inf parse, so that validation names the field that must be finite.
+    if not FLOAT_TEXT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    return float(text)
+
+
+def _kv(text: str) -> tuple[str, str]:
+    """``key=value`` as text; typed later by the workload's signature (parse_option)."""
+    k, eq, v = text.partition("=")
+    if not eq or not k:
+        raise argparse.ArgumentTypeError(f"{text!r} must be key=value")
+    return k, v
 
 
 def _add_run(sub: Any) -> None:
@@ -41,42 +51,42 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--engine", help="engine: sim, ray or dist (dp only)")
     p.add_argument("--ray-address", dest="ray_address",
                    help="join this Ray cluster (default: start one on 127.0.0.1)")
-    p.add_argument("--recovery-delay", type=float, dest="recovery_delay",
+    p.add_argument("--recovery-delay", type=_float, dest="recovery_delay",
                    help="seconds a lost shard or worker stays down (ray)")
-    p.add_argument("--replicas", type=int, help="chain length per shard (chain strategies)")
-    p.add_argument("--coordinator", choices=["ray", "zookeeper"])
+    p.add_argument("--replicas", type=_int, help="chain length per shard (chain strategies)")
+    p.add_argument("--coordinator", choices=field_choices("coordinator"))
     p.add_argument("--zookeeper-hosts", dest="zookeeper_hosts", help="host:port")
     p.add_argument("--merge-rule", dest="merge_rule",
-                   choices=["sum", "mean", "scaled", "staleness"],
+                   choices=field_choices("merge_rule"),
                    help="stateless: how the backlog is applied")
-    p.add_argument("--merge-threshold", type=int, dest="merge_threshold")
-    p.add_argument("--wall-limit", type=float, dest="wall_limit",
+    p.add_argument("--merge-threshold", type=_int, dest="merge_threshold")
+    p.add_argument("--wall-limit", type=_float, dest="wall_limit",
                    help="real engines: stop after this many seconds")
-    p.add_argument("--paradigm", choices=["ps", "dp"],
+    p.add_argument("--paradigm", choices=field_choices("paradigm"),
                    help="ps (parameter server) or dp (data parallel, allreduce)")
-    p.add_argument("--ranks", type=int, help="dp: data-parallel ranks N")
-    p.add_argument("--elastic", choices=["keep-global", "keep-local"],
+    p.add_argument("--ranks", type=_int, help="dp: data-parallel ranks N")
+    p.add_argument("--elastic", choices=field_choices("elastic"),
                    help="dp: after a rank is lost keep the global batch, or the per-rank "
                         "batch (lr scaled)")
-    p.add_argument("--shards", type=int, help="parameter-server shards K")
-    p.add_argument("--workers", type=int, help="workers N")
-    p.add_argument("--consistency", choices=["bsp", "ssp", "async"],
+    p.add_argument("--shards", type=_int, help="parameter-server shards K")
+    p.add_argument("--workers", type=_int, help="workers N")
+    p.add_argument("--consistency", choices=field_choices("consistency"),
                    help="bsp, ssp (sim) or async (ray)")
-    p.add_argument("--staleness", type=int, help="SSP staleness bound s")
+    p.add_argument("--staleness", type=_int, help="SSP staleness bound s")
     p.add_argument("--fail", action="append", default=None,
                    help="failure spec, repeatable (e.g. 'shards=50%%@iter=230')")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
-    p.add_argument("--checkpoint-keep", type=int, dest="checkpoint_keep")
-    p.add_argument("--checkpoint-fraction", type=float, dest="checkpoint_fraction",
+    p.add_argument("--seed", type=_int)
+    p.add_argument("--checkpoint-every", type=_int, dest="checkpoint_every")
+    p.add_argument("--checkpoint-keep", type=_int, dest="checkpoint_keep")
+    p.add_argument("--checkpoint-fraction", type=_float, dest="checkpoint_fraction",
                    help="prioritized checkpoints: fraction r saved every r*N iterations")
     p.add_argument("--checkpoint-rule", dest="checkpoint_rule",
-                   choices=["largest-change", "random", "round-robin"])
+                   choices=field_choices("checkpoint_rule"))
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="path or fsspec URL")
-    p.add_argument("--max-iterations", type=int, dest="max_iterations")
-    p.add_argument("--eval-every", type=int, dest="eval_every")
-    p.add_argument("--target", type=float, help="convergence target (default: workload's)")
-    p.add_argument("--lr", type=float, help="server step size override")
+    p.add_argument("--max-iterations", type=_int, dest="max_iterations")
+    p.add_argument("--eval-every", type=_int, dest="eval_every")
+    p.add_argument("--target", type=_float, help="convergence target (default: workload's)")
+    p.add_argument("--lr", type=_float, help="server step size override")
     p.add_argument("--option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
                    help="workload option, repeatable (e.g. batch_size=64)")
     p.add_argument("--baseline", action="store_true", default=None,
@@ -91,7 +101,7 @@ def _add_compare(sub: Any) -> None:
     p = sub.add_parser("compare", help="run a suite and write results.csv, reports, plots")
     p.add_argument("--suite", default="core", help=f"one of: {', '.join(SUITES)}")
     p.add_argument("--quick", action="store_true", help="the small form of the suite")
-    p.add_argument("--seeds", type=int, help="seeds per cell (default: the suite's)")
+    p.add_argument("--seeds", type=_int, help="seeds per cell (default: the suite's)")
     p.add_argument("--out", type=Path, help="suite folder (default runs/<time>-<suite>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -107,23 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from trainthrough.config import RunConfig
+    from trainthrough.config import FLAG_FIELDS, RunConfig
     from trainthrough.lab.progress import RunProgress, console, make_progress
     from trainthrough.lab.runner import run
+    from trainthrough.workloads.options import parse_option
 
     cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
-    over = {k: getattr(args, k) for k in (
-        "workload", "strategy", "engine", "paradigm", "ranks", "elastic", "shards", "workers",
-        "consistency", "staleness",
-        "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir", "checkpoint_fraction",
-        "checkpoint_rule", "max_iterations",
-        "eval_every", "target", "lr", "baseline", "ray_address", "recovery_delay", "replicas",
-        "coordinator", "zookeeper_hosts", "merge_rule", "merge_threshold", "wall_limit")
-        if getattr(args, k) is not None}
+    over = {k: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
     if args.fail is not None:
         over["failures"] = args.fail
     if args.option:
-        over["workload_options"] = {**cfg.workload_options, **dict(args.option)}
+        workload = over.get("workload", cfg.workload)
+        over["workload_options"] = {**cfg.workload_options, **{
+            k: parse_option(workload, k, v) for k, v in args.option}}
     cfg = replace(cfg, **over)
     cfg.validate()
     out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.workload}-{cfg.strategy}"
@@ -177,8 +183,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so every ``finally`` (actors, Ray, rank
+    processes, the run folder) runs as it does for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trainthrough`` command; returns the exit code."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         args = build_parser().parse_args(argv)
         if args.command == "run":
@@ -190,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"trainthrough: error: {msg}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("trainthrough: interrupted; the run folder has no summary.json", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        print(f"trainthrough: {how}; the run folder has no summary.json", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -3,14 +3,24 @@
 Every field is documented here, and every error names the field to change. A run
 folder's ``config.toml`` is the fully resolved config and can be re-run as is
 (``trainthrough run --config runs/X/config.toml``).
+
+Validation happens in one place: each field's type comes from its annotation and
+its accepted values from the :class:`Bounds` next to its default, and
+:func:`check_fields` checks every field against both (from a TOML file, the command
+line, or code alike). :meth:`RunConfig.validate` adds only the rules that relate
+fields to each other.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import tomli_w
 
@@ -27,22 +37,160 @@ ENGINES = {"sim": "in-process, deterministic, virtual clock (the failure simulat
                    "(127.0.0.1); failures are real SIGKILL/SIGSTOP"}
 PARADIGMS = {"ps": "parameter server: K shards own the parameters, N workers push updates",
              "dp": "data parallel: N ranks each hold a replica and allreduce gradients"}
+#: Seeds end up in numpy's legacy RandomState (32 bits) and, multiplied, in torch
+#: generators (64 bits); 32 bits keep every derived seed in range.
+SEED_MAX = 2**32 - 1
+_INT64_MAX = 2**63 - 1
+# Numbers as text, ASCII only: int() and float() also take "١", " 1 " and "1_0", which
+# nobody types on purpose. nan and inf parse, so that validation can name the field.
+INT_TEXT = re.compile(r"[+-]?[0-9]+")
+FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                        r"|[+-]?(?:inf|nan)", re.IGNORECASE)
+#: Fields ``trainthrough run`` sets with a flag of the same name (``--max-iterations``);
+#: ``failures`` is ``--fail`` and ``workload_options`` is ``--option``.
+FLAG_FIELDS = (
+    "workload", "strategy", "engine", "paradigm", "ranks", "elastic", "shards", "workers",
+    "consistency", "staleness", "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir",
+    "checkpoint_fraction", "checkpoint_rule", "max_iterations", "eval_every", "target", "lr",
+    "baseline", "ray_address", "recovery_delay", "replicas", "coordinator", "zookeeper_hosts",
+    "merge_rule", "merge_threshold", "wall_limit")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number or a name accepts beyond its type."""
+
+    ge: float | None = None  #: at least
+    gt: float | None = None  #: strictly above
+    le: float | None = None  #: at most
+    choices: tuple[str, ...] = ()
+
+    def accepts(self, v: Any) -> bool:
+        if self.choices:
+            return v in self.choices
+        return ((self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
+                and (self.le is None or v <= self.le))
+
+    def describe(self) -> str:
+        if self.choices:
+            return f"one of: {', '.join(self.choices)}"
+        if self.ge is not None and self.le is not None:
+            return f"from {_num(self.ge)} to {_num(self.le)}"
+        lo = (f"at least {_num(self.ge)}" if self.ge not in (None, 0) else
+              "0 or more" if self.ge == 0 else
+              "positive" if self.gt == 0 else f"above {_num(self.gt)}" if self.gt is not None
+              else "")
+        hi = f"at most {_num(self.le)}" if self.le is not None else ""
+        return " and ".join(p for p in (lo, hi) if p)
+
+
+def _num(x: float | None) -> str:
+    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+
+
+def _f(default: Any = None, *, factory: Callable[[], Any] | None = None, **bounds: Any) -> Any:
+    """A dataclass field with :class:`Bounds` (``ge``, ``gt``, ``le``, ``choices``)."""
+    meta = {"bounds": Bounds(**bounds)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_value(label: str, value: Any, hint: Any, bounds: Bounds | None = None) -> None:
+    """Check one value against a type hint (``int``, ``float``, ``X | None``, ...) and bounds.
+
+    ``bool`` is not an ``int`` here, and a ``float`` must be finite: TOML's ``true``,
+    ``nan`` and ``inf`` are never meant as a count or a step size.
+
+    Raises:
+        UserError: ``"<label> must be <what> (got <value>)"``.
+    """
+    if get_origin(hint) in (Union, UnionType):
+        if value is None and type(None) in get_args(hint):
+            return
+        hint = next(a for a in get_args(hint) if a is not type(None))
+    origin = get_origin(hint) or hint
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is Any:
+        return
+    if hint is bool:
+        ok, want = isinstance(value, bool), "true or false"
+    elif hint is int:
+        ok, want = is_number and isinstance(value, int), "a whole number"
+    elif hint is float:
+        ok, want = is_number and math.isfinite(value), "a finite number"
+    elif hint is str:
+        ok, want = isinstance(value, str), "text (a quoted string)"
+    elif origin is list:
+        ok, want = isinstance(value, list), "a list"
+    elif origin is dict:
+        ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+        want = "a table of key = value"
+    elif isinstance(origin, type):
+        ok, want = isinstance(value, origin), f"a {origin.__name__} table"
+    else:  # Literal, Callable[...] and the like: the factory itself checks them
+        return
+    if not ok:
+        raise UserError(f"{label} must be {want} (got {_show(value)})")
+    if origin is list:
+        for i, item in enumerate(value):
+            check_value(f"{label}[{i}]", item, get_args(hint)[0])
+    if bounds is not None and not bounds.accepts(value):
+        raise UserError(f"{label} must be {bounds.describe()} (got {_show(value)})")
+    if hint is int and abs(value) > _INT64_MAX:  # what torch and numpy can hold
+        raise UserError(f"{label} must be at most {_INT64_MAX} (got {_show(value)})")
+
+
+def flag_label(name: str) -> str:
+    """How the command line spells field ``name`` (``cost.x`` and the rest: as the key)."""
+    special = {"failures": "--fail", "workload_options": "--option"}
+    if name in special:
+        return special[name]
+    return f"--{name.replace('_', '-')}" if name in FLAG_FIELDS else name
+
+
+def field_choices(name: str) -> tuple[str, ...]:
+    """The names :class:`RunConfig` field ``name`` accepts (for ``--help`` and argparse)."""
+    bounds = next(f for f in fields(RunConfig) if f.name == name).metadata["bounds"]
+    return bounds.choices  # type: ignore[no-any-return]
+
+
+def check_fields(obj: Any, label: Callable[[str], str] = str, prefix: str = "") -> None:
+    """Check every field of a config dataclass against its type and :class:`Bounds`.
+
+    Raises:
+        UserError: for the first field that is wrong, named by ``label(key)``.
+    """
+    hints = get_type_hints(type(obj))
+    for f in fields(obj):
+        value, name = getattr(obj, f.name), prefix + f.name
+        check_value(label(name), value, hints[f.name], f.metadata.get("bounds"))
+        if is_dataclass(value):
+            check_fields(value, label, name + ".")
 
 
 @dataclass
 class CostModel:
     """What the ``sim`` engine charges to its virtual clock (seconds, bytes/s)."""
 
-    compute_scale: float = 1.0  #: multiplies the workload's per-step compute time
-    network_bandwidth: float = 1.25e9  #: bytes/s per server link (10 Gb/s)
-    network_latency: float = 0.0005  #: seconds per request
-    storage_bandwidth: float = 2.0e8  #: bytes/s to checkpoint storage (200 MB/s)
-    memory_bandwidth: float = 5.0e9  #: bytes/s for in-memory snapshots (async persist)
-    detection_seconds: float = 1.0  #: failure to detection
-    restart_seconds: float = 5.0  #: detection to a replacement being up
-    reform_seconds: float = 0.5  #: dp: survivors build a new group (rendezvous, communicator)
-    replace_seconds: float = 5.0  #: dp: failure to a replacement rank joining the running group
-    timeout_seconds: float = 10.0  #: dp: collective timeout, how long a hung rank goes unnoticed
+    compute_scale: float = _f(1.0, ge=0)  #: multiplies the workload's per-step compute time
+    network_bandwidth: float = _f(1.25e9, gt=0)  #: bytes/s per server link (10 Gb/s)
+    network_latency: float = _f(0.0005, ge=0)  #: seconds per request
+    storage_bandwidth: float = _f(2.0e8, gt=0)  #: bytes/s to checkpoint storage (200 MB/s)
+    memory_bandwidth: float = _f(5.0e9, gt=0)  #: bytes/s for in-memory snapshots (async persist)
+    detection_seconds: float = _f(1.0, ge=0)  #: failure to detection
+    restart_seconds: float = _f(5.0, ge=0)  #: detection to a replacement being up
+    #: dp: survivors build a new group (rendezvous, communicator)
+    reform_seconds: float = _f(0.5, ge=0)
+    #: dp: failure to a replacement rank joining the running group
+    replace_seconds: float = _f(5.0, ge=0)
+    #: dp: collective timeout, how long a hung rank goes unnoticed
+    timeout_seconds: float = _f(10.0, ge=0)
 
 
 @dataclass
@@ -51,97 +199,79 @@ class RunConfig:
 
     workload: str = "mlr"  #: workload name (``trainthrough list``)
     strategy: str = "checkpoint-restart"  #: preset or composition
-    engine: str = "sim"  #: sim
-    paradigm: str = "ps"  #: ps (parameter server) or dp (data parallel, allreduce)
-    shards: int = 4  #: parameter-server shards K
-    workers: int = 4  #: workers N
-    consistency: str = "bsp"  #: bsp, ssp (sim: bounded staleness) or async (ray)
-    staleness: int = 2  #: SSP bound s (ignored under bsp)
-    ranks: int = 4  #: dp: data-parallel ranks N (each holds a full replica)
-    elastic: str = "keep-global"  #: dp: keep-global (larger per-rank batch) or keep-local
-    allreduce_buckets: int = 4  #: dp: gradient buckets per allreduce (failures hit between them)
+    engine: str = _f("sim", choices=tuple(ENGINES))  #: sim, ray or dist
+    #: ps (parameter server) or dp (data parallel, allreduce)
+    paradigm: str = _f("ps", choices=tuple(PARADIGMS))
+    shards: int = _f(4, ge=1)  #: parameter-server shards K
+    workers: int = _f(4, ge=1)  #: workers N
+    #: bsp, ssp (sim: bounded staleness) or async (ray)
+    consistency: str = _f("bsp", choices=("bsp", "ssp", "async"))
+    staleness: int = _f(2, ge=0)  #: SSP bound s (ignored under bsp)
+    ranks: int = _f(4, ge=1)  #: dp: data-parallel ranks N (each holds a full replica)
+    #: dp: keep-global (larger per-rank batch) or keep-local
+    elastic: str = _f("keep-global", choices=("keep-global", "keep-local"))
+    #: dp: gradient buckets per allreduce (failures hit between them)
+    allreduce_buckets: int = _f(4, ge=1)
     replace: bool = True  #: dp: failed ranks are replaced after cost.replace_seconds
     failures: list[str] = field(default_factory=list)  #: failure specs
-    seed: int = 0  #: one seed for everything random in the run
-    max_iterations: int | None = None  #: stop after this many executed iterations
-    eval_every: int | None = None  #: evaluate every this many iterations
+    seed: int = _f(0, ge=0, le=SEED_MAX)  #: one seed for everything random in the run
+    max_iterations: int | None = _f(ge=1)  #: stop after this many executed iterations
+    eval_every: int | None = _f(ge=1)  #: evaluate every this many iterations
     target: float | None = None  #: convergence target (default: the workload's)
     stop_at_target: bool = True  #: end the run when the target is reached
-    past_target: float = 0.0  #: ...after this many more iterations, as a fraction
-    checkpoint_every: int | None = None  #: N, iterations between full checkpoints
-    checkpoint_keep: int = 3  #: full checkpoints kept
+    past_target: float = _f(0.0, ge=0)  #: ...after this many more iterations, as a fraction
+    checkpoint_every: int | None = _f(ge=1)  #: N, iterations between full checkpoints
+    checkpoint_keep: int = _f(3, ge=1)  #: full checkpoints kept
     #: r, prioritized: fraction saved every r*N iterations (``None``: 1/N, the bytes of
     #: a full checkpoint spread over every iteration)
-    checkpoint_fraction: float | None = 0.25
-    checkpoint_rule: str = "largest-change"  #: prioritized: largest-change, random, round-robin
+    checkpoint_fraction: float | None = _f(0.25, gt=0, le=1)
+    #: prioritized: largest-change, random, round-robin
+    checkpoint_rule: str = _f("largest-change",
+                              choices=("largest-change", "random", "round-robin"))
     checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
-    lr: float | None = None  #: override the workload's server step size
+    lr: float | None = _f(gt=0)  #: override the workload's server step size
     baseline: bool = False  #: also run failure-free with the same seed for rework cost
-    workload_options: dict[str, Any] = field(default_factory=dict)  #: passed to the workload
+    #: passed to the workload (checked against its signature: workloads/options.py)
+    workload_options: dict[str, Any] = field(default_factory=dict)
     # -- real engines (ray) ---------------------------------------------------------
     ray_address: str | None = None  #: join this Ray cluster instead of starting one
-    recovery_delay: float = 0.0  #: seconds a lost shard, worker or (dist) rank stays down
-    replicas: int = 3  #: chain length R per shard (chain strategies)
-    max_lag: int = 64  #: chain-async: pushes the head may run ahead of its successor
-    coordinator: str = "ray"  #: ray (named actor) or zookeeper
+    #: seconds a lost shard, worker or (dist) rank stays down
+    recovery_delay: float = _f(0.0, ge=0)
+    replicas: int = _f(3, ge=1)  #: chain length R per shard (chain strategies)
+    max_lag: int = _f(64, ge=1)  #: chain-async: pushes the head may run ahead of its successor
+    coordinator: str = _f("ray", choices=("ray", "zookeeper"))  #: ray (named actor) or zookeeper
     zookeeper_hosts: str | None = None  #: host:port of ZooKeeper (coordinator=zookeeper)
-    merge_rule: str = "mean"  #: stateless backlog: sum, mean, scaled (paper), staleness
-    merge_threshold: int = 50  #: stateless 'scaled': backlog size that keeps full steps
-    backlog: int = 256  #: stateless: buffered updates per shard before merging oldest
-    wall_limit: float | None = None  #: real engines: stop after this many seconds
+    #: stateless backlog: sum, mean, scaled (paper), staleness
+    merge_rule: str = _f("mean", choices=("sum", "mean", "scaled", "staleness"))
+    merge_threshold: int = _f(50, ge=1)  #: stateless 'scaled': backlog size that keeps full steps
+    backlog: int = _f(256, ge=2)  #: stateless: buffered updates per shard before merging oldest
+    wall_limit: float | None = _f(gt=0)  #: real engines: stop after this many seconds
     cost: CostModel = field(default_factory=CostModel)
 
     def validate(self) -> None:
-        """Check every field.
+        """Check every field, then the rules between fields.
 
         Raises:
-            UserError: naming the field and what to change.
+            UserError: naming the field (as its command-line flag) and what to change.
         """
         from trainthrough.faults.spec import parse
         from trainthrough.ft.strategy import resolve
         from trainthrough.workloads import WORKLOADS
+        from trainthrough.workloads.options import check_options
 
+        check_fields(self, flag_label)
         if self.workload not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload!r}; choose one of: "
                             f"{', '.join(WORKLOADS)}")
-        if self.paradigm not in PARADIGMS:
-            raise UserError(f"unknown paradigm {self.paradigm!r}; choose one of: "
-                            f"{', '.join(PARADIGMS)}")
-        resolve(self.strategy).require(self.paradigm)
-        if self.engine not in ENGINES:
-            raise UserError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
+        check_options(self.workload, self.workload_options)
+        strategy = resolve(self.strategy)
+        strategy.require(self.paradigm)
         if self.paradigm == "dp" and self.engine not in ("sim", "dist"):
             raise UserError(f"data-parallel runs use the sim or dist engine (got --engine "
                             f"{self.engine})")
         if self.engine == "dist" and self.paradigm != "dp":
             raise UserError("the dist engine runs data-parallel training: add --paradigm dp")
-        if self.elastic not in ("keep-global", "keep-local"):
-            raise UserError(f"elastic must be keep-global or keep-local (got {self.elastic!r})")
-        for name in ("shards", "workers", "checkpoint_keep", "ranks", "allreduce_buckets"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name.replace('_', '-')} must be at least 1 "
-                                f"(got {getattr(self, name)})")
-        if self.consistency not in ("bsp", "ssp", "async"):
-            raise UserError(f"consistency must be bsp, ssp or async (got {self.consistency!r})")
-        if self.staleness < 0:
-            raise UserError(f"staleness must be 0 or more (got {self.staleness})")
-        for name in ("max_iterations", "eval_every", "checkpoint_every"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise UserError(f"{name.replace('_', '-')} must be at least 1 (got {v})")
-        if self.checkpoint_fraction is not None and not 0 < self.checkpoint_fraction <= 1:
-            raise UserError(f"checkpoint-fraction must be in (0, 1] (got "
-                            f"{self.checkpoint_fraction})")
-        if self.checkpoint_rule not in ("largest-change", "random", "round-robin"):
-            raise UserError(f"checkpoint-rule must be largest-change, random or round-robin "
-                            f"(got {self.checkpoint_rule!r})")
-        if self.lr is not None and not self.lr > 0:
-            raise UserError(f"lr must be positive (got {self.lr})")
-        for f in fields(CostModel):
-            if getattr(self.cost, f.name) < 0:
-                raise UserError(f"cost.{f.name} must not be negative")
         parse(self.failures)
-        strategy = resolve(self.strategy)
         if self.engine not in strategy.engines:
             raise UserError(f"strategy {self.strategy} runs on the "
                             f"{' or '.join(strategy.engines)} engine, not {self.engine}")
@@ -156,17 +286,9 @@ class RunConfig:
         elif self.consistency == "async":
             raise UserError("consistency async is for the ray engine; the sim engine runs "
                             "bsp or ssp")
-        if self.replicas < 1 or self.max_lag < 1 or self.backlog < 2:
-            raise UserError("replicas and max-lag must be at least 1, backlog at least 2")
-        if self.recovery_delay < 0:
-            raise UserError(f"recovery-delay must not be negative (got {self.recovery_delay})")
-        if self.coordinator not in ("ray", "zookeeper"):
-            raise UserError(f"coordinator must be ray or zookeeper (got {self.coordinator!r})")
         if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
             raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
-        if self.merge_rule not in ("sum", "mean", "scaled", "staleness"):
-            raise UserError(f"merge-rule must be sum, mean, scaled or staleness "
-                            f"(got {self.merge_rule!r})")
+        _check_storage_url(self.checkpoint_dir)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, ``None`` fields left out (TOML has no null)."""
@@ -177,42 +299,71 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        """Build from a dict (e.g. parsed TOML).
+        """Build from a dict (e.g. parsed TOML), every value checked by type and range.
 
         Raises:
-            UserError: unknown keys, naming them.
+            UserError: unknown keys, or a value of the wrong type or out of range,
+                naming the key.
         """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise UserError(f"config: unknown key(s) {', '.join(unknown)}; known keys: "
+            raise UserError(f"unknown key(s) {', '.join(unknown)}; known keys: "
                             f"{', '.join(sorted(known))}")
         data = dict(data)
-        cost = data.pop("cost", {}) or {}
-        cost_known = {f.name for f in fields(CostModel)}
-        bad = sorted(set(cost) - cost_known)
+        cost = data.pop("cost", {})
+        if not isinstance(cost, dict):
+            raise UserError(f"cost must be a table ([cost] with key = value lines), "
+                            f"got {_show(cost)}")
+        bad = sorted(set(cost) - {f.name for f in fields(CostModel)})
         if bad:
-            raise UserError(f"config: unknown cost key(s) {', '.join(bad)}")
+            raise UserError(f"unknown cost key(s) {', '.join(bad)}")
         if isinstance(data.get("failures"), str):
             data["failures"] = [data["failures"]]
-        return cls(cost=CostModel(**cost), **data)
+        cfg = cls(cost=CostModel(**cost), **data)
+        check_fields(cfg)
+        return cfg
 
     @classmethod
     def from_toml(cls, path: str | Path) -> RunConfig:
         """Read a config file.
 
         Raises:
-            UserError: missing or malformed file.
+            UserError: missing, unreadable or malformed file, or a bad value in it.
         """
         p = Path(path)
         if not p.is_file():
-            raise UserError(f"config file {p} does not exist")
+            raise UserError(f"config file {p} does not exist or is not a file")
         try:
-            return cls.from_dict(tomllib.loads(p.read_text()))
+            text = p.read_bytes().decode("utf-8-sig")  # a BOM is fine, tomllib refuses it
+            return cls.from_dict(tomllib.loads(text))
+        except OSError as e:
+            raise UserError(f"config file {p}: cannot read it: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"config file {p} is not UTF-8 text (byte {e.start}); "
+                            "save it as UTF-8") from None
         except tomllib.TOMLDecodeError as e:
             raise UserError(f"config file {p} is not valid TOML: {e}") from None
-        except TypeError as e:
+        except UserError as e:
             raise UserError(f"config file {p}: {e}") from None
+
+
+def _check_storage_url(url: str | None) -> None:
+    """An fsspec URL must name a protocol fsspec knows and can load."""
+    if not url or "://" not in url:
+        return
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise UserError(f"--checkpoint-dir {url!r}: unknown storage protocol {protocol!r}; "
+                        f"use a local path or one of fsspec's (file, memory, s3, gcs, ...)") \
+            from None
+    except ImportError as e:
+        raise UserError(f"--checkpoint-dir {url!r}: protocol {protocol!r} needs a package "
+                        f"that is not installed ({e})") from None
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:

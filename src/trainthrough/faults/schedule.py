@@ -4,10 +4,16 @@ A schedule is resolved once per run from the specs, the run's sizes and the seed
 fractions and ``any`` pick ids with the schedule's own generator, MTBF specs draw
 exponential inter-arrival times. The engine then asks :meth:`FailureSchedule.due`
 at each point where a failure may strike; an event fires once.
+
+Random (MTBF) failures are drawn lazily, one event ahead per spec: a run only ever
+draws the failures it reaches, so ``max=100000`` costs nothing up front. Each MTBF
+spec has its own generator, seeded by (run seed, position of the spec), so its events
+are the same whether they are drawn early, late, or all at once (:attr:`pending`).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,40 +38,89 @@ class FailureEvent:
     replica: int | None = None  # chain position to kill (0 = head); real engines only
 
 
+def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]:
+    if s.ids:
+        return s.ids
+    if s.every:
+        return tuple(range(n))
+    if s.fraction is not None:
+        k = min(n, max(1, int(round(s.fraction * n))))
+        return tuple(sorted(int(i) for i in rng.choice(n, size=k, replace=False)))
+    return (int(rng.randint(n)),)
+
+
+def _event(s: FailureSpec, ids: tuple[int, ...], at_iter: int | None,
+           at_time: float | None) -> FailureEvent:
+    return FailureEvent(s.kind, ids, at_iter, at_time, s.phase, s.mode, s.text, s.replica)
+
+
+class _Stream:
+    """The events of one spec in trigger order; ``head`` is the next one (None: done).
+
+    A one-shot spec is a stream of one event. An MTBF stream draws its next event
+    only when the head is taken, so its times are non-decreasing and, since every
+    event of a spec shares its kind and phase, the head is the only one that can be
+    due when the rest are not.
+    """
+
+    def __init__(self, spec: FailureSpec, n: int, rng: np.random.RandomState | None,
+                 first: FailureEvent | None = None) -> None:
+        self.spec, self.n, self.rng = spec, n, rng
+        self.left = (0 if first is not None else
+                     spec.max_count if spec.max_count is not None else _MTBF_CAP)
+        self.t = 0.0
+        self.head = first if first is not None else self._draw()
+
+    def _draw(self) -> FailureEvent | None:
+        if self.left == 0 or self.rng is None or self.spec.mtbf is None:
+            return None
+        self.left -= 1
+        self.t += float(self.rng.exponential(self.spec.mtbf))
+        per_iter = self.spec.mtbf_unit == "iter"
+        return _event(self.spec, _pick(self.spec, self.n, self.rng),
+                      max(1, int(round(self.t))) if per_iter else None,
+                      None if per_iter else self.t)
+
+    def pop(self) -> FailureEvent:
+        event, self.head = self.head, self._draw()
+        assert event is not None
+        return event
+
+    def rest(self) -> list[FailureEvent]:
+        """Every event not yet taken, drawn on a copy so this stream is unchanged."""
+        other, out = copy.deepcopy(self), []
+        while other.head is not None:
+            out.append(other.pop())
+        return out
+
+
 class FailureSchedule:
     """The resolved failures of one run, fired in order of their trigger."""
 
     def __init__(self, specs: list[FailureSpec], sizes: dict[str, int], seed: int) -> None:
-        self._rng = np.random.RandomState((seed * 2_654_435_761 + 97) % 2**32)
+        base = (seed * 2_654_435_761 + 97) % 2**32
+        # One-shot picks share one generator, in spec order; each MTBF spec draws from
+        # its own, so lazily drawn events cannot shift another spec's picks.
+        self._rng = np.random.RandomState(base)
         self.sizes = sizes
-        self.pending: list[FailureEvent] = []
-        for s in specs:
-            self.pending.extend(self._expand(s))
+        self._streams: list[_Stream] = []
+        for i, s in enumerate(specs):
+            n = sizes[s.kind]
+            if s.mtbf is None:
+                first = _event(s, _pick(s, n, self._rng), s.at_iter, s.at_time)
+                self._streams.append(_Stream(s, n, None, first))
+            else:
+                self._streams.append(_Stream(s, n, np.random.RandomState([base, i + 1])))
         self.fired: list[FailureEvent] = []
 
-    def _pick(self, s: FailureSpec) -> tuple[int, ...]:
-        n = self.sizes[s.kind]
-        if s.ids:
-            return s.ids
-        if s.every:
-            return tuple(range(n))
-        if s.fraction is not None:
-            k = min(n, max(1, int(round(s.fraction * n))))
-            return tuple(sorted(int(i) for i in self._rng.choice(n, size=k, replace=False)))
-        return (int(self._rng.randint(n)),)
+    @property
+    def pending(self) -> list[FailureEvent]:
+        """Every event not fired yet, in spec order, random ones drawn out to their ``max``.
 
-    def _expand(self, s: FailureSpec) -> list[FailureEvent]:
-        if s.mtbf is None:
-            return [FailureEvent(s.kind, self._pick(s), s.at_iter, s.at_time, s.phase,
-                                 s.mode, s.text, s.replica)]
-        out, t = [], 0.0
-        for _ in range(s.max_count if s.max_count is not None else _MTBF_CAP):
-            t += float(self._rng.exponential(s.mtbf))
-            at_iter = max(1, int(round(t))) if s.mtbf_unit == "iter" else None
-            at_time = t if s.mtbf_unit == "s" else None
-            out.append(FailureEvent(s.kind, self._pick(s), at_iter, at_time, s.phase,
-                                    s.mode, s.text, s.replica))
-        return out
+        For callers that hand the whole schedule over up front (the ``dist`` engine's
+        orders); engines that ask :meth:`due` never draw more than they reach.
+        """
+        return [e for st in self._streams for e in st.rest()]
 
     def due(self, iteration: int, seconds: float, phase: str | None = None,
             kinds: tuple[str, ...] | None = None) -> list[FailureEvent]:
@@ -74,17 +129,18 @@ class FailureSchedule:
         An event with a phase waits for a call naming that phase (a ``recovery``
         failure waits for the next recovery in progress).
         """
-        fire, keep = [], []
-        for e in self.pending:
-            hit = ((e.at_iter is not None and iteration >= e.at_iter)
-                   or (e.at_time is not None and seconds >= e.at_time))
-            ok_kind = kinds is None or e.kind in kinds
-            (fire if hit and e.phase == phase and ok_kind else keep).append(e)
-        self.pending = keep
+        fire = []
+        for st in self._streams:
+            while (e := st.head) is not None and e.phase == phase \
+                    and (kinds is None or e.kind in kinds) \
+                    and ((e.at_iter is not None and iteration >= e.at_iter)
+                         or (e.at_time is not None and seconds >= e.at_time)):
+                fire.append(st.pop())
         self.fired.extend(fire)
         return fire
 
     def next_time(self) -> float | None:
         """The earliest pending time trigger (engines use it to cut idle waits)."""
-        times = [e.at_time for e in self.pending if e.at_time is not None]
+        times = [st.head.at_time for st in self._streams
+                 if st.head is not None and st.head.at_time is not None]
         return min(times) if times else None

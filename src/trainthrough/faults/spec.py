@@ -4,8 +4,11 @@
     target   := kind "=" selector
     kind     := shard | shards | worker | workers | rank | ranks | replica | replicas
     selector := id ("," id)* | "N%" | "any" | "all"
-    trigger  := "iter=" INT | "time=" NUM ["s"|"ms"|"min"] | "mtbf=" NUM ("s"|"iter")
+    trigger  := "iter=" INT | "time=" NUM ["s"|"ms"|"min"] | "mtbf=" NUM ("s"|"ms"|"min"|"iter")
     option   := "phase=" PHASE | "mode=" ("crash"|"hang") | "max=" INT | "replica=" INT
+
+INT and NUM are ASCII digits (NUM with an optional ".fraction"); ``max=`` (1 to
+:data:`MAX_COUNT`, default 1000) only goes with ``mtbf=``; each option at most once.
 
 Examples: ``shards=1@iter=300``, ``shards=50%@iter=300``, ``worker=2@iter=100``,
 ``shards=0@time=40s``, ``shard=any@mtbf=120s,max=3``,
@@ -18,6 +21,7 @@ Parsing never looks at the run: ids are checked against sizes by :func:`validate
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -28,10 +32,19 @@ Kind = Literal["shard", "worker", "rank", "replica"]
 _KINDS: dict[str, Kind] = {"shard": "shard", "shards": "shard", "worker": "worker",
                            "workers": "worker", "rank": "rank", "ranks": "rank",
                            "replica": "replica", "replicas": "replica"}
-_PHASE = re.compile(r"^(forward|backward|update|recovery|persist|allreduce:\d+)$")
-_TIME = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|min)?$")
-_MTBF = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|min|iter)$")
+# ASCII digits only ([0-9], not \d or str.isdigit(): those take "²" and "٣", which int()
+# then refuses or reads as another number).
+_PHASE = re.compile(r"(forward|backward|update|recovery|persist|allreduce:[0-9]+)")
+_INT = re.compile(r"[0-9]+")
+_TIME = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min)?")
+_MTBF = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min|iter)")
+_FRACTION = re.compile(r"[0-9]+(?:\.[0-9]+)?%")
 _UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, None: 1.0}
+#: Most failures one random spec may deliver (``max=``). Each is a recovery the engine
+#: carries out and a line in events.jsonl; far more than any run can make sense of.
+MAX_COUNT = 100_000
+#: Largest iteration, id or chain position a spec may name (fits every engine's int64).
+_MAX_INT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,85 @@ def _bad(text: str, why: str) -> UserError:
                      f"'shards=50%@iter=300', 'worker=2@time=40s', 'shard=any@mtbf=120s')")
 
 
+def _whole(raw: str, what: str, text: str) -> int:
+    if not _INT.fullmatch(text):
+        raise _bad(raw, f"{what} must be a whole number in digits 0-9 (got {text!r})")
+    if int(text) > _MAX_INT:
+        raise _bad(raw, f"{what} {text} is too large (at most {_MAX_INT})")
+    return int(text)
+
+
+def _selector(raw: str, sel: str) -> dict[str, object]:
+    if sel == "any":
+        return {"any_one": True}
+    if sel == "all":
+        return {"every": True}
+    if sel.endswith("%"):
+        frac = float(sel[:-1]) / 100.0 if _FRACTION.fullmatch(sel) else -1.0
+        if not 0 < frac <= 1:
+            raise _bad(raw, f"fraction {sel!r} must be above 0% and at most 100%")
+        return {"fraction": frac}
+    items = [s.strip() for s in sel.split(",")]
+    if not all(_INT.fullmatch(s) for s in items):
+        raise _bad(raw, f"bad selector {sel!r}: use ids like 0,2 or N% or any or all")
+    ids = tuple(_whole(raw, "an id", s) for s in items)
+    if len(set(ids)) != len(ids):
+        raise _bad(raw, f"ids must be distinct (got {sel})")
+    return {"ids": ids}
+
+
+def _trigger(raw: str, when: str) -> dict[str, object]:
+    key, eq, val = when.partition("=")
+    if not eq:
+        raise _bad(raw, "when must be iter=N, time=T or mtbf=T")
+    if key == "iter":
+        return {"at_iter": _whole(raw, "iteration", val)}
+    if key == "time":
+        m = _TIME.fullmatch(val)
+        seconds = float(m.group(1)) * _UNITS[m.group(2)] if m else math.inf
+        if not math.isfinite(seconds):
+            raise _bad(raw, f"time must look like 40s, 500ms or 2min (got {val!r})")
+        return {"at_time": seconds}
+    if key == "mtbf":
+        m = _MTBF.fullmatch(val)
+        mean = float(m.group(1)) if m else 0.0
+        if not 0 < mean < math.inf:
+            raise _bad(raw, f"mtbf must be positive with a unit, like 120s or 300iter "
+                            f"(got {val!r})")
+        unit = m.group(2) if m else "s"
+        return {"mtbf": mean * (1.0 if unit == "iter" else _UNITS[unit]),
+                "mtbf_unit": "iter" if unit == "iter" else "s"}
+    raise _bad(raw, f"unknown trigger {key!r}; use iter=, time= or mtbf=")
+
+
+def _option(raw: str, opt: str, fields: dict[str, object]) -> None:
+    k, eq, v = opt.partition("=")
+    if not eq:
+        raise _bad(raw, f"option {opt!r} must be key=value")
+    name = {"phase": "phase", "mode": "mode", "max": "max_count", "replica": "replica"}.get(k)
+    if name is None:
+        raise _bad(raw, f"unknown option {k!r}; use phase=, mode=, max= or replica=")
+    if name in fields:
+        raise _bad(raw, f"option {k}= is given twice")
+    if k == "phase":
+        if not _PHASE.fullmatch(v):
+            raise _bad(raw, f"unknown phase {v!r}; use forward, backward, allreduce:K, "
+                            "update, persist or recovery")
+        fields[name] = v
+    elif k == "mode":
+        if v not in ("crash", "hang"):
+            raise _bad(raw, f"mode must be crash or hang (got {v!r})")
+        fields[name] = v
+    elif k == "max":
+        if "mtbf" not in fields:
+            raise _bad(raw, "max= limits random failures: it needs an mtbf= trigger")
+        if not _INT.fullmatch(v) or not 1 <= int(v) <= MAX_COUNT:
+            raise _bad(raw, f"max must be a whole number from 1 to {MAX_COUNT} (got {v!r})")
+        fields[name] = int(v)
+    else:
+        fields[name] = _whole(raw, k, v)
+
+
 def parse_one(text: str) -> FailureSpec:
     """Parse one spec.
 
@@ -74,69 +166,11 @@ def parse_one(text: str) -> FailureSpec:
     kind_s, sel = (s.strip() for s in target.split("=", 1))
     if kind_s not in _KINDS:
         raise _bad(raw, f"unknown kind {kind_s!r}; use shards, workers, ranks or replicas")
-    fields: dict[str, object] = {"kind": _KINDS[kind_s], "text": raw}
-    if sel == "any":
-        fields["any_one"] = True
-    elif sel == "all":
-        fields["every"] = True
-    elif sel.endswith("%"):
-        try:
-            frac = float(sel[:-1]) / 100.0
-        except ValueError:
-            raise _bad(raw, f"bad fraction {sel!r}") from None
-        if not 0 < frac <= 1:
-            raise _bad(raw, f"fraction {sel} must be above 0% and at most 100%")
-        fields["fraction"] = frac
-    else:
-        try:
-            ids = tuple(int(s) for s in sel.split(","))
-        except ValueError:
-            raise _bad(raw, f"bad selector {sel!r}: use ids like 0,2 or N% or any or all") from None
-        if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-            raise _bad(raw, f"ids must be distinct and non-negative (got {sel})")
-        fields["ids"] = ids
-    parts = [p.strip() for p in trigger.split(",")]
-    when, opts = parts[0], parts[1:]
-    if "=" not in when:
-        raise _bad(raw, "when must be iter=N, time=T or mtbf=T")
-    key, val = when.split("=", 1)
-    if key == "iter":
-        if not val.isdigit():
-            raise _bad(raw, f"iteration must be a whole number (got {val!r})")
-        fields["at_iter"] = int(val)
-    elif key == "time":
-        m = _TIME.match(val)
-        if not m:
-            raise _bad(raw, f"time must look like 40s, 500ms or 2min (got {val!r})")
-        fields["at_time"] = float(m.group(1)) * _UNITS[m.group(2)]
-    elif key == "mtbf":
-        m = _MTBF.match(val)
-        if not m or float(m.group(1)) <= 0:
-            raise _bad(raw, f"mtbf must be positive with a unit, like 120s or 300iter (got {val!r})")
-        unit = m.group(2)
-        fields["mtbf"] = float(m.group(1)) * (1.0 if unit == "iter" else _UNITS[unit])
-        fields["mtbf_unit"] = "iter" if unit == "iter" else "s"
-    else:
-        raise _bad(raw, f"unknown trigger {key!r}; use iter=, time= or mtbf=")
+    fields: dict[str, object] = {"kind": _KINDS[kind_s], "text": raw, **_selector(raw, sel)}
+    when, *opts = (p.strip() for p in trigger.split(","))
+    fields.update(_trigger(raw, when))
     for opt in opts:
-        if "=" not in opt:
-            raise _bad(raw, f"option {opt!r} must be key=value")
-        k, v = opt.split("=", 1)
-        if k == "phase":
-            if not _PHASE.match(v):
-                raise _bad(raw, f"unknown phase {v!r}; use forward, backward, allreduce:K, "
-                                "update, persist or recovery")
-            fields["phase"] = v
-        elif k == "mode":
-            if v not in ("crash", "hang"):
-                raise _bad(raw, f"mode must be crash or hang (got {v!r})")
-            fields["mode"] = v
-        elif k in ("max", "replica"):
-            if not v.isdigit():
-                raise _bad(raw, f"{k} must be a whole number (got {v!r})")
-            fields["max_count" if k == "max" else "replica"] = int(v)
-        else:
-            raise _bad(raw, f"unknown option {k!r}; use phase=, mode=, max= or replica=")
+        _option(raw, opt, fields)
     return FailureSpec(**fields)  # type: ignore[arg-type]
 
 

@@ -98,6 +98,28 @@ def run_baseline(cfg: RunConfig) -> dict[str, Any]:
             "fit_points": fit.points if fit else 0, "fit_r2": fit.r2 if fit else None}
 
 
+def _check_out(out: Path) -> None:
+    """``out`` must be a new or empty folder that can be created where it is.
+
+    Raises:
+        UserError: ``out`` is a file, lies under a file, is in use, or cannot be created.
+    """
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder; choose another --out")
+    try:
+        if out.is_dir() and any(out.iterdir()):
+            raise UserError(f"run folder {out} already exists and is not empty; "
+                            "choose another --out or remove it")
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot read the folder ({e.strerror})") from None
+    # The nearest existing ancestor decides whether the folder can be made at all.
+    base = next((p for p in out.absolute().parents if p.exists()), None)
+    if base is not None and not base.is_dir():
+        raise UserError(f"--out {out} lies under {base}, which is a file; choose another --out")
+    if base is not None and not out.exists() and not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: no permission to create folders in {base}")
+
+
 def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its folder ``out``; return the summary.
@@ -114,9 +136,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         UserError: invalid configuration or an ``out`` folder already in use.
     """
     cfg.validate()
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"run folder {out} already exists and is not empty; "
-                        "choose another --out or remove it")
+    _check_out(out)
     url = cfg.checkpoint_dir or str(out / "checkpoints")
     resolved, workload = resolve_defaults(cfg)
     resolved = replace(resolved, checkpoint_dir=url)

@@ -38,23 +38,36 @@ def register(name: str, factory: Callable[..., Workload], description: str = "")
     WORKLOADS.setdefault(name, ("", description or f"user workload {name}"))
 
 
+def workload_factory(name: str) -> Callable[..., Workload]:
+    """The class or function that builds workload ``name`` (its parameters are the options).
+
+    Raises:
+        UserError: unknown name.
+    """
+    if name in _CUSTOM:
+        return _CUSTOM[name]
+    if name not in WORKLOADS:
+        raise UserError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}")
+    module, cls = WORKLOADS[name][0].split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
 def make_workload(name: str, seed: int = 0, **options: Any) -> Workload:
     """Build workload ``name``.
 
     Raises:
-        UserError: unknown name or bad option.
+        UserError: unknown name, unknown option, an option of the wrong type or out of
+            range (see :mod:`trainthrough.workloads.options`), or data it cannot use.
     """
-    if name in _CUSTOM:
-        return _CUSTOM[name](seed=seed, **options)
-    if name not in WORKLOADS:
-        raise UserError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}")
-    module, cls = WORKLOADS[name][0].split(":")
-    factory = getattr(importlib.import_module(module), cls)
+    from trainthrough.workloads.options import check_options
+
+    factory = workload_factory(name)
+    check_options(name, options)
     try:
         return factory(seed=seed, **options)
-    except TypeError as e:  # an option the workload does not take
+    except TypeError as e:  # a user factory's own signature problem, e.g. no seed=
         raise UserError(f"workload {name}: {e}") from None
 
 
 __all__ = ["Evaluation", "OptimizerSpec", "Params", "Workload", "WORKLOADS",
-           "make_workload", "register"]
+           "make_workload", "register", "workload_factory"]

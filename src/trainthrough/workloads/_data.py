@@ -3,9 +3,49 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from trainthrough.errors import UserError
+
+#: The largest dense array a workload draws from its options (50 M float32 = 200 MB):
+#: past it a slip such as ``n_users=10**9`` would exhaust memory instead of running.
+MAX_CELLS = 50_000_000
+
+
+def require_file(path: Path) -> None:
+    """Raises: UserError if ``path`` is missing or is not a regular file."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder; give the data file itself")
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+
+
+def check_batches(workload: str, n: int, batch_size: int, workers: int) -> None:
+    """Every worker needs at least one mini-batch of its own.
+
+    Raises:
+        UserError: naming the option or flag to lower.
+    """
+    if batch_size > n:
+        raise UserError(f"{workload}: batch_size {batch_size} is more than the {n} training "
+                        "samples; use a smaller batch_size option")
+    if workers > n // batch_size:
+        raise UserError(f"{workload}: {workers} workers leave fewer than one batch of "
+                        f"{batch_size} each; use at most {n // batch_size} workers")
+
+
+def check_cells(workload: str, cells: int, what: str) -> None:
+    """Refuse a dense array of ``cells`` elements above :data:`MAX_CELLS`.
+
+    Raises:
+        UserError: naming the options that size it.
+    """
+    if cells > MAX_CELLS:
+        raise UserError(f"{workload}: {what} would hold {cells:,} values, above the limit "
+                        f"of {MAX_CELLS:,}; use smaller sizes")
 
 
 @lru_cache(maxsize=1)
@@ -47,7 +87,8 @@ class BatchSchedule:
         if perm is None:
             if len(self._perms) > 4:  # keep memory flat on long runs
                 self._perms.clear()
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            # Modulo: a 32-bit run seed times these factors overflows torch's 64 bits.
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
             perm = torch.randperm(self.n, generator=g)
             self._perms[epoch] = perm
         return perm[k * self.batch_size:(k + 1) * self.batch_size]

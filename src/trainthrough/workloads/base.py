@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
+
+from trainthrough.config import Bounds
 
 Params = dict[str, torch.Tensor]
 
@@ -78,6 +80,9 @@ class Workload(ABC):
     # Rough cost of one worker step in simulated seconds, before the cost model's
     # per-byte terms; engines charge it to the virtual clock.
     step_seconds: float = 0.01
+    # Accepted values of the constructor's options beyond their annotated types,
+    # checked before the workload is built (workloads/options.py).
+    option_bounds: ClassVar[dict[str, Bounds]] = {}
 
     @abstractmethod
     def init_params(self, gen: torch.Generator) -> Params:

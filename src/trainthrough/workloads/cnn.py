@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainthrough.config import Bounds
 from trainthrough.errors import UserError
 from trainthrough.workloads._data import digits_split
 from trainthrough.workloads.base import OptimizerSpec
@@ -49,6 +51,13 @@ def _load_idx_pair(images: str, labels: str) -> tuple[torch.Tensor, torch.Tensor
         raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
     if x.shape[1] != x.shape[2]:
         raise UserError(f"{images}: expected square images, got {x.shape[1]}x{x.shape[2]}")
+    if x.shape[1] < 2:  # the 2x2 max-pool would leave nothing for the dense layers
+        raise UserError(f"{images}: images are {x.shape[1]}x{x.shape[2]}; the conv net "
+                        "needs at least 2x2")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise UserError(f"{images}: pixel values must be finite numbers")
+    if y.dtype.kind not in "iu":
+        raise UserError(f"{labels}: labels must be whole numbers, the file stores {y.dtype}")
     if y.size and (y.min() < 0 or y.max() > 9):
         raise UserError(f"{labels}: labels must be 0..9, found {y.min()}..{y.max()}")
     xt = torch.from_numpy(x.astype("float32") / 255.0).unsqueeze(1)
@@ -58,13 +67,13 @@ def _load_idx_pair(images: str, labels: str) -> tuple[torch.Tensor, torch.Tensor
 class CNN(TorchWorkload):
     description = "2 conv + 2 fully connected layers with Adam, sklearn digits (or IDX files)"
     default_checkpoint_every = 25
+    option_bounds = {"batch_size": Bounds(ge=1), "lr": Bounds(gt=0), "test_limit": Bounds(ge=1),
+                     "metric": Bounds(choices=("accuracy", "loss"))}
 
     def __init__(self, batch_size: int = 32, lr: float = 1e-3, target: float | None = None,
                  train_images: str | None = None, train_labels: str | None = None,
                  test_images: str | None = None, test_labels: str | None = None,
                  test_limit: int = 2000, metric: str = "accuracy", seed: int = 0) -> None:
-        if metric not in ("accuracy", "loss"):
-            raise UserError(f"cnn: metric must be accuracy or loss (got {metric!r})")
         files = (train_images, train_labels, test_images, test_labels)
         if any(files) and not all(files):
             raise UserError("cnn: give all four of train_images, train_labels, "

@@ -43,7 +43,7 @@ from torch.func import functional_call
 from torch.utils.data import Dataset
 
 from trainthrough.errors import UserError
-from trainthrough.workloads._data import BatchSchedule, split_rows
+from trainthrough.workloads._data import BatchSchedule, check_batches, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 
 Data = tuple[torch.Tensor, torch.Tensor] | Dataset
@@ -134,10 +134,7 @@ class TorchWorkload(Workload):
 
     def partition(self, num_workers: int) -> list[Any]:
         n = len(self.y_train)
-        if num_workers > n // self.batch_size:
-            raise UserError(
-                f"{self.name}: {num_workers} workers leave fewer than one batch of "
-                f"{self.batch_size} each; use at most {n // self.batch_size} workers")
+        check_batches(self.name, n, self.batch_size, num_workers)
         return [_Part(self.x_train[s], self.y_train[s],
                       BatchSchedule(s.stop - s.start, self.batch_size, self.seed * 7919 + i))
                 for i, s in enumerate(split_rows(n, num_workers))]

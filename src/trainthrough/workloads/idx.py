@@ -9,12 +9,15 @@ error page saved under the right name ends in a :class:`UserError` naming the fi
 from __future__ import annotations
 
 import gzip
+import math
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from trainthrough.errors import UserError
+from trainthrough.workloads._data import require_file
 
 # IDX type code -> numpy big-endian dtype.
 _TYPES: dict[int, str] = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4",
@@ -23,14 +26,16 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _read_bytes(path: Path) -> bytes:
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    raw = path.read_bytes()
+    require_file(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror or e}") from None
     # Detect gzip from the content, not the name: downloads are often renamed.
     if raw[:2] == _GZIP_MAGIC:
         try:
             return gzip.decompress(raw)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise UserError(f"{path}: corrupt gzip data: {e}") from None
     return raw
 
@@ -59,7 +64,7 @@ def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
     if len(raw) < header:
         raise UserError(f"{path}: truncated IDX header")
     shape = struct.unpack(f">{dims}I", raw[4:header])
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow on 2**32 dims
     if len(raw) - header != expected:
         raise UserError(f"{path}: header promises shape {shape} ({expected} bytes of data) "
                         f"but the file has {len(raw) - header}")

@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainthrough.config import SEED_MAX, Bounds
 from trainthrough.errors import UserError
-from trainthrough.workloads._data import split_rows
+from trainthrough.workloads._data import check_cells, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 from trainthrough.workloads.loaders import Corpus, load_uci_bow
 
@@ -106,21 +107,30 @@ class LDA(Workload):
     default_eval_every = 1
     default_checkpoint_every = 5
     step_seconds = 0.01
+    option_bounds = {"n_topics": Bounds(ge=2), "n_words": Bounds(ge=1), "n_docs": Bounds(ge=1),
+                     "doc_length": Bounds(ge=1), "alpha": Bounds(gt=0), "beta": Bounds(gt=0),
+                     "blocks": Bounds(ge=1), "fold_in_iterations": Bounds(ge=1),
+                     "data_seed": Bounds(ge=0, le=SEED_MAX)}
 
     def __init__(self, n_topics: int = 10, n_words: int = 500, n_docs: int = 300,
                  doc_length: int = 80, alpha: float = 0.3, beta: float = 0.01,
                  blocks: int = 8, fold_in_iterations: int = 10, data_seed: int = 0,
                  docword_file: str | None = None, vocab_file: str | None = None,
                  target: float | None = None, seed: int = 0) -> None:
-        if n_topics < 2 or alpha <= 0 or beta <= 0 or blocks < 1:
-            raise UserError("lda: need n_topics >= 2, alpha > 0, beta > 0, blocks >= 1")
         self.k, self.alpha, self.beta, self.blocks = n_topics, alpha, beta, blocks
         self.fold_in_iterations, self.seed, self.data_seed = fold_in_iterations, seed, data_seed
         self.docword_file, self.vocab_file = docword_file, vocab_file
         if docword_file is None:
+            for cells, what in ((n_words * n_topics, "n_words x n_topics"),
+                                (n_docs * n_topics, "n_docs x n_topics"),
+                                (n_docs * doc_length, "the corpus, n_docs x doc_length tokens")):
+                check_cells("lda", cells, what)
             c = synthetic_corpus(n_docs, n_words, n_topics, doc_length, alpha, beta, data_seed)
         else:
             c = load_uci_bow(docword_file, vocab_file)
+            check_cells("lda", c.n_words * n_topics, f"W x n_topics for {docword_file}")
+            check_cells("lda", c.n_docs * n_topics, f"D x n_topics for {docword_file}")
+            check_cells("lda", int(c.counts.sum()), f"the tokens (sum of counts) in {docword_file}")
         # Tokens must be grouped by document (partition relies on it); UCI files
         # usually are, but the format does not promise it.
         order = np.argsort(c.docs, kind="stable")

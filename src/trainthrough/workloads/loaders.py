@@ -9,6 +9,8 @@ corrupt or mislabelled download is the user's to fix, not a bug to trace.
 from __future__ import annotations
 
 import gzip
+import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,10 @@ from typing import IO
 import numpy as np
 
 from trainthrough.errors import UserError
+from trainthrough.workloads._data import require_file
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # ratings are stored as float32
+_MAX_COUNT = 2**31 - 1  # a word's count in one document; int64 sums stay exact
 
 
 @dataclass
@@ -43,8 +49,7 @@ class Corpus:
 
 
 def _open(path: Path) -> IO[str]:
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
+    require_file(path)
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return path.open(encoding="utf-8", errors="replace")
@@ -58,7 +63,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 line = line.strip()
                 if line:
                     yield no, line
-    except (OSError, EOFError) as e:  # e.g. a truncated .gz
+    except (OSError, EOFError, zlib.error) as e:  # e.g. a truncated or corrupt .gz
         raise UserError(f"{path}: cannot read: {e}") from None
 
 
@@ -97,10 +102,13 @@ def load_ratings(path: str | Path) -> Ratings:
             if len(parts) not in (3, 4):
                 raise ValueError
             rating = float(parts[2])
+            if not math.isfinite(rating) or abs(rating) > _FLOAT32_MAX:
+                raise ValueError
         except ValueError:
+            shown = "<TAB>" if sep == "\t" else sep
             raise UserError(
-                f"{path}:{no}: expected 'user{sep}item{sep}rating[{sep}timestamp]', "
-                f"got {line[:60]!r}") from None
+                f"{path}:{no}: expected 'user{shown}item{shown}rating[{shown}timestamp]' with "
+                f"a finite numeric rating, got {line[:60]!r}") from None
         users.append(parts[0].strip())
         items.append(parts[1].strip())
         values.append(rating)
@@ -143,17 +151,27 @@ def load_uci_bow(docword_path: str | Path, vocab_path: str | Path | None = None)
     if len(header) < 3:
         raise UserError(f"{path}: expected three header lines D, W, NNZ")
     n_docs, n_words, nnz = header
+    if min(header) < 0 or n_docs == 0 or n_words == 0:
+        raise UserError(f"{path}: header D={n_docs}, W={n_words}, NNZ={nnz} must be positive")
     triples: list[list[int]] = []
+    size = 0  # characters of entries read: what the header's sizes are bounded by
     for no, line in lines:
+        size += len(line) + 1
         d, w, c = _int_fields(path, no, line, 3, "'docID wordID count'")
-        if not (1 <= d <= n_docs and 1 <= w <= n_words and c > 0):
+        if not (1 <= d <= n_docs and 1 <= w <= n_words and 0 < c <= _MAX_COUNT):
             raise UserError(f"{path}:{no}: docID must be in 1..{n_docs}, wordID in "
-                            f"1..{n_words} and count > 0, got {line[:60]!r}")
+                            f"1..{n_words} and count in 1..{_MAX_COUNT}, got {line[:60]!r}")
         triples.append([d - 1, w - 1, c])
     if len(triples) != nnz:
         raise UserError(f"{path}: header says NNZ={nnz} but found {len(triples)} entries")
     if not triples:
         raise UserError(f"{path}: the corpus has no words")
+    # D and W size dense arrays later (LDA's counts); a header claiming more documents
+    # or words than the file has characters is corrupt, not a corpus to allocate for.
+    if max(n_docs, n_words) > size:
+        raise UserError(f"{path}: header says D={n_docs} documents and W={n_words} words, "
+                        f"more than the {size} characters of entries in the file "
+                        "(truncated or mislabelled file?)")
     arr = np.asarray(triples, np.int64)
     vocab: list[str] = []
     if vocab_path is not None:

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from trainthrough.config import SEED_MAX, Bounds
 from trainthrough.errors import UserError
-from trainthrough.workloads._data import split_rows
+from trainthrough.workloads._data import check_cells, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 from trainthrough.workloads.loaders import load_ratings
 
@@ -70,6 +71,10 @@ class MF(Workload):
     default_eval_every = 1
     default_checkpoint_every = 5
     step_seconds = 0.005
+    option_bounds = {"n_users": Bounds(ge=1), "n_items": Bounds(ge=1), "rank": Bounds(ge=1),
+                     "density": Bounds(gt=0, le=1), "noise": Bounds(ge=0), "reg": Bounds(ge=0),
+                     "eta": Bounds(gt=0, le=1), "init_scale": Bounds(ge=0),
+                     "data_seed": Bounds(ge=0, le=SEED_MAX)}
 
     def __init__(self, n_users: int = 600, n_items: int = 400, rank: int = 8,
                  density: float = 0.15, noise: float = 0.1, reg: float | None = None,
@@ -80,14 +85,11 @@ class MF(Workload):
             # Real ratings are far noisier than the synthetic matrix and need the
             # stronger ridge usual for ALS-WR on MovieLens.
             reg = 0.01 if ratings_file is None else 0.05
-        if not 0.0 < eta <= 1.0:
-            raise UserError(f"mf: eta must be in (0, 1], got {eta}")
-        if rank < 1 or reg < 0 or not 0.0 < density <= 1.0:
-            raise UserError("mf: need rank >= 1, reg >= 0 and 0 < density <= 1")
         self.rank, self.reg, self.eta, self.init_scale = rank, reg, eta, init_scale
         self.seed, self.data_seed, self.ratings_file = seed, data_seed, ratings_file
         g = torch.Generator().manual_seed(data_seed)
         if ratings_file is None:
+            self._check_sizes(n_users, n_items, rank, synthetic=True)
             self.density, self.noise = density, noise
             u, i, v = self._synthetic(n_users, n_items, rank, density, noise, g)
             self.n_users, self.n_items = n_users, n_items
@@ -100,16 +102,27 @@ class MF(Workload):
             u, i = torch.from_numpy(r.users), torch.from_numpy(r.items)
             v = torch.from_numpy(r.values)
             self.n_users, self.n_items = r.n_users, r.n_items
+            self._check_sizes(r.n_users, r.n_items, rank, synthetic=False)
             # Not measured on MovieLens here; ~0.9 is a typical ALS test RMSE there.
             self.default_target = 0.95
         if target is not None:
             self.default_target = target
+        if len(v) < 2:  # one to train on, one to test
+            raise UserError(f"{ratings_file}: {len(v)} rating; at least 2 are needed"
+                            if ratings_file else f"mf: density {density} leaves {len(v)} "
+                            "ratings to draw; raise density, n_users or n_items")
         perm = torch.randperm(len(v), generator=g)
         n_test = max(1, len(v) // 10)
         te, tr = perm[:n_test], perm[n_test:]
         self.mean = float(v[tr].mean())  # ALS fits centered ratings
         self.train = (u[tr], i[tr], v[tr] - self.mean)
         self.test = (u[te], i[te], v[te] - self.mean)
+
+    @staticmethod
+    def _check_sizes(n_users: int, n_items: int, rank: int, synthetic: bool) -> None:
+        if synthetic:
+            check_cells("mf", n_users * n_items, "the synthetic rating matrix n_users x n_items")
+        check_cells("mf", (n_users + n_items) * rank, "the factors (n_users + n_items) x rank")
 
     @staticmethod
     def _synthetic(n_users: int, n_items: int, rank: int, density: float, noise: float,

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainthrough.errors import UserError
-from trainthrough.workloads._data import BatchSchedule, digits_split, split_rows
+from trainthrough.config import Bounds
+from trainthrough.workloads._data import BatchSchedule, check_batches, digits_split, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 
 
@@ -39,6 +39,7 @@ class MLR(Workload):
     default_eval_every = 5
     default_checkpoint_every = 50
     step_seconds = 0.002
+    option_bounds = {"batch_size": Bounds(ge=1), "l2": Bounds(ge=0)}
 
     def __init__(self, batch_size: int = 32, l2: float = 1e-4, seed: int = 0) -> None:
         self.batch_size = batch_size
@@ -56,10 +57,7 @@ class MLR(Workload):
 
     def partition(self, num_workers: int) -> list[Any]:
         n = len(self.y_train)
-        if num_workers > n // self.batch_size:
-            raise UserError(
-                f"mlr: {num_workers} workers leave fewer than one batch of "
-                f"{self.batch_size} each; use at most {n // self.batch_size} workers")
+        check_batches("mlr", n, self.batch_size, num_workers)
         return [
             _Part(self.x_train[s], self.y_train[s],
                   BatchSchedule(s.stop - s.start, self.batch_size, self.seed * 7919 + i))

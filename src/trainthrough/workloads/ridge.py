@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
-from trainthrough.workloads._data import split_rows
+from trainthrough.config import SEED_MAX, Bounds
+from trainthrough.errors import UserError
+from trainthrough.workloads._data import check_cells, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 
 
@@ -39,9 +41,15 @@ class Ridge(Workload):
     default_eval_every = 1
     default_checkpoint_every = 20
     step_seconds = 0.001
+    option_bounds = {"n": Bounds(ge=1), "d": Bounds(ge=1), "lam": Bounds(ge=0),
+                     "lr": Bounds(gt=0), "noise": Bounds(ge=0),
+                     "data_seed": Bounds(ge=0, le=SEED_MAX)}
 
     def __init__(self, n: int = 512, d: int = 64, lam: float = 0.1, lr: float = 0.1,
                  noise: float = 0.1, seed: int = 0, data_seed: int = 0) -> None:
+        if d > n:  # the design needs d orthonormal columns of length n
+            raise UserError(f"ridge: d={d} features need at least as many rows (n={n})")
+        check_cells("ridge", n * d, "the design matrix n x d")
         g = torch.Generator().manual_seed(data_seed)
         q, _ = torch.linalg.qr(torch.randn(n, d, generator=g, dtype=torch.float64))
         self.x = q * n ** 0.5
