@@ -69,19 +69,14 @@ class DistRecovery:
         self.n, self.state, self.started_at = attempt, "starting", time.time()
 
     def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
-        """Orders a new process of ``slot`` carries; those due while the slot was down
-        are skipped, as ``sim`` skips a failure of a rank that is not there."""
-        now = time.time() - self.e.t0
-        out = []
-        for o in [o for o in self.orders if o["slot"] == slot]:
-            past = ((o["at_iter"] is not None and o["at_iter"] < executed)
-                    or (o["at_time"] is not None and o["at_time"] < now))
-            if past:
-                self.orders.remove(o)
-                self.e.emit({"type": "failure-skipped", "ids": [slot], "spec": o["spec"]})
-            else:
-                out.append(o)
-        return out
+        """Orders a new process of ``slot`` carries: all of the slot's pending ones.
+
+        An order that fell due while the slot was down strikes the replacement at its
+        first injection point, right after it joined (a failure during recovery), so a
+        schedule's failures are all delivered, as the ray engine strikes a replacement
+        that is still coming up.
+        """
+        return [o for o in self.orders if o["slot"] == slot]
 
     def finished(self) -> bool:
         """The members of the running attempt all ended cleanly: the run is over."""

@@ -132,6 +132,7 @@ class RayEngine:
             if m.kind == "worker" and m.killed_at is None:
                 m.handle.stop.remote()
         ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
+        progress = self._progress()  # after the last pushes: what workers saw acknowledged
         return self._finish(iteration, progress)
 
     def _watch_zookeeper(self, c: RayCluster) -> list[str]:
@@ -260,6 +261,32 @@ class RayEngine:
         spent = total - at_kill[1]
         return (busy - at_kill[0]) / spent if spent > 0 else None
 
+    def _acknowledged_lost(self, progress: dict[str, dict[str, Any]]) -> int:
+        """(shard, worker) pairs whose last acknowledged push a serving replica lacks.
+
+        Each worker reports the highest sequence number each shard acknowledged; each
+        replica's dedup table holds the highest it applied. Synchronous chains promise
+        0; a rollback to a checkpoint loses acknowledged pushes by design. A worker
+        killed after its last report may have had later pushes acknowledged: those are
+        not counted, so this can only understate, never invent, a loss.
+        """
+        acked: dict[tuple[int, int], int] = {}
+        for name, p in progress.items():
+            w = self.c.members[name].index
+            for shard, seq in p.get("acked", {}).items():
+                acked[(int(shard), w)] = max(acked.get((int(shard), w), -1), int(seq))
+        lost = 0
+        for i in range(self.layout.num_shards):
+            for name in self.c.chains[i].members:
+                try:
+                    applied = ray.get(self.c.members[name].handle.stats.remote(),
+                                      timeout=10)["applied"]
+                except ray.exceptions.RayError:
+                    continue
+                lost += sum(1 for (s, w), q in acked.items()
+                            if s == i and applied.get(w, -1) < q)
+        return lost
+
     def _finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
         r = self.result
         r.iterations = iteration
@@ -270,6 +297,7 @@ class RayEngine:
             "worker_idle_seconds": sum(p["idle"] for p in progress.values()),
             "worker_comm_seconds": sum(p.get("comm", 0.0) for p in progress.values()),
             "updates_buffered": sum(p["buffered"] for p in progress.values()),
+            "acknowledged_lost": self._acknowledged_lost(progress),
             "time_to_target": r.sim_seconds_to_target})
         return r
 

@@ -50,7 +50,10 @@ class WorkerActor:
         self.registry = registry
         self.s = settings  # outage, merge_rule, merge_threshold, read_from, backlog, scale
         self.step = start_step
-        self.seq = start_step * 1000 + incarnation  # fresh, increasing across incarnations
+        # Sequence numbers strictly above any an earlier incarnation of this worker used
+        # (each does far fewer than 2**40 pushes): a replacement's pushes are never
+        # mistaken for duplicates of its predecessor's and dropped.
+        self.seq = incarnation << 40
         self._stop = threading.Event()
         self._handles: dict[int, tuple[int, Any, Any]] = {}  # shard -> (epoch, write, read)
         self._recheck: dict[int, float] = {}  # shard -> when to ask the registry again
@@ -61,6 +64,7 @@ class WorkerActor:
         # (pulls and pushes that went through).
         self.busy = self.idle = self.comm = 0.0
         self.pushes = self.duplicates_skipped = self.buffered = 0
+        self.acked: dict[int, int] = {}  # shard -> highest sequence number acknowledged
         self.worker.start(wl.init_params(torch.Generator().manual_seed(seed)), incarnation)
 
     def pid(self) -> int:
@@ -83,7 +87,7 @@ class WorkerActor:
 
     def progress(self) -> dict[str, Any]:
         return {"step": self.step, "busy": self.busy, "idle": self.idle, "comm": self.comm,
-                "pushes": self.pushes,
+                "pushes": self.pushes, "acked": dict(self.acked),
                 "buffered": self.buffered, "backlog": sum(len(b) for b in self._backlogs)}
 
     # -- shard lookup -----------------------------------------------------------
@@ -169,12 +173,16 @@ class WorkerActor:
                 except ray.exceptions.RayError:
                     self._handles.pop(i, None)
             if ok:
-                self.pushes += 1
+                self._ack(i, self.seq)
             elif self.s["outage"] == "buffer":
                 self._backlogs[i].add(slices[i], 0, _add)
                 self.buffered += 1
             else:
                 self._retry(i, slices[i])
+
+    def _ack(self, shard: int, seq: int) -> None:
+        self.pushes += 1
+        self.acked[shard] = max(self.acked.get(shard, -1), seq)
 
     def _retry(self, i: int, part: Tensors) -> None:
         """Wait for shard ``i`` to come back, then push the same sequence number."""
@@ -191,7 +199,7 @@ class WorkerActor:
                 try:
                     ray.get(h[0].push.remote(self.worker.worker_id, self.seq, part,
                                              self.s["scale"]))
-                    self.pushes += 1
+                    self._ack(i, self.seq)
                     return
                 except ray.exceptions.RayError:
                     self._handles.pop(i, None)
@@ -217,6 +225,6 @@ class WorkerActor:
             try:
                 ray.get(handle.push.remote(self.worker.worker_id, self.seq, update,
                                            self.s["scale"] * d.scale))
-                self.pushes += 1
+                self._ack(i, self.seq)
             except ray.exceptions.RayError:
                 self._backlogs[i].add(update, 0, _add, count)

@@ -1,0 +1,220 @@
+"""Chaos soak: many real kills in one run, on Ray and on gloo, and what must survive.
+
+Each run is the ``trainthrough`` command in a child process, in *this* process's
+process group (so a stray group-wide kill would take this script down too), with
+a sentinel ``sleep`` alongside it in the same group. Kills come from the failure
+spec language (seeded, MTBF-driven) and land on shards, chain replicas, workers or
+ranks, including replacements that are still starting or joining. After the run:
+
+- no hang: the command ended within its wall limit plus a margin;
+- the target was reached;
+- no orphan: no process carrying this run's marker in its environment is left
+  (every process the run started, Ray's and gloo's included, inherits it);
+- no acknowledged update lost (Ray chain-sync: ``acknowledged_lost == 0``;
+  gloo rollback: the final replicas are bit-identical);
+- every checkpoint on disk verifies (checksums, schema);
+- the caller's process group survived (this process and the sentinel live).
+
+Usage: ``python benchmarks/chaos.py [--engine ray|gloo|both] [--kills 50]``; the
+test suite runs a short form (``tests/test_chaos.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+MARK = "TT_CHAOS_RUN"
+
+
+@dataclass
+class Soak:
+    """One chaos run: its config, limits, and what it must show."""
+
+    name: str
+    config: dict[str, Any]
+    kills: int
+    wall_limit: float
+    checks: list[str] = field(default_factory=list)
+
+
+def ray_soak(kills: int, wall: float) -> Soak:
+    """chain-sync on Ray: kills spread over heads, tails and workers.
+
+    A quarter more kills are scheduled than required: a tail kill finds no tail at
+    position 2 while its chain is still short from an earlier kill, and the seeded
+    MTBF draws may run past the window."""
+    plan = kills + (kills + 3) // 4
+    per = max(1, plan // 3)
+    span = wall * 0.6  # kills land in the first 60% of the run, recovery after
+    return Soak("ray", {
+        "workload": "mlr", "engine": "ray", "consistency": "async",
+        "strategy": "base=chain-sync,checkpoint=full", "shards": 2, "workers": 2,
+        "replicas": 3, "recovery_delay": 0.2, "checkpoint_every": 50,
+        "target": 0.4, "stop_at_target": False, "max_iterations": 10**7,
+        "wall_limit": wall, "eval_every": 5, "failures": [
+            f"shard=any@mtbf={span / per:.2f}s,max={per}",
+            f"shard=any@mtbf={span / per:.2f}s,max={per},replica=2",
+            f"worker=any@mtbf={span / (plan - 2 * per):.2f}s,max={plan - 2 * per}"]},
+        kills, wall, ["target", "acknowledged"])
+
+
+def gloo_soak(kills: int, wall: float) -> Soak:
+    """rollback on gloo ranks, replacements on: every kill is healed from a peer."""
+    plan = kills + (kills + 3) // 4
+    span = wall * 0.6
+    return Soak("gloo", {
+        "workload": "mlr", "engine": "dist", "paradigm": "dp", "strategy": "rollback",
+        "ranks": 3, "replace": True, "recovery_delay": 0.1, "target": 0.4,
+        "stop_at_target": False, "max_iterations": 10**7, "wall_limit": wall,
+        "eval_every": 20,
+        "failures": [f"rank=any@mtbf={span / plan:.2f}s,max={plan}"]},
+        kills, wall, ["target", "identical"])
+
+
+def _marked() -> list[int]:
+    """Pids of live processes whose environment carries this script's run marker."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"{MARK}=".encode() in env and int(d.name) != os.getpid():
+            out.append(int(d.name))
+    return out
+
+
+def _verify_checkpoints(folder: Path) -> tuple[int, list[str]]:
+    """Load every complete checkpoint under ``folder`` (any depth): a folder
+    ``<tag>-<step>`` holding a manifest. Returns (how many, the ones that failed)."""
+    from trainthrough.errors import CheckpointCorrupt
+    from trainthrough.ft.checkpoint import CheckpointStore
+
+    count, bad = 0, []
+    for man in sorted(folder.rglob("manifest.json")) if folder.is_dir() else []:
+        ck = man.parent
+        tag, _, step = ck.name.rpartition("-")
+        if not step.isdigit() or ".tmp-" in ck.name:
+            continue
+        count += 1
+        store = CheckpointStore(str(ck.parent))
+        infos = [i for i in store.list(tag) if i.name == ck.name]
+        try:
+            if not infos:
+                raise CheckpointCorrupt(f"{ck} is not listed as a complete checkpoint")
+            store.load(infos[0])
+        except CheckpointCorrupt as e:
+            bad.append(f"{ck}: {e}")
+    return count, bad
+
+
+def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
+    """Run one soak and check every guarantee; returns the figures and the failures."""
+    run_dir = root / s.name
+    cfg_path = root / f"{s.name}.toml"
+    cfg_path.write_text(tomli_w.dumps(s.config))
+    token = uuid.uuid4().hex
+    env = {**os.environ, MARK: token}
+    sentinel = subprocess.Popen(["sleep", "3600"])  # same process group as us
+    cmd = [sys.executable, "-m", "trainthrough.cli", "run", "--config", str(cfg_path),
+           "--out", str(run_dir), "--quiet"]
+    t0 = time.time()
+    hung = False
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=s.wall_limit + 120)
+        code, err = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        hung, code = True, None
+        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    seconds = time.time() - t0
+    time.sleep(2.0)  # let Ray's reaper finish
+    orphans = [p for p in _marked() if _env_token(p) == token]
+    group_ok = sentinel.poll() is None
+    sentinel.kill()
+    sentinel.wait()
+    summary: dict[str, Any] = {}
+    if (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    ckpts, bad = _verify_checkpoints(run_dir / "checkpoints")
+    problems = []
+    if hung:
+        problems.append("hang: no exit within the wall limit + 120 s")
+    elif code not in (0,):
+        problems.append(f"exit code {code}: {err.strip().splitlines()[-1:] if err else ''}")
+    if summary.get("failures", 0) < s.kills:
+        problems.append(f"only {summary.get('failures', 0)} of {s.kills} kills delivered")
+    if "target" in s.checks and summary.get("iterations_to_target") is None:
+        problems.append("target not reached")
+    if "acknowledged" in s.checks and summary.get("acknowledged_lost", 1) != 0:
+        problems.append(f"acknowledged updates lost: {summary.get('acknowledged_lost')}")
+    if "identical" in s.checks and not summary.get("replicas_identical"):
+        problems.append("final replicas differ")
+    if orphans:
+        problems.append(f"orphan processes: {orphans}")
+    if bad:
+        problems.append(f"checkpoints that do not verify: {bad}")
+    if not group_ok:
+        problems.append("the caller's process group was hit")
+    out = {"soak": s.name, "kills_planned": s.kills, "kills_delivered": summary.get("failures"),
+           "recoveries": len(summary.get("recoveries", [])), "seconds": round(seconds, 1),
+           "hung": hung, "orphans": len(orphans), "checkpoints_verified": ckpts,
+           "checkpoints_bad": len(bad), "target_reached": summary.get("iterations_to_target")
+           is not None, "acknowledged_lost": summary.get("acknowledged_lost"),
+           "replicas_identical": summary.get("replicas_identical"),
+           "caller_group_survived": group_ok, "problems": problems}
+    if not quiet:
+        print(json.dumps(out))
+    return out
+
+
+def _env_token(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(f"{MARK}=".encode()):
+            return item.split(b"=", 1)[1].decode()
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=["ray", "gloo", "both"], default="both")
+    ap.add_argument("--kills", type=int, default=50, help="kills per run (at least 3)")
+    ap.add_argument("--seconds", type=float, default=150.0, help="wall limit per run")
+    args = ap.parse_args()
+    if args.kills < 3 or args.seconds <= 0:
+        print("chaos: --kills must be at least 3 and --seconds positive", file=sys.stderr)
+        return 2
+    soaks = []
+    if args.engine in ("ray", "both"):
+        soaks.append(ray_soak(args.kills, args.seconds))
+    if args.engine in ("gloo", "both"):
+        soaks.append(gloo_soak(args.kills, args.seconds))
+    with tempfile.TemporaryDirectory(prefix="tt-chaos-") as tmp:
+        results = [run_soak(s, Path(tmp)) for s in soaks]
+    failed = [r for r in results if r["problems"]]
+    print(f"\n{len(results) - len(failed)}/{len(results)} soaks clean")
+    for r in failed:
+        print(f"{r['soak']}: " + "; ".join(r["problems"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
