@@ -21,6 +21,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy src
 	$(BIN)/python -m pytest
 
 bench: setup

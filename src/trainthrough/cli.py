@@ -188,7 +188,11 @@ class _Terminated(KeyboardInterrupt):
     processes, the run folder) runs as it does for Ctrl-C."""
 
 
+_TERMINATED: list[bool] = []  # set by the handler: Ray may re-raise it as KeyboardInterrupt
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    _TERMINATED.append(True)
     raise _Terminated()
 
 
@@ -211,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainthrough: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        how = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        term = isinstance(e, _Terminated) or bool(_TERMINATED)
+        how = "terminated" if term else "interrupted"
         print(f"trainthrough: {how}; the run folder has no summary.json", file=sys.stderr)
-        return 143 if isinstance(e, _Terminated) else 130
+        return 143 if term else 130
 
 
 if __name__ == "__main__":

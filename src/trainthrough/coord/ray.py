@@ -17,7 +17,7 @@ import ray
 from trainthrough.coord.base import Coordinator, MembersCallback, PredecessorCallback
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_concurrency=4)  # type: ignore[call-overload]
 class Registry:
     """Chains (ordered member names), an epoch per chain, and a small key-value."""
 

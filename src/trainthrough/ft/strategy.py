@@ -82,8 +82,10 @@ class Strategy:
     def recovery_policy(self) -> RecoveryPolicy:
         """The parameter-server recovery policy (data parallel: ft/dp_policies.py)."""
         self.require("ps")
-        return {"reinit": Reinitialize, "rollback-all": RollbackAll,
-                "restore-lost": RestoreLost, "failover": RestoreLost}[self.recovery]()
+        policies: dict[str, type[RecoveryPolicy]] = {
+            "reinit": Reinitialize, "rollback-all": RollbackAll,
+            "restore-lost": RestoreLost, "failover": RestoreLost}
+        return policies[self.recovery]()
 
 
 PRESETS: dict[str, Strategy] = {
@@ -165,7 +167,7 @@ def resolve(text: str) -> Strategy:
         else:
             raise UserError(f"strategy: unknown key {key!r}; use base, "
                             f"{', '.join(_CHOICES)}")
-    out = replace(base, name=text, description="custom composition", **fields)
+    out = replace(base, name=text, description="custom composition", **fields)  # type: ignore[arg-type]
     if out.replication != "none" or out.outage != "wait" or out.recovery == "failover":
         out = replace(out, engines=("ray",))
     if (out.recovery == "failover") != (out.replication != "none"):

@@ -271,10 +271,11 @@ class RayCluster:
     def pull(self) -> Params | None:
         """Current parameters from the read replicas (None if a shard has none live)."""
         readers = [self.reader(i) for i in range(self.layout.num_shards)]
-        if any(r is None for r in readers):
+        live = [r for r in readers if r is not None]
+        if len(live) < len(readers):
             return None
         try:
-            parts = ray.get([r.pull.remote() for r in readers])
+            parts = ray.get([r.pull.remote() for r in live])
         except ray.exceptions.RayError:
             return None
         return self.layout.assemble([p[1] for p in parts])

@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 
 from trainthrough.errors import UserError
 
@@ -92,6 +94,7 @@ def ensure_ray(address: str | None = None) -> bool:
         os.environ.setdefault(k, v)
     if not address:
         _loopback_even_if_imported()
+    term = signal.getsignal(signal.SIGTERM)
     try:
         if address:
             check_address(address)
@@ -104,13 +107,22 @@ def ensure_ray(address: str | None = None) -> bool:
             ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=tmp,
                      num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
                      configure_logging=False)
+        _restore(term)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        _restore(term)
         _remove_temp()
         where = address or "a local cluster"
         text = str(e).strip().splitlines()
         raise UserError(f"could not start or join Ray at {where}: "
                         f"{text[0] if text else type(e).__name__}") from None
     return True
+
+
+def _restore(handler: object) -> None:
+    """Ray's core installs a native SIGTERM handler that dumps a stack and exits 1;
+    put the caller's Python handler back (the CLI's ends the run cleanly, exit 143)."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)  # type: ignore[arg-type]
 
 
 def shutdown_ray() -> None:

@@ -36,7 +36,7 @@ def _add(a: Tensors, b: Tensors) -> Tensors:
     return {n: a[n] + b[n] if n in b else a[n] for n in a} | {n: b[n] for n in b if n not in a}
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)  # type: ignore[call-overload]
 class WorkerActor:
     """One worker; ``run`` loops until ``stop``; ``progress`` can be called meanwhile."""
 

@@ -106,7 +106,9 @@ class SimEngine:
         if not (self.result.converged and self.cfg.stop_at_target):
             return False
         # Optionally keep going past the target (baselines do, to locate x* better).
-        return executed >= self.result.iterations_to_target * (1 + self.cfg.past_target)
+        reached = self.result.iterations_to_target
+        assert reached is not None  # converged implies it was recorded
+        return executed >= reached * (1 + self.cfg.past_target)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:

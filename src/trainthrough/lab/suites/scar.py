@@ -40,7 +40,8 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         at, every = SETTINGS[w]
         for frac in fractions:
             fail = f"shards={frac}@iter={at}"
-            cells = [(s, s, "largest-change", 0.25) for s in STRATEGIES]
+            cells: list[tuple[str, str, str, float | None]] = [
+                (s, s, "largest-change", 0.25) for s in STRATEGIES]
             if frac == "50%":
                 cells += [(f"scar/{r}", "scar", r, None) for r in ABLATION_RULES]
                 cells += [("scar/r=1/N", "scar", "largest-change", None)]

@@ -1,0 +1,33 @@
+"""Short form of ``benchmarks/chaos.py``: real kills on Ray and gloo in one run each.
+
+The full soak (50+ kills per run) is a benchmark; here each engine takes a handful of
+kills, enough to cover shards, tail replicas, workers and ranks, replacements struck
+while still starting, and the same after-run checks: no hang, target reached, no
+orphan process, no acknowledged update lost, checkpoints verify, and the caller's
+process group alive.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from chaos import gloo_soak, ray_soak, run_soak  # noqa: E402
+
+
+@pytest.mark.timeout(240)
+def test_ray_chaos_short(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    r = run_soak(ray_soak(kills=9, wall=45.0), tmp_path, quiet=True)
+    assert r["problems"] == [], r
+    assert r["kills_delivered"] >= 9 and r["checkpoints_verified"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_gloo_chaos_short(tmp_path: Path) -> None:
+    r = run_soak(gloo_soak(kills=8, wall=40.0), tmp_path, quiet=True)
+    assert r["problems"] == [], r
+    assert r["kills_delivered"] >= 8
