@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import pickle
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from fsspec.core import url_to_fs
 
+from trainthrough.config import RunConfig
 from trainthrough.errors import CheckpointCorrupt, UserError
-from trainthrough.ft.checkpoint import CheckpointInfo, CheckpointStore
+from trainthrough.ft.checkpoint import FORMAT, CheckpointInfo, CheckpointStore, run_location
+from trainthrough.lab.runner import _scratch_checkpoints, run
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -208,7 +213,7 @@ def test_bytes_accounting_matches_storage(url: str) -> None:
     assert store.list()[-1].nbytes == on_disk
     assert store.total_bytes_written() == sum(i.nbytes for i in infos)
     manifest = json.loads(fs.cat_file(f"{root}/ckpt-00000003/manifest.json"))
-    assert manifest["format"] == "trainthrough-checkpoint/1" and manifest["step"] == 3
+    assert manifest["format"] == FORMAT and manifest["step"] == 3
     assert set(manifest["files"]["shard0.safetensors"]) == {"sha256", "bytes", "keys"}
 
 
@@ -248,3 +253,57 @@ def test_background_saves_while_loading(url: str) -> None:
     t.join()
     assert errors == [] and reports == []
     assert _steps(store) == [14, 15]
+
+
+# -- one run's checkpoints are its own (runs sharing --checkpoint-dir) --------------------
+def _ckpt_steps(location: Path) -> list[int]:
+    return sorted(int(p.name.rsplit("-", 1)[1]) for p in location.glob("ckpt-*"))
+
+
+def test_user_files_in_a_tt_ckpt_folder_survive_the_run(tmp_path: Path) -> None:
+    mine = tmp_path / "tt-ckpt-mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    s = run(RunConfig(workload="ridge", checkpoint_every=20, failures=["shards=1@iter=50"],
+                      checkpoint_dir=str(mine)), tmp_path / "run")
+    assert (mine / "notes.txt").read_text() == "precious"
+    assert s["checkpoint_url"] == run_location(str(mine), s["run_id"])
+    assert _ckpt_steps(Path(s["checkpoint_url"]))  # the run's own checkpoints are kept too
+
+
+def test_scratch_checkpoints_remove_only_what_they_created(tmp_path: Path) -> None:
+    user = Path(tempfile.gettempdir()) / f"tt-ckpt-user-{uuid.uuid4().hex}"
+    user.mkdir()
+    try:
+        with _scratch_checkpoints("dist") as url:
+            made = Path(url).parent
+            assert made.name.startswith("tt-ckpt-") and made != user
+            CheckpointStore(url).save(1, _tensors(1))
+        assert not made.exists() and user.exists()
+        with _scratch_checkpoints("sim") as url:
+            CheckpointStore(url).save(1, _tensors(1))
+        assert not url_to_fs(url)[0].exists(url_to_fs(url)[1])
+    finally:
+        user.rmdir()
+
+
+def test_runs_sharing_a_checkpoint_dir_never_see_each_others_checkpoints(tmp_path: Path) -> None:
+    shared = tmp_path / "ck"
+    cfg = RunConfig(workload="mlr", checkpoint_every=50, seed=1, checkpoint_dir=str(shared))
+    a = run(replace(cfg, max_iterations=700), tmp_path / "a")
+    a_loc = Path(a["checkpoint_url"])
+    assert _ckpt_steps(a_loc) == [550, 600, 650]
+    # B fails at 230: it restores its own 200, not A's 650, and prunes none of A's.
+    b = run(replace(cfg, failures=["shards=50%@iter=230"]), tmp_path / "b")
+    assert b["recoveries"][0]["restored_from"] == 200 and b["converged"]
+    assert b["run_id"] != a["run_id"] and _ckpt_steps(a_loc) == [550, 600, 650]
+    b_steps = _ckpt_steps(Path(b["checkpoint_url"]))
+    assert len(b_steps) == 3
+    # Another workload in the same folder (its keys differ: it used to crash), and A again.
+    c = run(RunConfig(workload="ridge", checkpoint_every=20, failures=["shards=1@iter=50"],
+                      checkpoint_dir=str(shared)), tmp_path / "c")
+    assert c["recoveries"][0]["restored_from"] == 40 and c["converged"]
+    run(replace(cfg, max_iterations=700), tmp_path / "a2")
+    assert _ckpt_steps(a_loc) == [550, 600, 650]
+    assert _ckpt_steps(Path(b["checkpoint_url"])) == b_steps
+    assert len(list(shared.glob("run-*"))) == 4

@@ -6,10 +6,11 @@ started it, writes the same folder and the same summary fields.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.errors import UserError
+from trainthrough.ft.checkpoint import new_run_id, run_location
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
 from trainthrough.workloads import Workload, make_workload
@@ -39,7 +41,7 @@ def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_u
     if cfg.engine == "ray":
         from trainthrough.engines.ray.engine import RayEngine
 
-        return RayEngine(cfg, workload, callback, checkpoint_url, out)
+        return RayEngine(cfg, workload, callback, checkpoint_url)
     if cfg.engine == "dist":
         from trainthrough.engines.dist.controller import DistEngine
 
@@ -53,17 +55,40 @@ def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_u
     return SimEngine(cfg, workload, callback, checkpoint_url)
 
 
-def _drop_memory(url: str) -> None:
-    """Free an in-memory (or temporary) checkpoint store once its run is over."""
-    if os.path.basename(url).startswith("tt-ckpt-"):
-        shutil.rmtree(url, ignore_errors=True)
-    if url.startswith("memory://"):
-        import fsspec
+def _memory_exists(url: str) -> bool:
+    import fsspec
 
-        fs = fsspec.filesystem("memory")
-        path = url[len("memory://"):]
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+    return bool(fsspec.filesystem("memory").exists(url[len("memory://"):]))
+
+
+def _drop_memory_location(url: str) -> None:
+    """Free one in-memory location (memory:// lives as long as the process)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    path = url[len("memory://"):]
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+@contextlib.contextmanager
+def _scratch_checkpoints(engine: str) -> Iterator[str]:
+    """A checkpoint location for a run without a folder, removed when the run is over.
+
+    Only what this function created is removed, by the object that created it: a
+    folder the project did not make (a user's ``--checkpoint-dir``, whatever its
+    name) is never deleted.
+    """
+    if engine == "sim":
+        base = f"memory://trainthrough/{uuid.uuid4().hex}"
+        try:
+            yield run_location(base, new_run_id())
+        finally:
+            _drop_memory_location(base)
+        return
+    # Real engines' actors run in other processes: they need a real path, not memory.
+    with tempfile.TemporaryDirectory(prefix="tt-ckpt-", ignore_cleanup_errors=True) as base:
+        yield run_location(base, new_run_id())
 
 
 def baseline_config(cfg: RunConfig) -> RunConfig:
@@ -72,15 +97,10 @@ def baseline_config(cfg: RunConfig) -> RunConfig:
 
 
 def run_silent(cfg: RunConfig, callback: Callback | None = None) -> dict[str, Any]:
-    """Run without a folder (baselines, quick checks); checkpoints stay in memory."""
-    # Real engines' actors run in other processes: they need a real path, not memory.
-    url = (f"memory://trainthrough/{uuid.uuid4().hex}" if cfg.engine == "sim"
-           else tempfile.mkdtemp(prefix="tt-ckpt-"))
-    try:
+    """Run without a folder (baselines, quick checks); checkpoints are temporary."""
+    with _scratch_checkpoints(cfg.engine) as url:
         resolved, workload = resolve_defaults(cfg)
         return _engine(resolved, workload, callback or Callback(), url).run().to_dict()
-    finally:
-        _drop_memory(url)
 
 
 def run_baseline(cfg: RunConfig) -> dict[str, Any]:
@@ -121,8 +141,12 @@ def _check_out(out: Path) -> None:
 
 
 def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
-        baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+        baseline: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its folder ``out``; return the summary.
+
+    The run's checkpoints go to ``<checkpoint dir>/run-<run id>/``: runs sharing a
+    checkpoint folder never list, load or prune each other's checkpoints. The id is
+    in ``summary.json`` (``run_id``, ``checkpoint_url``).
 
     Args:
         cfg: the configuration (validated here).
@@ -131,15 +155,26 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         baseline: what :func:`run_baseline` returned for this config, when the caller
             already has it (suites share one per seed); otherwise computed here if
             ``cfg.baseline`` is set.
+        run_id: the run's identity; a fresh one by default. A resumed run passes the
+            id it had, to find its own checkpoints again.
 
     Raises:
         UserError: invalid configuration or an ``out`` folder already in use.
     """
     cfg.validate()
     _check_out(out)
-    url = cfg.checkpoint_dir or str(out / "checkpoints")
+    base = cfg.checkpoint_dir or str(out / "checkpoints")
+    run_id = run_id or new_run_id()
+    try:
+        url = run_location(base, run_id)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    # In memory, checkpoints outlive the run only as a leak (suites run hundreds):
+    # the run's own location goes when it ends, if the run created it.
+    drop = url.startswith("memory://") and not _memory_exists(url)
     resolved, workload = resolve_defaults(cfg)
-    resolved = replace(resolved, checkpoint_dir=url)
+    # The folder, not this run's location in it: the config re-run as is is a new run.
+    resolved = replace(resolved, checkpoint_dir=base)
     recorder: RunRecorder | None = None
     try:
         # Build before touching the disk: bad sizes or ids fail without a folder.
@@ -148,6 +183,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         recorder = RunRecorder(out, resolved.to_toml())
         holder.items.insert(0, recorder)
         summary = engine.run().to_dict()
+        summary.update(run_id=run_id, checkpoint_url=url)
         if baseline is None and cfg.baseline:
             baseline = run_baseline(cfg)
         add_rework(summary, baseline)
@@ -157,7 +193,8 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     finally:
         if recorder is not None:
             recorder.close()
-        _drop_memory(url)
+        if drop:
+            _drop_memory_location(url)
 
 
 def add_rework(summary: dict[str, Any], baseline: dict[str, Any] | None) -> None:

@@ -40,7 +40,7 @@ from trainthrough.dp.rank import Rank
 from trainthrough.engines.dist.faults import Injector
 from trainthrough.engines.dist.group import Group
 from trainthrough.engines.dist.protocol import Plan, post
-from trainthrough.ft.checkpoint import CheckpointStore
+from trainthrough.ft.checkpoint import CheckpointStore, require_ints
 from trainthrough.ft.dp_policies import ElasticPolicy, group_recovery_policy
 from trainthrough.ft.strategy import resolve
 from trainthrough.workloads import make_workload
@@ -90,12 +90,18 @@ class Trainer:
         """Checkpoint-restart: start from the newest valid checkpoint, or from x0."""
         loaded = None
         if self.ckpt is not None:
-            loaded = self.ckpt.load_latest(on_corrupt=lambda m: post(
-                self.store, {"type": "checkpoint-corrupt", "message": m}))
+            # Exactly this replica's tensors and the cursor fields, or it is corrupt.
+            # Every rank skips the same ones; the first reports them.
+            def report(msg: str) -> None:
+                if self.slot == 0:
+                    post(self.store, {"type": "checkpoint-corrupt", "message": msg})
+
+            loaded = self.ckpt.load_latest(on_corrupt=report, like=self.replica.state(),
+                                           check=require_ints("epoch", "offset"))
         if loaded is not None:
             tensors, info = loaded
             self.replica.load(tensors)
-            self.cursor = Cursor(int(info.meta["epoch"]), int(info.meta["offset"]))
+            self.cursor = Cursor(info.meta["epoch"], info.meta["offset"])
             self.logical = info.step
         if self.slot == 0:
             post(self.store, {"type": "restored", "step": self.logical})

@@ -24,6 +24,8 @@ import torch
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.engines.sim.persist import Persister
+from trainthrough.errors import CheckpointCorrupt
+from trainthrough.ft.checkpoint import require_ints
 from trainthrough.ft.checkpointing import CheckpointPolicy
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.prioritized import INDEX_BYTES, row_change, select_rows
@@ -180,8 +182,9 @@ class SimCheckpointer:
             newest = None
             for info in store.list("prio"):
                 try:
-                    tensors, info = store.load(info, tag="prio")
-                except Exception as e:  # CheckpointCorrupt: fall back to older copies
+                    tensors, info = store.load(info, tag="prio", check=self._prio_meta)
+                    self._check_prio(tensors, info.name)
+                except CheckpointCorrupt as e:  # its rows keep an older copy
                     on_corrupt(str(e))
                     continue
                 self.clock.advance(self.costs.storage(info.nbytes))
@@ -191,7 +194,11 @@ class SimCheckpointer:
                         self.c.shards[i].version = int(info.meta["versions"][i])
                 newest = int(info.meta.get("iteration", 0))
             return newest
-        ckpt = store.load_latest(on_corrupt=on_corrupt)
+        # Exactly the cluster's state keys, shapes and dtypes (the table of applied
+        # pushes grows, so only its presence is required).
+        like = {k: None if k.endswith("/applied") else v
+                for k, v in self.c.state_tensors().items()}
+        ckpt = store.load_latest(on_corrupt=on_corrupt, like=like)
         if ckpt is None:
             for i in shard_ids:
                 self.c.reinit(i)
@@ -201,6 +208,46 @@ class SimCheckpointer:
         for i in shard_ids:
             self.c.load_shard(i, tensors)
         return info.step
+
+    def _prio_meta(self, meta: dict[str, Any]) -> None:
+        require_ints("iteration")(meta)
+        v = meta.get("versions")
+        if not isinstance(v, list) or len(v) != len(self.c.shards) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+            raise ValueError("versions is not one non-negative integer per shard")
+
+    def _check_prio(self, tensors: Tensors, name: str) -> None:
+        """A partial save must fit the shards before any of its rows is written back.
+
+        Raises:
+            CheckpointCorrupt: naming checkpoint ``name``: an unknown key, or rows,
+                values or optimizer state whose dtype, shape or row indices do not fit.
+        """
+        def bad(what: str) -> CheckpointCorrupt:
+            return CheckpointCorrupt(f"checkpoint {name} does not fit the shards: {what}")
+
+        ids = {f"shard{i}": i for i in range(len(self.c.shards))}
+        for key, t in tensors.items():
+            head, _, rest = key.partition("/")
+            kind, _, part = rest.partition("/")
+            if head not in ids or kind not in ("rows", "value", "opt"):
+                raise bad(f"unknown key {key}")
+            shard = self.c.shards[ids[head]]
+            ref = shard.opt_state.get(part) if kind == "opt" else shard.values.get(part)
+            owner = (next((n for n in shard.values if part.startswith(f"{n}.")), None)
+                     if kind == "opt" else part)  # None: optimizer state of the whole shard
+            if ref is None:
+                raise bad(f"unknown key {key}")
+            rows = tensors.get(f"{head}/rows/{owner}")
+            if kind == "rows":
+                if t.dim() != 1 or t.dtype != torch.int32 or (
+                        t.numel() and not 0 <= int(t.min()) <= int(t.max()) < ref.shape[0]):
+                    raise bad(f"{key} are not row indices of {part}")
+            elif owner is None:
+                if t.dtype != ref.dtype or t.shape != ref.shape:
+                    raise bad(f"{key} has the wrong dtype or shape")
+            elif rows is None or t.dtype != ref.dtype or t.shape != (rows.numel(), *ref.shape[1:]):
+                raise bad(f"{key} does not match its rows")
 
     def _load_rows(self, i: int, tensors: Tensors) -> None:
         shard = self.c.shards[i]

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from trainthrough.dp.batching import Cursor
+from trainthrough.dp.rank import Rank
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.persist import Persister
-from trainthrough.ft.checkpoint import CheckpointStore
+from trainthrough.ft.checkpoint import CheckpointStore, require_ints
 from trainthrough.ft.checkpointing import CheckpointPolicy
 
 Tensors = dict[str, torch.Tensor]
@@ -84,10 +85,14 @@ class DPCheckpointer:
             self.emit({"type": "checkpoint-abandoned"})
         if self.store is None:
             return None
-        loaded = self.store.load_latest(on_corrupt=on_corrupt)
+        # Exactly a fresh replica's tensors, and the cursor fields: anything else is a
+        # corrupt checkpoint, reported and skipped for the one before it.
+        like = Rank(0, self.g.w, self.g.spec, self.g.x0, self.g.seed).state()
+        loaded = self.store.load_latest(on_corrupt=on_corrupt, like=like,
+                                        check=require_ints("epoch", "offset"))
         if loaded is None:
             return None
         tensors, info = loaded
         self.clock.advance(self.costs.storage(info.nbytes))
-        cursor = Cursor(int(info.meta["epoch"]), int(info.meta["offset"]))
+        cursor = Cursor(info.meta["epoch"], info.meta["offset"])
         return tensors, info.step, cursor

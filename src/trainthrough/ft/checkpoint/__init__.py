@@ -1,6 +1,9 @@
 """Crash-consistent checkpoint storage (safetensors + manifest, local or fsspec)."""
 
 from trainthrough.errors import CheckpointCorrupt
-from trainthrough.ft.checkpoint.store import FORMAT, CheckpointInfo, CheckpointStore
+from trainthrough.ft.checkpoint.location import new_run_id, run_location, run_of
+from trainthrough.ft.checkpoint.manifest import FORMAT
+from trainthrough.ft.checkpoint.store import CheckpointInfo, CheckpointStore, require_ints
 
-__all__ = ["FORMAT", "CheckpointCorrupt", "CheckpointInfo", "CheckpointStore"]
+__all__ = ["FORMAT", "CheckpointCorrupt", "CheckpointInfo", "CheckpointStore", "new_run_id",
+           "require_ints", "run_location", "run_of"]

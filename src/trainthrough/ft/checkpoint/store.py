@@ -2,7 +2,10 @@
 
 Layout: one checkpoint is one folder ``<url>/<tag>-<step:08d>/`` holding one or more
 safetensors files (tensors grouped by the key prefix before the first ``/``) and a
-``manifest.json`` listing every file with its size, sha256 and keys.
+``manifest.json`` listing every file with its size, sha256 and keys (schema and
+limits: :mod:`.manifest`). A store opened on a run's location (``<dir>/run-<id>``,
+:mod:`.location`) stamps the run id into each manifest and never loads or prunes a
+checkpoint stamped with another id.
 
 Crash consistency rests on three rules:
 
@@ -14,9 +17,11 @@ Crash consistency rests on three rules:
   the same tag removes the leftovers.
 * Old checkpoints are pruned only after the new one is complete and renamed, and a pruned
   checkpoint loses its manifest first, so a half-deleted folder is never listed.
-* Every tensor file is verified (size, sha256, parseable, expected keys) before use;
-  :meth:`CheckpointStore.load_latest` skips a checkpoint that fails and falls back to the
-  previous one. Nothing is ever unpickled: tensors go through ``safetensors`` bytes APIs.
+* Everything read is untrusted: the manifest is bounded and schema-checked, every tensor
+  file verified (size, sha256, parseable, expected keys, no unlisted files), and any
+  filesystem error on one checkpoint makes that checkpoint corrupt, nothing more:
+  :meth:`CheckpointStore.load_latest` reports it by name and falls back to the previous
+  one. Nothing is ever unpickled: tensors go through ``safetensors`` bytes APIs.
 
 One writer per (location, tag) is assumed; several threads of one process may share a store.
 """
@@ -25,13 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +45,38 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from trainthrough.errors import CheckpointCorrupt
+from trainthrough.ft.checkpoint.location import run_of
+from trainthrough.ft.checkpoint.manifest import (
+    MANIFEST,
+    MAX_STEP,
+    TAG_RE,
+    FileEntry,
+    check_meta,
+    encode_manifest,
+    file_stem,
+)
+from trainthrough.ft.checkpoint.verify import (
+    Like,
+    Tensors,
+    entries,
+    read_manifest,
+    read_tensors,
+)
 
-FORMAT = "trainthrough-checkpoint/1"
-MANIFEST = "manifest.json"
-ROOT_FILE = "root"  # file stem for keys without a "/" prefix
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
-_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.safetensors$")
+#: A caller's check of the metadata it will use; raising anything rejects the checkpoint.
+MetaCheck = Callable[[dict[str, Any]], object]
+
+
+def require_ints(*keys: str) -> MetaCheck:
+    """A :data:`MetaCheck`: each of ``keys`` is in the metadata, a non-negative integer."""
+
+    def check(meta: dict[str, Any]) -> None:
+        for k in keys:
+            v = meta.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STEP:
+                raise ValueError(f"{k} is {str(v)[:40]}, not an integer in [0, {MAX_STEP}]")
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -57,13 +87,7 @@ class CheckpointInfo:
     name: str
     nbytes: int
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-def _file_stem(key: str) -> str:
-    if "/" not in key:
-        return ROOT_FILE
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", key.split("/", 1)[0]).lstrip(".")
-    return stem or "_"
+    run: str | None = field(default=None, compare=False)
 
 
 class CheckpointStore:
@@ -74,6 +98,7 @@ class CheckpointStore:
 
         Args:
             url: local path or fsspec URL (e.g. ``memory://run1``); created on first save.
+                A run's location (``run_location(dir, id)``) scopes the store to that run.
             keep_last: how many complete checkpoints to keep per tag (>= 1).
 
         Raises:
@@ -83,6 +108,7 @@ class CheckpointStore:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.url = url
         self.keep_last = keep_last
+        self.run_id = run_of(url)
         self._fs, root = url_to_fs(url)
         self._root = root.rstrip("/") or "/"
         self._local = isinstance(self._fs, LocalFileSystem)
@@ -109,14 +135,6 @@ class CheckpointStore:
             finally:
                 os.close(fd)
 
-    def _entries(self) -> list[str]:
-        self._fs.invalidate_cache(self._root)
-        try:
-            paths = self._fs.ls(self._root, detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted(str(p).rstrip("/").rsplit("/", 1)[-1] for p in paths)
-
     def _remove(self, name: str) -> None:
         """Delete a checkpoint folder, manifest first so it is never seen half-deleted."""
         manifest = self._path(name, MANIFEST)
@@ -125,24 +143,36 @@ class CheckpointStore:
         if self._fs.exists(self._path(name)):
             self._fs.rm(self._path(name), recursive=True)
 
-    def _read_info(self, name: str, step: int) -> CheckpointInfo | None:
-        try:
-            raw = self._fs.cat_file(self._path(name, MANIFEST))
-        except FileNotFoundError:
-            return None  # incomplete (or deleted meanwhile)
-        try:
-            man = json.loads(raw)
-            nbytes = len(raw) + sum(int(f["bytes"]) for f in man["files"].values())
-            return CheckpointInfo(step, name, nbytes, dict(man.get("meta") or {}))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            # Listed so load()/load_latest() can report it as corrupt.
-            return CheckpointInfo(step, name, len(raw), {})
+    def _scan(self, tag: str) -> list[tuple[CheckpointInfo, bool]]:
+        """Every complete-looking checkpoint of ``tag``, ascending; ``True`` if it is ours.
+
+        Corrupt ones are listed (so loading reports them) as ours; ones stamped with
+        another run id are listed as not ours: reported, never loaded nor pruned.
+        """
+        if not TAG_RE.match(tag):
+            raise ValueError(f"bad checkpoint tag {tag!r}: use letters, digits, '_' and '-'")
+        pat = re.compile(rf"^{re.escape(tag)}-([0-9]{{1,20}})$")
+        out: list[tuple[CheckpointInfo, bool]] = []
+        for entry in entries(self._fs, self._root):
+            m = pat.match(entry)
+            if not m:
+                continue
+            step = int(m.group(1))
+            try:
+                man = read_manifest(self._fs, self._path(entry), step, tag)
+            except CheckpointCorrupt:
+                out.append((CheckpointInfo(step, entry, 0, {}), True))
+                continue
+            if man is not None:
+                info = CheckpointInfo(step, entry, man.nbytes, dict(man.meta), man.run)
+                out.append((info, man.run == self.run_id))
+        return sorted(out, key=lambda x: x[0].step)
 
     # ------------------------------------------------------------------ public
     def save(
         self,
         step: int,
-        tensors: dict[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor],
         meta: dict[str, Any] | None = None,
         *,
         tag: str = "ckpt",
@@ -155,23 +185,27 @@ class CheckpointStore:
         step, never an older checkpoint).
 
         Args:
-            step: iteration the checkpoint was taken at (>= 0).
-            tensors: name -> tensor; ``"shard0/W"`` goes to file ``shard0.safetensors``.
-                Tensors are detached, moved to CPU and made contiguous; dtype is kept.
-            meta: JSON-able user metadata stored in the manifest.
+            step: iteration the checkpoint was taken at (0 <= step < 2**53).
+            tensors: name -> tensor (at least one); ``"shard0/W"`` goes to file
+                ``shard0.safetensors``. Tensors are detached, moved to CPU and made
+                contiguous; dtype is kept.
+            meta: JSON-able user metadata stored in the manifest (finite numbers,
+                at most 32 levels deep).
             tag: checkpoint family (letters, digits, ``_``, ``-``).
 
         Returns:
             The :class:`CheckpointInfo` of the new checkpoint.
 
         Raises:
-            ValueError: bad step, tag or key. TypeError: ``meta`` not JSON-able.
+            ValueError: bad step, tag, key or meta. TypeError: ``meta`` not JSON-able.
         """
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
-        if not _TAG_RE.match(tag):
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
+        if not TAG_RE.match(tag):
             raise ValueError(f"bad checkpoint tag {tag!r}: use letters, digits, '_' and '-'")
-        meta = json.loads(json.dumps(meta or {}))  # fail before writing; as load() returns it
+        if not tensors:
+            raise ValueError("a checkpoint needs at least one tensor")
+        meta = check_meta(meta)  # fail before writing; as load() returns it
         groups: dict[str, dict[str, torch.Tensor]] = {}
         seen: set[int] = set()
         for key, t in tensors.items():
@@ -182,7 +216,7 @@ class CheckpointStore:
             if t.numel() and ptr in seen:  # safetensors refuses shared storage
                 t = t.clone()
             seen.add(t.untyped_storage().data_ptr())
-            groups.setdefault(f"{_file_stem(key)}.safetensors", {})[key] = t
+            groups.setdefault(f"{file_stem(key)}.safetensors", {})[key] = t
 
         name = f"{tag}-{step:08d}"
         tmp = f"{name}.tmp-{uuid.uuid4().hex}"
@@ -190,25 +224,15 @@ class CheckpointStore:
             self._inflight.add(tmp)
         try:
             self._fs.makedirs(self._path(tmp), exist_ok=True)
-            files: dict[str, dict[str, Any]] = {}
+            files: list[FileEntry] = []
             for fname, group in sorted(groups.items()):
                 data = safetensors.torch.save(group)
                 self._write(self._path(tmp, fname), data)
-                digest = hashlib.sha256(data).hexdigest()
-                files[fname] = {"sha256": digest, "bytes": len(data), "keys": sorted(group)}
-            manifest = {
-                "format": FORMAT,
-                "step": step,
-                "tag": tag,
-                "files": files,
-                "meta": meta,
-                # Fixed-width text, so a checkpoint's byte count (which the sim engine
-                # charges to its clock) does not depend on when it was written.
-                "created": f"{time.time():017.6f}",
-            }
-            raw = json.dumps(manifest, indent=1, sort_keys=True).encode()
+                files.append(FileEntry(fname, hashlib.sha256(data).hexdigest(), len(data),
+                                       tuple(sorted(group))))
+            raw = encode_manifest(step, tag, self.run_id, files, meta, time.time())
             self._write(self._path(tmp, MANIFEST), raw)  # LAST: marks completeness
-            nbytes = len(raw) + sum(f["bytes"] for f in files.values())
+            nbytes = len(raw) + sum(f.nbytes for f in files)
 
             with self._lock:
                 old = None
@@ -224,7 +248,7 @@ class CheckpointStore:
                     self._inflight.discard(old)
                 self._bytes_written += nbytes
                 self._prune(tag, keep=name)
-            return CheckpointInfo(step, name, nbytes, meta)
+            return CheckpointInfo(step, name, nbytes, meta, self.run_id)
         except BaseException:
             # Best effort; after a hard crash the next save of this tag cleans it.
             with contextlib.suppress(Exception):
@@ -236,120 +260,120 @@ class CheckpointStore:
                 self._inflight.discard(tmp)
 
     def _prune(self, tag: str, keep: str) -> None:
-        """Drop ``tag``'s temp/manifest-less folders and all but ``keep_last`` checkpoints."""
-        tmp_re = re.compile(rf"^{re.escape(tag)}-\d+(\.tmp-[0-9a-f]+)?$")
-        for entry in self._entries():
+        """Drop ``tag``'s leftovers and all but ``keep_last`` of this run's checkpoints.
+
+        Best effort: a checkpoint that cannot be removed now is retried at the next save;
+        the save that just completed is not undone by it. Checkpoints stamped with
+        another run id are never touched.
+        """
+        tmp_re = re.compile(rf"^{re.escape(tag)}-[0-9]+(\.tmp-[0-9a-f]+)?$")
+        for entry in entries(self._fs, self._root):
             if not tmp_re.match(entry) or entry in self._inflight or entry == keep:
                 continue
             if ".tmp-" in entry or not self._fs.exists(self._path(entry, MANIFEST)):
-                self._fs.rm(self._path(entry), recursive=True)  # crashed writer's leftovers
-        others = [i.name for i in self.list(tag) if i.name != keep]
-        for name in others[: max(0, len(others) - (self.keep_last - 1))]:
-            self._remove(name)
+                with contextlib.suppress(OSError):  # a crashed writer's leftovers
+                    self._fs.rm(self._path(entry), recursive=True)
+        ours = [i.name for i, owned in self._scan(tag) if owned and i.name != keep]
+        for name in ours[: max(0, len(ours) - (self.keep_last - 1))]:
+            with contextlib.suppress(OSError):
+                self._remove(name)
 
     def list(self, tag: str = "ckpt") -> list[CheckpointInfo]:
-        """List complete checkpoints (manifest present) of ``tag``.
+        """List this run's complete checkpoints (manifest present) of ``tag``.
 
         Args:
             tag: checkpoint family.
 
         Returns:
-            Checkpoints in ascending step order. Temp and manifest-less folders are skipped.
+            Checkpoints in ascending step order, corrupt ones included (loading them
+            raises). Temp and manifest-less folders and other runs' checkpoints are skipped.
         """
-        pat = re.compile(rf"^{re.escape(tag)}-(\d+)$")
-        out: list[CheckpointInfo] = []
         with self._lock:
-            for entry in self._entries():
-                m = pat.match(entry)
-                info = self._read_info(entry, int(m.group(1))) if m else None
-                if info is not None:
-                    out.append(info)
-        return sorted(out, key=lambda i: i.step)
+            return [info for info, owned in self._scan(tag) if owned]
 
     def load(
-        self, info_or_step: CheckpointInfo | int, tag: str = "ckpt"
-    ) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+        self,
+        info_or_step: CheckpointInfo | int,
+        tag: str = "ckpt",
+        *,
+        like: Like | None = None,
+        check: MetaCheck | None = None,
+    ) -> tuple[Tensors, CheckpointInfo]:
         """Load and verify one checkpoint.
 
         Args:
             info_or_step: a :class:`CheckpointInfo` from :meth:`list`, or a step number.
-            tag: checkpoint family (ignored when an info is given).
+            tag: checkpoint family (taken from the name when an info is given).
+            like: what the caller will read: exactly these keys (checked against the
+                manifest before any tensor file is read) and, where a tensor is given,
+                its dtype and shape.
+            check: validates the metadata the caller will use; raising rejects it.
 
         Returns:
             ``(tensors, info)`` with the original keys, shapes and dtypes.
 
         Raises:
-            CheckpointCorrupt: missing/incomplete checkpoint, bad manifest, missing or
-                truncated file, checksum mismatch or unreadable tensors; the message names
-                the path and the problem.
+            CheckpointCorrupt: missing/incomplete checkpoint, invalid manifest, another
+                run's checkpoint, missing/extra/truncated file, checksum mismatch,
+                unreadable tensors, unexpected keys, or any filesystem error; the
+                message names the checkpoint and the problem.
         """
         if isinstance(info_or_step, CheckpointInfo):
             name, step = info_or_step.name, info_or_step.step
+            tag = name.rsplit("-", 1)[0]
         else:
             step = int(info_or_step)
             name = f"{tag}-{step:08d}"
         where = self._path(name)
-
-        def bad(what: str) -> CheckpointCorrupt:
-            return CheckpointCorrupt(f"checkpoint {where} is corrupt: {what}")
-
         with self._lock:
-            try:
-                raw = self._fs.cat_file(self._path(name, MANIFEST))
-            except FileNotFoundError:
+            man = read_manifest(self._fs, where, step, tag)
+            if man is None:
                 if self._fs.exists(where):
-                    raise bad(f"no {MANIFEST} (interrupted write)") from None
-                raise CheckpointCorrupt(f"checkpoint {where} does not exist") from None
+                    raise CheckpointCorrupt(f"checkpoint {where} is corrupt: "
+                                            f"no {MANIFEST} (interrupted write)")
+                raise CheckpointCorrupt(f"checkpoint {where} does not exist")
+            if man.run != self.run_id:
+                raise CheckpointCorrupt(f"checkpoint {where} belongs to run {man.run}, "
+                                        f"not to this run ({self.run_id}): skipped")
             try:
-                man = json.loads(raw)
-                files = man["files"]
-                if man.get("format") != FORMAT or int(man["step"]) != step:
-                    raise ValueError("wrong format or step")
-                entries = [
-                    (f, int(v["bytes"]), str(v["sha256"]), list(v["keys"]))
-                    for f, v in files.items()
-                ]
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                raise bad(f"unreadable {MANIFEST} ({e})") from None
-            tensors: dict[str, torch.Tensor] = {}
-            for fname, size, sha, keys in entries:
-                if not _FILE_RE.match(fname):
-                    raise bad(f"{MANIFEST} names an invalid file {fname!r}")
-                try:
-                    data = self._fs.cat_file(self._path(name, fname))
-                except FileNotFoundError:
-                    raise bad(f"{fname} is missing") from None
-                if len(data) != size:
-                    raise bad(f"{fname} has {len(data)} bytes, manifest says {size} (truncated?)")
-                if hashlib.sha256(data).hexdigest() != sha:
-                    raise bad(f"{fname} fails its sha256 check")
-                try:
-                    part = safetensors.torch.load(data)
-                except Exception as e:  # any parse failure means corrupt
-                    raise bad(f"{fname} is not valid safetensors ({e})") from None
-                if sorted(part) != sorted(keys):
-                    raise bad(f"{fname} holds keys {sorted(part)}, manifest says {sorted(keys)}")
-                tensors.update(part)
-        nbytes = len(raw) + sum(e[1] for e in entries)
-        return tensors, CheckpointInfo(step, name, nbytes, dict(man.get("meta") or {}))
+                tensors = read_tensors(self._fs, where, man, like)
+            except OSError as e:
+                raise CheckpointCorrupt(f"checkpoint {where} is corrupt: "
+                                        f"{type(e).__name__}: {e}") from None
+            except ValueError as e:
+                raise CheckpointCorrupt(f"checkpoint {where} is corrupt: {e}") from None
+        if check is not None:
+            try:
+                check(dict(man.meta))
+            except Exception as e:  # the caller's own validation: any failure rejects
+                raise CheckpointCorrupt(f"checkpoint {where} is corrupt: meta unusable "
+                                        f"({type(e).__name__}: {e})") from None
+        return tensors, CheckpointInfo(step, name, man.nbytes, dict(man.meta), man.run)
 
     def load_latest(
-        self, tag: str = "ckpt", on_corrupt: Callable[[str], None] | None = None
-    ) -> tuple[dict[str, torch.Tensor], CheckpointInfo] | None:
+        self,
+        tag: str = "ckpt",
+        on_corrupt: Callable[[str], None] | None = None,
+        *,
+        like: Like | None = None,
+        check: MetaCheck | None = None,
+    ) -> tuple[Tensors, CheckpointInfo] | None:
         """Load the newest checkpoint of ``tag`` that verifies.
 
         Args:
             tag: checkpoint family.
             on_corrupt: called with the error message (naming the checkpoint) for every
-                newer checkpoint that failed verification and was skipped.
+                newer checkpoint that failed verification, or belongs to another run,
+                and was skipped.
+            like, check: as for :meth:`load`.
 
         Returns:
             ``(tensors, info)``, or ``None`` if no valid checkpoint exists.
         """
         with self._lock:  # no pruning between listing and loading
-            for info in reversed(self.list(tag)):
+            for info, _ in reversed(self._scan(tag)):
                 try:
-                    return self.load(info)
+                    return self.load(info, like=like, check=check)
                 except CheckpointCorrupt as e:
                     if on_corrupt is not None:
                         on_corrupt(str(e))
