@@ -307,3 +307,15 @@ def test_runs_sharing_a_checkpoint_dir_never_see_each_others_checkpoints(tmp_pat
     assert _ckpt_steps(a_loc) == [550, 600, 650]
     assert _ckpt_steps(Path(b["checkpoint_url"])) == b_steps
     assert len(list(shared.glob("run-*"))) == 4
+
+
+def test_in_memory_only_what_the_run_created_is_freed(tmp_path: Path) -> None:
+    fs = url_to_fs("memory://")[0]
+    theirs = f"/tt-user-{uuid.uuid4().hex}"
+    fs.pipe_file(f"{theirs}/keep.txt", b"x")
+    s = run(RunConfig(workload="ridge", checkpoint_dir=f"memory://{theirs}"), tmp_path / "a")
+    assert fs.exists(f"{theirs}/keep.txt") and not fs.exists(url_to_fs(s["checkpoint_url"])[1])
+    fresh = f"memory://tt-new-{uuid.uuid4().hex}"
+    run(RunConfig(workload="ridge", checkpoint_dir=fresh), tmp_path / "b")
+    assert not fs.exists(url_to_fs(fresh)[1])
+    fs.rm(theirs, recursive=True)

@@ -169,9 +169,10 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         url = run_location(base, run_id)
     except ValueError as e:
         raise UserError(str(e)) from None
-    # In memory, checkpoints outlive the run only as a leak (suites run hundreds):
-    # the run's own location goes when it ends, if the run created it.
-    drop = url.startswith("memory://") and not _memory_exists(url)
+    # In memory, checkpoints outlive the run only as a leak (suites run hundreds): what
+    # the run created goes when it ends (the folder if new, else its own location).
+    memory = url.startswith("memory://")
+    drop = None if not memory or _memory_exists(url) else url if _memory_exists(base) else base
     resolved, workload = resolve_defaults(cfg)
     # The folder, not this run's location in it: the config re-run as is is a new run.
     resolved = replace(resolved, checkpoint_dir=base)
@@ -193,8 +194,8 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     finally:
         if recorder is not None:
             recorder.close()
-        if drop:
-            _drop_memory_location(url)
+        if drop is not None:
+            _drop_memory_location(drop)
 
 
 def add_rework(summary: dict[str, Any], baseline: dict[str, Any] | None) -> None:
