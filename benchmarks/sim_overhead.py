@@ -20,8 +20,7 @@ import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.sim.engine import SimEngine
-from trainthrough.lab.runner import resolve_defaults
+from trainthrough.lab.runner import build_engine, resolve_defaults
 from trainthrough.workloads.mlr import MLR
 
 
@@ -52,7 +51,7 @@ def engine_loop(iterations: int, seed: int) -> tuple[float, torch.Tensor]:
     cfg = RunConfig(workload="mlr", strategy="none", shards=4, workers=4, seed=seed,
                     max_iterations=iterations, eval_every=iterations, stop_at_target=False)
     cfg, wl = resolve_defaults(cfg)
-    engine = SimEngine(cfg, wl, Callback(), "memory://bench")
+    engine = build_engine(cfg, wl, Callback(), "memory://bench")
     t0 = time.perf_counter()
     engine.run()
     # run() evaluates at iteration 0 and at the end; time those evaluations out.

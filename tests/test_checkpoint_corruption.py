@@ -430,11 +430,13 @@ def _assert_skipped(cb: CorruptAtFailure, summary: dict[str, Any], events: list[
 @pytest.mark.parametrize("how", sorted(IN_RUN))
 def test_sim_parameter_server_resumes_from_the_previous_checkpoint(tmp_path: Path,
                                                                     how: str) -> None:
-    cb = CorruptAtFailure(tmp_path / "ck", "ckpt", IN_RUN[how])
+    # Each shard saves itself (tag shard<i>); shard 0's newest is corrupted, so the
+    # rollback of every shard lands on the previous checkpoint for all of them.
+    cb = CorruptAtFailure(tmp_path / "ck", "shard0", IN_RUN[how])
     summary, events = _run(tmp_path, cb, workload="mlr", strategy="checkpoint-restart",
                            checkpoint_every=50, failures=["shards=50%@iter=230"], seed=1)
     _assert_skipped(cb, summary, events)
-    assert cb.corrupted == "ckpt-00000200" and cb.expected == 150
+    assert cb.corrupted == "shard0-00000200" and cb.expected == 150
     assert summary["recoveries"][0]["restored_from"] == 150
 
 

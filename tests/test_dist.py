@@ -13,8 +13,8 @@ import pytest
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.dist.controller import DistEngine
-from trainthrough.lab.runner import resolve_defaults, run_silent
+from trainthrough.engines.gloo.controller import GlooEngine
+from trainthrough.lab.runner import build_engine, resolve_defaults, run_silent
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,7 +25,7 @@ class Watch(Callback):
     def __init__(self, done: Any = None) -> None:
         self.events: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
-        self.engine: DistEngine | None = None
+        self.engine: GlooEngine | None = None
         self.done = done
 
     def on_event(self, event: dict[str, Any]) -> None:
@@ -40,10 +40,11 @@ class Watch(Callback):
         return [e for e in self.events if e["type"] == kind]
 
 
-def _engine(tmp_path: Path, cb: Watch, **kw: Any) -> DistEngine:
+def _engine(tmp_path: Path, cb: Watch, **kw: Any) -> GlooEngine:
     cfg, w = resolve_defaults(RunConfig(paradigm="dp", engine="dist", **kw))
     cfg.validate()
-    e = DistEngine(cfg, w, cb, str(tmp_path / "checkpoints"))
+    e = build_engine(cfg, w, cb, str(tmp_path / "checkpoints"))
+    assert isinstance(e, GlooEngine)
     cb.engine = e
     return e
 

@@ -29,7 +29,7 @@ from trainthrough.ft.dp_policies import (
 )
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab import perf_model as pm
-from trainthrough.lab.runner import resolve_defaults, run_silent
+from trainthrough.lab.runner import build_engine, resolve_defaults, run_silent
 from trainthrough.workloads import make_workload
 
 from .conftest import read_summary
@@ -52,7 +52,8 @@ class Events(Callback):
 def _engine(cb: Callback | None = None, **kw: Any) -> SimDPEngine:
     kw.setdefault("stop_at_target", False)
     cfg, w = resolve_defaults(RunConfig(paradigm="dp", workload=kw.pop("workload", "mlr"), **kw))
-    return SimDPEngine(cfg, w, cb or Callback(), f"memory://test-dp/{id(cfg)}")
+    return build_engine(cfg, w, cb or Callback(),  # type: ignore[return-value]
+                        f"memory://test-dp/{id(cfg)}")
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

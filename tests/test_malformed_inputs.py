@@ -376,14 +376,14 @@ class _NoTraining:
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sim engines may be built (some sizes are checked there), never run; no other
     engine is even built, so a regression cannot start Ray or gloo processes here."""
-    build = runner._engine
+    build = runner.build_engine
 
     def guarded(cfg: RunConfig, *args: Any, **kwargs: Any) -> _NoTraining:
         assert cfg.engine == "sim", f"bad input reached the {cfg.engine} engine"
         build(cfg, *args, **kwargs)
         return _NoTraining()
 
-    monkeypatch.setattr(runner, "_engine", guarded)
+    monkeypatch.setattr(runner, "build_engine", guarded)
 
 
 def _summaries(folder: Path) -> list[Path]:

@@ -12,7 +12,7 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.sim.engine import SimEngine
 from trainthrough.ft.prioritized import PrioritizedEvery, row_change, select_rows
-from trainthrough.lab.runner import resolve_defaults, run_baseline, run_silent
+from trainthrough.lab.runner import build_engine, resolve_defaults, run_baseline, run_silent
 
 
 def test_largest_change_takes_the_biggest_rows_within_the_byte_budget() -> None:
@@ -60,7 +60,8 @@ def test_prioritized_policy_period_and_bytes_per_interval(every: int, fraction: 
 
 def _engine(strategy: str, **kw) -> SimEngine:  # noqa: ANN003
     cfg, wl = resolve_defaults(RunConfig(workload="mlr", strategy=strategy, seed=0, **kw))
-    return SimEngine(cfg, wl, Callback(), f"memory://test-scar/{random.random()}")
+    return build_engine(cfg, wl, Callback(),  # type: ignore[return-value]
+                        f"memory://test-scar/{random.random()}")
 
 
 @pytest.mark.parametrize("fraction,saves", [(0.25, 16), (None, 40)])
@@ -82,7 +83,7 @@ def test_restore_assembles_the_freshest_saved_copy_of_every_row() -> None:
                 stop_at_target=False)
     e.run()
     ck = e.checkpointer
-    saved = {n: v.clone() for n, v in ck._ref[1].items()}  # what was last saved, per row
+    saved = {n: v.clone() for n, v in ck.backend.savers[1]._ref.items()}  # last saved, per row
     current = {n: v.clone() for n, v in e.cluster.shards[1].values.items()}
     e.cluster.wipe(1)
     ck.restore([1], lambda msg: pytest.fail(msg))

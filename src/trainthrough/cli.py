@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Train through failures and measure what recovery costs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run(sub)
-    sub.add_parser("list", help="list workloads, strategies, engines and suites")
+    lp = sub.add_parser("list", help="list workloads, strategies, engines and suites")
+    lp.add_argument("--engines", action="store_true",
+                    help="print what each engine runs (the capability matrix)")
     _add_compare(sub)
     return parser
 
@@ -150,16 +152,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_list() -> int:
-    from trainthrough.config import ENGINES
+def _cmd_list(engines_matrix: bool = False) -> int:
+    from trainthrough.engines import registry
     from trainthrough.ft.strategy import PRESETS
     from trainthrough.lab.suites import SUITES
     from trainthrough.workloads import WORKLOADS
 
+    if engines_matrix:
+        print("\n".join(registry.matrix_lines()))
+        return 0
     for title, items in (("workloads", {k: v[1] for k, v in WORKLOADS.items()}),
                          ("strategies", {k: f"[{'/'.join(v.paradigms)}] {v.description}"
                                          for k, v in PRESETS.items()}),
-                         ("engines", ENGINES),
+                         ("engines", {n: registry.entry(n).description
+                                      for n in registry.names()}),
                          ("suites", {k: v.description for k, v in SUITES.items()})):
         print(f"{title}:")
         for name, desc in items.items():
@@ -208,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "list":
-            return _cmd_list()
+            return _cmd_list(args.engines)
         return _cmd_compare(args)
     except UserError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -26,7 +26,7 @@ class Strategy:
     (data parallel; ``rollback-all`` is checkpoint-restart in both); ``replication``:
     ``none``, ``chain-sync`` or ``chain-async``; ``outage`` (what workers do while a
     shard is down): ``wait`` or ``buffer``. :attr:`paradigms` says where the strategy
-    applies, :attr:`engines` which engines run it.
+    applies; which engines run it is for the engines to declare (engines/registry.py).
     """
 
     name: str
@@ -36,7 +36,6 @@ class Strategy:
     recovery: str = "reinit"
     replication: str = "none"
     outage: str = "wait"
-    engines: tuple[str, ...] = ("sim", "ray", "dist")
 
     def checkpoint_policy(self, every: int, fraction: float | None = None,
                           rule: str = "largest-change") -> CheckpointPolicy:
@@ -113,16 +112,16 @@ PRESETS: dict[str, Strategy] = {
         Strategy("chain-sync",
                  "TTF: chain of R replicas per shard, a push acknowledged once the tail "
                  "applied it, reads from the tail; failover promotes a replica",
-                 recovery="failover", replication="chain-sync", engines=("ray",)),
+                 recovery="failover", replication="chain-sync"),
         Strategy("chain-async",
                  "TTF: chain of R replicas, the head acknowledges at once and forwards in "
                  "the background with bounded lag", recovery="failover",
-                 replication="chain-async", engines=("ray",)),
+                 replication="chain-async"),
         Strategy("stateless",
                  "TTF: while a shard is down workers keep computing on the weights they "
                  "hold and buffer updates; the restarted shard (from its checkpoint) "
                  "applies the backlog", checkpoint="full", persist="async",
-                 recovery="restore-lost", outage="buffer", engines=("ray",)),
+                 recovery="restore-lost", outage="buffer"),
         Strategy("rollback",
                  "data parallel: immediate mini-batch rollback; survivors undo the partial "
                  "step and redo that mini-batch, no checkpoint read",
@@ -152,9 +151,13 @@ def resolve(text: str) -> Strategy:
                         "(or compose: 'checkpoint=full,recovery=restore-lost')")
     fields: dict[str, str] = {}
     base = PRESETS["none"]
+    seen: set[str] = set()
     for part in text.split(","):
         key, _, val = part.partition("=")
         key, val = key.strip(), val.strip()
+        if key in seen:
+            raise UserError(f"strategy: {key} is given twice in {text!r}")
+        seen.add(key)
         if key == "base":
             if val not in PRESETS:
                 raise UserError(f"strategy: unknown base preset {val!r}")
@@ -168,8 +171,6 @@ def resolve(text: str) -> Strategy:
             raise UserError(f"strategy: unknown key {key!r}; use base, "
                             f"{', '.join(_CHOICES)}")
     out = replace(base, name=text, description="custom composition", **fields)  # type: ignore[arg-type]
-    if out.replication != "none" or out.outage != "wait" or out.recovery == "failover":
-        out = replace(out, engines=("ray",))
     if (out.recovery == "failover") != (out.replication != "none"):
         raise UserError("strategy: recovery=failover goes with a chain replication "
                         "(replication=chain-sync or chain-async), and a chain with failover")

@@ -7,6 +7,7 @@ started it, writes the same folder and the same summary fields.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import tempfile
 import uuid
@@ -16,19 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.base import Engine, RunContext
 from trainthrough.engines.callbacks import Callback, Callbacks
+from trainthrough.engines.registry import canonical, entry
+from trainthrough.engines.result import limits, new_result
 from trainthrough.errors import UserError
+from trainthrough.faults.spec import parse
 from trainthrough.ft.checkpoint import new_run_id, run_location
+from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
 from trainthrough.workloads import Workload, make_workload
 
 
 def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
-    """Fill the fields left to the workload, so ``config.toml`` is fully resolved."""
+    """Fill the fields left to the workload, so ``config.toml`` is fully resolved
+    (engine aliases resolved too: ``dist`` is recorded as ``gloo``)."""
     workload = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
     return replace(
-        cfg,
+        cfg, engine=canonical(cfg.engine),
         max_iterations=cfg.max_iterations or workload.default_max_iterations,
         eval_every=cfg.eval_every or workload.default_eval_every,
         checkpoint_every=cfg.checkpoint_every or workload.default_checkpoint_every,
@@ -36,23 +43,22 @@ def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
     ), workload
 
 
-def _engine(cfg: RunConfig, workload: Workload, callback: Callback, checkpoint_url: str,
-            out: Path | None = None) -> Any:
-    if cfg.engine == "ray":
-        from trainthrough.engines.ray.engine import RayEngine
+def build_engine(cfg: RunConfig, workload: Workload, callback: Callback,
+                 checkpoint_url: str) -> Engine:
+    """Build the run context once and hand it to the configured engine.
 
-        return RayEngine(cfg, workload, callback, checkpoint_url)
-    if cfg.engine == "dist":
-        from trainthrough.engines.dist.controller import DistEngine
-
-        return DistEngine(cfg, workload, callback, checkpoint_url)
-    if cfg.paradigm == "dp":
-        from trainthrough.engines.sim.dp_engine import SimDPEngine
-
-        return SimDPEngine(cfg, workload, callback, checkpoint_url)
-    from trainthrough.engines.sim.engine import SimEngine
-
-    return SimEngine(cfg, workload, callback, checkpoint_url)
+    ``cfg`` must already be resolved (:func:`resolve_defaults`): nothing downstream
+    re-resolves the strategy or re-parses the failure specs.
+    """
+    engine = canonical(cfg.engine)
+    ctx = RunContext(cfg=cfg, workload=workload, strategy=resolve(cfg.strategy),
+                     specs=parse(cfg.failures), limits=limits(cfg, workload),
+                     callback=callback, checkpoint_url=checkpoint_url,
+                     result=new_result(cfg, workload, engine,
+                                       limits(cfg, workload).target), engine=engine)
+    module, _, name = entry(engine).factory.partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    return factory(ctx)  # type: ignore[no-any-return]
 
 
 def _memory_exists(url: str) -> bool:
@@ -100,7 +106,7 @@ def run_silent(cfg: RunConfig, callback: Callback | None = None) -> dict[str, An
     """Run without a folder (baselines, quick checks); checkpoints are temporary."""
     with _scratch_checkpoints(cfg.engine) as url:
         resolved, workload = resolve_defaults(cfg)
-        return _engine(resolved, workload, callback or Callback(), url).run().to_dict()
+        return build_engine(resolved, workload, callback or Callback(), url).run().to_dict()
 
 
 def run_baseline(cfg: RunConfig) -> dict[str, Any]:
@@ -180,7 +186,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     try:
         # Build before touching the disk: bad sizes or ids fail without a folder.
         holder = Callbacks(list(callbacks or []))
-        engine = _engine(resolved, workload, holder, url, out)
+        engine = build_engine(resolved, workload, holder, url)
         recorder = RunRecorder(out, resolved.to_toml())
         holder.items.insert(0, recorder)
         summary = engine.run().to_dict()

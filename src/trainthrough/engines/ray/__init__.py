@@ -1,11 +1,26 @@
 """The ``ray`` engine: shards, replicas and workers as Ray actors, failures as SIGKILL.
 
 Ray reads some settings when it is imported, so the loopback settings go into the
-environment here, before any submodule imports ray (see runtime.py for why).
+environment here, before any submodule imports ray (see runtime.py for why). This
+module also declares what the engine runs; importing it does not import Ray.
 """
 
 import os
 
+from trainthrough.engines.capabilities import caps
+
 for _k, _v in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_DEDUP_LOGS": "0"}.items():
     os.environ.setdefault(_k, _v)
+
+DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIGKILLs"
+ENGINE = "trainthrough.engines.ray.engine:RayEngine"
+CAPABILITIES = {
+    # Workers run asynchronously, each at its own pace; rollback-all and prioritized
+    # checkpoints are not claimed: this engine does not carry them out as sim does.
+    "ps": caps(consistency=("async",), checkpoint=("none", "full"), persist=("sync", "async"),
+               recovery=("reinit", "restore-lost", "failover"),
+               replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
+               targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
+               phases=("",), replica_position=True),
+}

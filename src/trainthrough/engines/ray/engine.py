@@ -22,16 +22,12 @@ from typing import Any
 import ray
 import torch
 
-from trainthrough.config import RunConfig
-from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.base import RunContext
 from trainthrough.engines.ray.cluster import Member, RayCluster, flat
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
-from trainthrough.engines.result import Recovery, RunResult, limits, new_result
-from trainthrough.faults.schedule import FailureEvent, FailureSchedule
-from trainthrough.faults.spec import parse, validate
-from trainthrough.ft.strategy import resolve
+from trainthrough.engines.result import Recovery, RunResult
+from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ps.layout import make_layout
-from trainthrough.workloads.base import Workload
 
 TICK = 0.02
 
@@ -39,37 +35,33 @@ TICK = 0.02
 class RayEngine:
     """Runs one configuration on Ray actors."""
 
-    def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
-                 checkpoint_url: str) -> None:
-        self.cfg, self.w, self.cb, self.url = cfg, workload, callback, checkpoint_url
-        self.strategy = resolve(cfg.strategy)
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        cfg, workload = ctx.cfg, ctx.workload
+        self.cfg, self.w, self.cb, self.url = cfg, workload, ctx.callback, ctx.checkpoint_url
+        self.strategy = ctx.strategy
         spec = workload.default_optimizer
         if cfg.lr is not None:
             spec = replace(spec, lr=cfg.lr)
         self.spec = spec
         self.x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
         self.layout = make_layout(self.x0, cfg.shards)
-        self.specs = parse(cfg.failures)
         replicas = cfg.replicas if self.strategy.replication != "none" else 1
         self.sizes = {"shard": cfg.shards, "worker": cfg.workers, "replica": replicas}
-        validate(self.specs, self.sizes)
-        lim = limits(cfg, workload)
-        self.target, self.max_iter = lim.target, lim.max_iterations
-        self.eval_every = lim.eval_every
+        self.schedule = ctx.schedule(self.sizes)  # validates ids before anything starts
+        self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
         self.every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.policy = self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
                                                       cfg.checkpoint_rule)
-        self.result = new_result(cfg, workload, "ray", self.target)
+        self.result = ctx.result
 
     def _emit(self, event: dict[str, Any]) -> None:
-        event.setdefault("wall_seconds", round(time.perf_counter() - self.t0, 4))
-        event.setdefault("sim_seconds", event["wall_seconds"])
-        self.cb.on_event(event)
+        self.ctx.emit(event)
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
         started = ensure_ray(self.cfg.ray_address)
-        self.t0 = time.perf_counter()
+        self.ctx.start_clock()
         cluster = None
         try:
             cluster = RayCluster(self.cfg, self.strategy, self.layout, self.x0, self.spec,
@@ -84,11 +76,10 @@ class RayEngine:
 
     def _loop(self, c: RayCluster) -> RunResult:
         self.c = c
-        self.schedule = FailureSchedule(self.specs, self.sizes, self.cfg.seed)
         self.pending: list[dict[str, Any]] = []  # replacements waiting for their down time
         self.measuring: list[dict[str, Any]] = []  # recoveries waiting for the next update
         self.incarnation = [0] * self.cfg.workers
-        self.t0 = time.perf_counter()
+        self.ctx.start_clock()
         runs = {m.name: m.handle.run.remote(self.max_iter)
                 for m in c.members.values() if m.kind == "worker"}
         last_ckpt = last_eval = 0
@@ -109,7 +100,7 @@ class RayEngine:
                 m = c.members.get(name)  # type: ignore[assignment]
                 if m is not None and m.in_service and name in c.chains[m.index].members:
                     self._on_death(m, iteration)
-            now = time.perf_counter() - self.t0
+            now = self.ctx.wall()
             progress = self._progress()
             iteration = sum(p["step"] for p in progress.values()) // self.cfg.workers
             for e in self.schedule.due(iteration, now):
@@ -123,7 +114,7 @@ class RayEngine:
                     self._checkpoint(last_ckpt, d.asynchronous)
             if iteration >= last_eval + self.eval_every:
                 last_eval = iteration - iteration % self.eval_every
-                done = self._evaluate(iteration, progress) and self.cfg.stop_at_target
+                done = self._evaluate(iteration, progress)
             self.cb.after_step(iteration, now)
             done = done or iteration >= self.max_iter or (
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
@@ -168,20 +159,9 @@ class RayEngine:
         params = self.c.pull()
         if params is None:
             return False  # a shard is down: nothing to score
-        self.cb.on_params(iteration, params)
-        ev = self.w.evaluate(params)
-        now = time.perf_counter() - self.t0
-        rec = {"iteration": iteration, "sim_seconds": now, "wall_seconds": now,
-               "metric": ev.metric, "loss": ev.loss, **ev.extras,
-               "updates_applied": sum(p["pushes"] for p in progress.values()),
-               "idle_seconds": sum(p["idle"] for p in progress.values())}
-        self.cb.after_eval(rec)
-        self.result.final_metric = ev.metric
-        if self.result.iterations_to_target is None and self.w.reached(ev.metric, self.target):
-            self.result.iterations_to_target = iteration
-            self.result.sim_seconds_to_target = now
-            self.result.converged = True
-        return self.result.converged
+        return self.ctx.evaluate(
+            params, iteration, updates_applied=sum(p["pushes"] for p in progress.values()),
+            idle_seconds=sum(p["idle"] for p in progress.values()))
 
     def _checkpoint(self, step: int, asynchronous: bool) -> None:
         heads = [self.c.head(i) for i in range(self.layout.num_shards)]
@@ -261,7 +241,7 @@ class RayEngine:
         spent = total - at_kill[1]
         return (busy - at_kill[0]) / spent if spent > 0 else None
 
-    def _acknowledged_lost(self, progress: dict[str, dict[str, Any]]) -> int:
+    def _acknowledged_lost(self, progress: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         """(shard, worker) pairs whose last acknowledged push a serving replica lacks.
 
         Each worker reports the highest sequence number each shard acknowledged; each
@@ -275,7 +255,7 @@ class RayEngine:
             w = self.c.members[name].index
             for shard, seq in p.get("acked", {}).items():
                 acked[(int(shard), w)] = max(acked.get((int(shard), w), -1), int(seq))
-        lost = 0
+        lost = []
         for i in range(self.layout.num_shards):
             for name in self.c.chains[i].members:
                 try:
@@ -283,21 +263,23 @@ class RayEngine:
                                       timeout=10)["applied"]
                 except ray.exceptions.RayError:
                     continue
-                lost += sum(1 for (s, w), q in acked.items()
-                            if s == i and applied.get(w, -1) < q)
+                lost += [{"shard": s, "replica": name, "worker": w, "acknowledged": q,
+                          "applied": applied.get(w, -1)}
+                         for (s, w), q in acked.items() if s == i and applied.get(w, -1) < q]
         return lost
 
     def _finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
         r = self.result
         r.iterations = iteration
         r.updates_applied = sum(p["pushes"] for p in progress.values())
-        r.wall_seconds = r.sim_seconds = time.perf_counter() - self.t0
+        r.wall_seconds = r.sim_seconds = self.ctx.wall()
         r.extras.update({
             "worker_busy_seconds": sum(p["busy"] for p in progress.values()),
             "worker_idle_seconds": sum(p["idle"] for p in progress.values()),
             "worker_comm_seconds": sum(p.get("comm", 0.0) for p in progress.values()),
             "updates_buffered": sum(p["buffered"] for p in progress.values()),
-            "acknowledged_lost": self._acknowledged_lost(progress),
+            "acknowledged_lost": len(lost := self._acknowledged_lost(progress)),
+            "acknowledged_lost_detail": lost[:10],
             "time_to_target": r.sim_seconds_to_target})
         return r
 

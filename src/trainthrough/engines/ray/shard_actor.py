@@ -30,7 +30,7 @@ from trainthrough.workloads.base import OptimizerSpec
 Tensors = dict[str, torch.Tensor]
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)  # type: ignore[call-overload]
 class ShardActor:
     """One shard replica. ``mode``: ``none`` (no successor), ``sync`` or ``async``."""
 

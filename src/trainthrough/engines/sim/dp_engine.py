@@ -25,21 +25,18 @@ from typing import Any
 
 import torch
 
-from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import Reduced, allreduce, ring_seconds
-from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.result import RunResult, limits, new_result
+from trainthrough.engines.base import RunContext
+from trainthrough.engines.result import RunResult
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import DPCheckpointer
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.dp_recovery import Hit, InFlight, SimDPRecovery
 from trainthrough.errors import UserError
-from trainthrough.faults.schedule import FailureSchedule
-from trainthrough.faults.spec import FailureSpec, parse, validate
+from trainthrough.faults.spec import FailureSpec
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.dp_policies import ElasticPolicy, ReplacementPolicy, group_recovery_policy
-from trainthrough.ft.strategy import resolve
-from trainthrough.workloads.base import Params, Workload
+from trainthrough.workloads.base import Params
 
 
 def _check_phases(specs: list[FailureSpec], buckets: int) -> None:
@@ -55,12 +52,13 @@ def _check_phases(specs: list[FailureSpec], buckets: int) -> None:
 class SimDPEngine:
     """Runs one data-parallel configuration to its target (or its iteration budget)."""
 
-    def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
-                 checkpoint_url: str) -> None:
+    def __init__(self, ctx: RunContext) -> None:
         # One intra-op thread: the tensors are small and torch's pool is slow here.
         torch.set_num_threads(1)
-        self.cfg, self.w, self.cb = cfg, workload, callback
-        self.strategy = resolve(cfg.strategy)
+        self.ctx = ctx
+        cfg, workload, checkpoint_url = ctx.cfg, ctx.workload, ctx.checkpoint_url
+        self.cfg, self.w, self.cb = cfg, workload, ctx.callback
+        self.strategy = ctx.strategy
         self.strategy.require("dp")
         self.policy = group_recovery_policy(self.strategy.recovery)
         spec = workload.default_optimizer
@@ -69,9 +67,8 @@ class SimDPEngine:
         x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
         self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic)
-        specs = parse(cfg.failures)
-        validate(specs, {"rank": cfg.ranks})
-        _check_phases(specs, len(self.g.buckets))
+        schedule = ctx.schedule({"rank": cfg.ranks})
+        _check_phases(ctx.specs, len(self.g.buckets))
         self.clock = VirtualClock()
         self.costs = Costs(cfg.cost, workload.step_seconds)
         store = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
@@ -79,12 +76,10 @@ class SimDPEngine:
         every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.ckpt = DPCheckpointer(self.g, store, self.strategy.checkpoint_policy(every),
                                    self.clock, self.costs, self._emit)
-        lim = limits(cfg, workload)
-        self.target, self.max_iter = lim.target, lim.max_iterations
-        self.eval_every = lim.eval_every
-        self.result = new_result(cfg, workload, "sim", self.target)
+        self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
+        self.result = ctx.result
         self.recovery = SimDPRecovery(
-            self.g, FailureSchedule(specs, {"rank": cfg.ranks}, cfg.seed), self.policy,
+            self.g, schedule, self.policy,
             ReplacementPolicy(cfg.replace, cfg.cost.replace_seconds), self.ckpt, self.clock,
             self.costs, self.result, self._emit)
         self.executed = self.logical = 0
@@ -92,30 +87,15 @@ class SimDPEngine:
 
     # -- hooks ------------------------------------------------------------------
     def _emit(self, event: dict[str, Any]) -> None:
-        event.setdefault("sim_seconds", round(self.clock.now, 6))
-        self.cb.on_event(event)
+        self.ctx.emit(event, sim_seconds=self.clock.now)
 
     def params(self) -> Params:
         """The parameters of the lowest live rank (every live replica is identical)."""
         return self.g.params()
 
     def _evaluate(self) -> bool:
-        params = self.g.params()
-        self.cb.on_params(self.executed, params)
-        ev = self.w.evaluate(params)
-        self.cb.after_eval({"iteration": self.executed, "logical_iteration": self.logical,
-                            "sim_seconds": self.clock.now,
-                            "wall_seconds": time.perf_counter() - self._wall0,
-                            "metric": ev.metric, "loss": ev.loss, "ranks": len(self.g.ranks),
-                            **ev.extras})
-        r = self.result
-        r.final_metric = ev.metric
-        if r.iterations_to_target is None and self.w.reached(ev.metric, self.target):
-            r.iterations_to_target, r.sim_seconds_to_target = self.executed, self.clock.now
-            r.converged = True
-        if not (r.converged and self.cfg.stop_at_target):
-            return False
-        return self.executed >= r.iterations_to_target * (1 + self.cfg.past_target)  # type: ignore[operator]
+        return self.ctx.evaluate(self.g.params(), self.executed, sim_seconds=self.clock.now,
+                                 logical_iteration=self.logical, ranks=len(self.g.ranks))
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:

@@ -19,35 +19,32 @@ from typing import Any
 
 import torch
 
-from trainthrough.config import RunConfig
-from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.result import RunResult, limits, new_result
+from trainthrough.engines.base import RunContext
+from trainthrough.engines.result import RunResult
 from trainthrough.engines.sim.checkpoints import SimCheckpointer
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.engines.sim.recovery import SimRecovery
-from trainthrough.faults.schedule import FailureSchedule
-from trainthrough.faults.spec import parse, validate
 from trainthrough.ft.checkpoint import CheckpointStore
-from trainthrough.ft.strategy import resolve
 from trainthrough.ps.layout import make_layout
 from trainthrough.ps.shard import Shard
 from trainthrough.ps.worker import Worker
-from trainthrough.workloads.base import Params, Workload
+from trainthrough.workloads.base import Params
 
 
 class SimEngine:
     """Runs one configuration to its target (or its iteration budget)."""
 
-    def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
-                 checkpoint_url: str) -> None:
+    def __init__(self, ctx: RunContext) -> None:
         # One intra-op thread: the tensors here are small, and on a busy 2-core
         # machine torch's thread pool made a 32x10 softmax 700x slower (7 ms vs 10 us).
         torch.set_num_threads(1)
+        self.ctx = ctx
+        cfg, workload, checkpoint_url = ctx.cfg, ctx.workload, ctx.checkpoint_url
         self.cfg = cfg
         self.w = workload
-        self.cb = callback
-        self.strategy = resolve(cfg.strategy)
+        self.cb = ctx.callback
+        self.strategy = ctx.strategy
         spec = workload.default_optimizer
         if cfg.lr is not None:
             from dataclasses import replace
@@ -60,9 +57,8 @@ class SimEngine:
         workers = [Worker(i, workload, d, cfg.seed) for i, d in enumerate(data)]
         for wk in workers:
             wk.start(x0)
-        specs = parse(cfg.failures)
         sizes = {"shard": cfg.shards, "worker": cfg.workers}
-        validate(specs, sizes)
+        self.schedule = ctx.schedule(sizes)
         # Prioritized saves are pruned by row ownership, not by count (see checkpoints.py).
         keep = cfg.checkpoint_keep if self.strategy.checkpoint == "full" else 10**9
         store = (CheckpointStore(checkpoint_url, keep_last=keep)
@@ -70,7 +66,6 @@ class SimEngine:
         self.cluster = SimCluster(workload, layout, x0, shards, workers, store)
         self.clock = VirtualClock()
         self.costs = Costs(cfg.cost, workload.step_seconds)
-        self.schedule = FailureSchedule(specs, sizes, cfg.seed)
         every = cfg.checkpoint_every or workload.default_checkpoint_every
         policy = self.strategy.checkpoint_policy(every, cfg.checkpoint_fraction,
                                                  cfg.checkpoint_rule)
@@ -78,37 +73,17 @@ class SimEngine:
                                             self._emit, cfg.seed)
         self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
                                     self.checkpointer, self.clock, self.costs, self._emit)
-        lim = limits(cfg, workload)
-        self.target, self.max_iter = lim.target, lim.max_iterations
-        self.eval_every = lim.eval_every
-        self.result = new_result(cfg, workload, "sim", self.target)
+        self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
+        self.result = ctx.result
         self._wall0 = time.perf_counter()
 
     # -- hooks ------------------------------------------------------------------
     def _emit(self, event: dict[str, Any]) -> None:
-        event.setdefault("sim_seconds", round(self.clock.now, 6))
-        self.cb.on_event(event)
+        self.ctx.emit(event, sim_seconds=self.clock.now)
 
     def _evaluate(self, executed: int, logical: int) -> bool:
-        params = self.cluster.params()
-        self.cb.on_params(executed, params)
-        ev = self.w.evaluate(params)
-        rec = {"iteration": executed, "logical_iteration": logical,
-               "sim_seconds": self.clock.now,
-               "wall_seconds": time.perf_counter() - self._wall0,
-               "metric": ev.metric, "loss": ev.loss, **ev.extras}
-        self.cb.after_eval(rec)
-        self.result.final_metric = ev.metric
-        if self.result.iterations_to_target is None and self.w.reached(ev.metric, self.target):
-            self.result.iterations_to_target = executed
-            self.result.sim_seconds_to_target = self.clock.now
-            self.result.converged = True
-        if not (self.result.converged and self.cfg.stop_at_target):
-            return False
-        # Optionally keep going past the target (baselines do, to locate x* better).
-        reached = self.result.iterations_to_target
-        assert reached is not None  # converged implies it was recorded
-        return executed >= reached * (1 + self.cfg.past_target)
+        return self.ctx.evaluate(self.cluster.params(), executed, sim_seconds=self.clock.now,
+                                 logical_iteration=logical)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:

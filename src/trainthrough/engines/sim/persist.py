@@ -45,14 +45,20 @@ class Persister:
         snap = nbytes / self.costs.m.memory_bandwidth
         self.clock.advance(snap)
         self.blocked += wait + snap
-        self._pending = (self.clock.now + self.costs.storage(nbytes), owner, finish)
+        self._pending = (self.clock.now + self.costs.storage(nbytes), owner,
+                         lambda _: finish(wait + snap))
+
+    @property
+    def pending(self) -> bool:
+        """A background write is in flight."""
+        return self._pending is not None
 
     def flush_due(self) -> None:
         """Complete a background write whose simulated time is up."""
         if self._pending is not None and self._pending[0] <= self.clock.now:
             finish = self._pending[2]
             self._pending = None
-            finish(0.0)
+            finish(0.0)  # the write's own stall was bound in when it started
 
     def drop(self, owner: Any = None) -> bool:
         """Abandon the write in flight (only ``owner``'s, when given); True if one was."""

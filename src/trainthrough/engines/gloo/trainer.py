@@ -37,9 +37,9 @@ from trainthrough.dp.batching import (
     split_micro,
 )
 from trainthrough.dp.rank import Rank
-from trainthrough.engines.dist.faults import Injector
-from trainthrough.engines.dist.group import Group
-from trainthrough.engines.dist.protocol import Plan, post
+from trainthrough.engines.gloo.faults import Injector
+from trainthrough.engines.gloo.group import Group
+from trainthrough.engines.gloo.protocol import Plan, post
 from trainthrough.ft.checkpoint import CheckpointStore, require_ints
 from trainthrough.ft.dp_policies import ElasticPolicy, group_recovery_policy
 from trainthrough.ft.strategy import resolve

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
-from trainthrough.engines.dist.faults import Injector
-from trainthrough.engines.dist.group import Group, GroupError
-from trainthrough.engines.dist.protocol import (
+from trainthrough.engines.gloo.faults import Injector
+from trainthrough.engines.gloo.group import Group, GroupError
+from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
     Report,
@@ -34,7 +34,7 @@ from trainthrough.engines.dist.protocol import (
     wait_plan,
     write_report,
 )
-from trainthrough.engines.dist.trainer import Trainer
+from trainthrough.engines.gloo.trainer import Trainer
 
 
 def main(spec: RankSpec) -> None:

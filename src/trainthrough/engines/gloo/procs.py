@@ -16,8 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainthrough.engines.dist.protocol import RankSpec, has
-from trainthrough.engines.dist.rank_main import main as rank_main
+from trainthrough.engines.gloo.protocol import RankSpec, has
+from trainthrough.engines.gloo.rank_main import main as rank_main
 from trainthrough.engines.signals import ProcessIdentity, identify, send
 
 

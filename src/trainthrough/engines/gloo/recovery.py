@@ -21,15 +21,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from trainthrough.engines.dist.procs import Proc
-from trainthrough.engines.dist.protocol import Plan, Report, read_reports, write_plan
+from trainthrough.engines.gloo.procs import Proc
+from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, write_plan
 from trainthrough.engines.result import Recovery
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
 from trainthrough.ft.strategy import resolve
 
 if TYPE_CHECKING:
-    from trainthrough.engines.dist.controller import DistEngine
+    from trainthrough.engines.gloo.controller import GlooEngine
 
 GRACE = 0.5  # after the first survivor reports, the others follow within milliseconds
 
@@ -37,7 +37,7 @@ GRACE = 0.5  # after the first survivor reports, the others follow within millis
 class DistRecovery:
     """The controller's view of who is in the group, and what happens on a change."""
 
-    def __init__(self, engine: DistEngine, orders: list[dict[str, Any]]) -> None:
+    def __init__(self, engine: GlooEngine, orders: list[dict[str, Any]]) -> None:
         self.e, self.orders = engine, orders
         cfg = engine.cfg
         self.policy = group_recovery_policy(resolve(cfg.strategy).recovery)

@@ -20,33 +20,29 @@ import safetensors.torch
 import torch
 import torch.distributed as dist
 
-from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import FlatLayout
 from trainthrough.dp.batching import Cursor, SampleStream
-from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.dist.faults import check_specs, order_dicts, resolve_orders
-from trainthrough.engines.dist.procs import Procs
-from trainthrough.engines.dist.protocol import EventReader, Plan, serve, write_plan
-from trainthrough.engines.dist.recovery import DistRecovery
-from trainthrough.engines.result import RunResult, limits, new_result
+from trainthrough.engines.base import RunContext
+from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
+from trainthrough.engines.gloo.procs import Procs
+from trainthrough.engines.gloo.protocol import EventReader, Plan, serve, write_plan
+from trainthrough.engines.gloo.recovery import DistRecovery
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
-from trainthrough.faults.spec import parse, validate
 from trainthrough.ft.dp_policies import ElasticPolicy
-from trainthrough.ft.strategy import resolve
-from trainthrough.workloads.base import Workload
 
 TICK = 0.01
 START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded 2-core machine
 
 
-class DistEngine:
+class GlooEngine:
     """Runs one data-parallel configuration on ``cfg.ranks`` gloo processes."""
 
-    def __init__(self, cfg: RunConfig, workload: Workload, callback: Callback,
-                 checkpoint_url: str) -> None:
-        self.cfg, self.w, self.cb, self.url = cfg, workload, callback, checkpoint_url
-        strategy = resolve(cfg.strategy)
-        strategy.require("dp")
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        cfg, workload = ctx.cfg, ctx.workload
+        self.cfg, self.w, self.cb, self.url = cfg, workload, ctx.callback, ctx.checkpoint_url
+        ctx.strategy.require("dp")
         # Everything a rank would trip over is checked here, before any process starts.
         n = workload.sample_count()
         if n is None:
@@ -58,15 +54,13 @@ class DistEngine:
                             f"of {workload.name} (got {cfg.allreduce_buckets})")
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
         SampleStream(n, cfg.seed).take(Cursor(), elastic.decide(cfg.ranks).global_batch)
-        specs = parse(cfg.failures)
-        validate(specs, {"rank": cfg.ranks})
-        check_specs(specs, cfg.allreduce_buckets)
+        schedule = ctx.schedule({"rank": cfg.ranks})
+        check_specs(ctx.specs, cfg.allreduce_buckets)
         if cfg.cost.timeout_seconds <= 0:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
-        self.orders = resolve_orders(specs, cfg.ranks, cfg.seed)
-        lim = limits(cfg, workload)
-        self.target, self.max_iter = lim.target, lim.max_iterations
-        self.result = new_result(cfg, workload, "dist", self.target)
+        self.orders = resolve_orders(schedule)
+        self.max_iter = ctx.limits.max_iterations
+        self.result = ctx.result
         self.stopping = False
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
@@ -80,7 +74,8 @@ class DistEngine:
             RuntimeError: a rank hit a bug (its traceback is in the message), or the
                 run stopped making progress.
         """
-        self.t0 = time.time()
+        self.t0 = time.time()  # ranks measure @time triggers from here (wall clock)
+        self.ctx.start_clock()
         store, self._listener = serve(timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
         base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
@@ -134,10 +129,7 @@ class DistEngine:
             self.store.add("ctl", 1)
 
     def emit(self, event: dict[str, Any]) -> None:
-        wall = round(time.time() - self.t0, 4)
-        event.setdefault("wall_seconds", wall)
-        event.setdefault("sim_seconds", wall)
-        self.cb.on_event(event)
+        self.ctx.emit(event)
 
     # -- what the ranks tell us ---------------------------------------------------
     def _on_event(self, event: dict[str, Any], blob: bytes | None) -> None:
@@ -167,25 +159,16 @@ class DistEngine:
     def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor]) -> None:
         it = int(event["iteration"])
         self.last_eval = it
-        self.cb.on_params(it, params)
-        ev = self.w.evaluate(params)
-        wall = time.time() - self.t0
-        self.cb.after_eval({"iteration": it, "logical_iteration": int(event["logical"]),
-                            "sim_seconds": wall, "wall_seconds": wall, "metric": ev.metric,
-                            "loss": ev.loss, "ranks": len(self.rec.members), **ev.extras})
-        self.cb.after_step(it, wall)
-        r = self.result
-        r.final_metric = ev.metric
-        if r.iterations_to_target is None and self.w.reached(ev.metric, self.target):
-            r.iterations_to_target, r.sim_seconds_to_target, r.converged = it, wall, True
-        if (r.converged and self.cfg.stop_at_target and r.iterations_to_target is not None
-                and it >= r.iterations_to_target * (1 + self.cfg.past_target)):
+        done = self.ctx.evaluate(params, it, logical_iteration=int(event["logical"]),
+                                 ranks=len(self.rec.members))
+        self.cb.after_step(it, self.ctx.wall())
+        if done:
             self.request_stop()
 
     def _finish(self) -> RunResult:
         r, rec = self.result, self.rec
         r.failures = rec.failures
-        r.wall_seconds = r.sim_seconds = time.time() - self.t0
+        r.wall_seconds = r.sim_seconds = self.ctx.wall()
         live = sorted(rec.members)
         hashes = [self.hashes.get(s) for s in live]
         r.extras.update(

@@ -60,9 +60,8 @@ def check_specs(specs: list[FailureSpec], buckets: int) -> None:
                         "engine; use forward, backward, allreduce:K or update (or --engine sim)")
 
 
-def resolve_orders(specs: list[FailureSpec], ranks: int, seed: int) -> list[Order]:
-    """Every failure of the run as per-slot orders, in trigger order."""
-    sched = FailureSchedule(specs, {"rank": ranks}, seed)
+def resolve_orders(sched: FailureSchedule) -> list[Order]:
+    """Every failure of the run's schedule as per-slot orders, in trigger order."""
     return [Order(i, e.at_iter, e.at_time, e.phase or "boundary", e.mode, e.spec)
             for e in sched.pending for i in e.ids]
 
@@ -89,7 +88,7 @@ class Injector:
                 self._die(o, phase, executed, logical)
 
     def _die(self, o: Order, phase: str, executed: int, logical: int) -> None:
-        from trainthrough.engines.dist.protocol import post
+        from trainthrough.engines.gloo.protocol import post
 
         # Posted before dying, so the controller knows what failed, where and when.
         post(self.store, {"type": "failure", "kind": "rank", "ids": [o.slot], "spec": o.spec,

@@ -1,0 +1,75 @@
+"""What an engine claims it can run, and the check that refuses everything else.
+
+Every engine declares a :class:`Capabilities` per paradigm: the consistency modes,
+the values of each strategy mechanism, and the failure targets, triggers, phases and
+modes it can deliver. Validation asks the chosen engine (:func:`refusal`) before a
+run is built: anything not claimed is refused with one line that names the engines
+that do claim it. Nothing is ever silently substituted, and ``ft/`` never names an
+engine: which engine runs a strategy is a fact about engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainthrough.faults.spec import FailureSpec
+from trainthrough.ft.strategy import Strategy
+
+MECHANISMS = ("checkpoint", "persist", "recovery", "replication", "outage")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One engine's claims for one paradigm (every field a set of accepted values)."""
+
+    consistency: frozenset[str]
+    checkpoint: frozenset[str]
+    persist: frozenset[str]
+    recovery: frozenset[str]
+    replication: frozenset[str]
+    outage: frozenset[str]
+    targets: frozenset[str]  # failure kinds: shard, worker, replica, rank
+    triggers: frozenset[str]  # iter, time, mtbf
+    phases: frozenset[str]  # "" (between steps) and named points; allreduce means allreduce:K
+    modes: frozenset[str] = field(default_factory=lambda: frozenset({"crash"}))
+    replica_position: bool = False  # failure specs may name a chain position (replica=)
+
+
+def caps(replica_position: bool = False, **kw: tuple[str, ...]) -> Capabilities:
+    """Build :class:`Capabilities` from plain tuples (declaration sites stay short)."""
+    sets = {k: frozenset(v) for k, v in kw.items()}
+    return Capabilities(replica_position=replica_position, **sets)  # type: ignore[arg-type]
+
+
+def _phase_key(phase: str | None) -> str:
+    if phase is None:
+        return ""
+    return "allreduce" if phase.startswith("allreduce:") else phase
+
+
+def _trigger(s: FailureSpec) -> str:
+    return "iter" if s.at_iter is not None else "time" if s.at_time is not None else "mtbf"
+
+
+def unmet(c: Capabilities, consistency: str, strategy: Strategy,
+          specs: list[FailureSpec]) -> list[tuple[str, str]]:
+    """Every (what, value) of a run that ``c`` does not claim, in a stable order."""
+    out: list[tuple[str, str]] = []
+    if consistency not in c.consistency:
+        out.append(("consistency", consistency))
+    for m in MECHANISMS:
+        value = getattr(strategy, m)
+        if value not in getattr(c, m):
+            out.append((m, value))
+    for s in specs:
+        if s.kind not in c.targets:
+            out.append(("failure target", s.kind))
+        if _trigger(s) not in c.triggers:
+            out.append(("failure trigger", _trigger(s)))
+        if _phase_key(s.phase) not in c.phases:
+            out.append(("failure phase", s.phase or ""))
+        if s.mode not in c.modes:
+            out.append(("failure mode", s.mode))
+        if s.replica is not None and not c.replica_position:
+            out.append(("failure option", "replica="))
+    return out

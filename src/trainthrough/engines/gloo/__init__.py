@@ -1,0 +1,20 @@
+"""The ``gloo`` engine (``--engine dist`` is its older alias): data-parallel ranks as OS
+processes on a torch.distributed gloo group (127.0.0.1), started and supervised by a
+controller that owns the store. This module declares what the engine runs; importing
+it does not import torch.distributed.
+"""
+
+from trainthrough.engines.capabilities import caps
+
+DESCRIPTION = ("data-parallel ranks as OS processes on a torch.distributed gloo group "
+               "(127.0.0.1); failures are real SIGKILL/SIGSTOP (alias: dist)")
+ENGINE = "trainthrough.engines.gloo.controller:GlooEngine"
+CAPABILITIES = {
+    # Checkpoints are written synchronously by rank 0 (no background persist).
+    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
+               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
+               replication=("none",), outage=("wait",), targets=("rank",),
+               triggers=("iter", "time", "mtbf"),
+               phases=("", "forward", "backward", "allreduce", "update"),
+               modes=("crash", "hang")),
+}

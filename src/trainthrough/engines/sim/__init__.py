@@ -1,0 +1,21 @@
+"""The ``sim`` engine: in-process, deterministic, on a virtual clock.
+
+Declares what it runs (see :mod:`trainthrough.engines.capabilities`).
+"""
+
+from trainthrough.engines.capabilities import caps
+
+DESCRIPTION = "in-process, deterministic, virtual clock (the failure simulation framework)"
+ENGINE = "trainthrough.engines.sim.factory:build"
+_TRIGGERS = ("iter", "time", "mtbf")
+CAPABILITIES = {
+    "ps": caps(consistency=("bsp", "ssp"), checkpoint=("none", "full", "prioritized"),
+               persist=("sync", "async"), recovery=("reinit", "rollback-all", "restore-lost"),
+               replication=("none",), outage=("wait",), targets=("shard", "worker"),
+               triggers=_TRIGGERS, phases=("", "recovery")),
+    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync", "async"),
+               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
+               replication=("none",), outage=("wait",), targets=("rank",), triggers=_TRIGGERS,
+               phases=("", "forward", "backward", "allreduce", "update", "recovery"),
+               modes=("crash", "hang")),
+}

@@ -1,0 +1,78 @@
+"""The one checkpointer: when to save (the policy), having it saved, and the accounting.
+
+Every engine uses it; what differs is the :class:`SaveBackend`, which carries a save
+out where the state lives and says what it cost: ``sim`` plans each shard's save in
+process and times the write on the virtual clock; ``ray`` asks each shard's actor to
+save itself (blocking, or a snapshot plus a background write). The bytes, the payload
+(tensor data), the seconds training was blocked, and one ``checkpoint`` event per save
+are counted here and nowhere else.
+
+Call order: :meth:`Checkpointer.after_iteration` after every (logical) iteration; the
+backend calls ``done`` once the save exists (at once, or later for a background write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trainthrough.ft.checkpointing import CheckpointPolicy
+from trainthrough.ft.decisions import CheckpointDecision
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class SaveReport:
+    """What one save wrote (all shards together) and what it cost."""
+
+    nbytes: int  # everything written: tensors, headers, manifests
+    payload_bytes: int  # tensor data only
+    blocked_seconds: float
+    names: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class SaveBackend(Protocol):
+    """Carries out one save decision; calls ``done`` when the save exists."""
+
+    def save(self, decision: CheckpointDecision, iteration: int,
+             done: Callable[[SaveReport], None]) -> None: ...
+
+
+class Checkpointer:
+    """Applies a :class:`CheckpointPolicy` through a backend and accounts for every save."""
+
+    def __init__(self, policy: CheckpointPolicy, backend: SaveBackend, emit: Emit) -> None:
+        self.policy, self.backend, self.emit = policy, backend, emit
+        self.count = self.bytes = self.payload_bytes = 0
+        self.blocked = 0.0
+        self._last = 0
+
+    def after_iteration(self, iteration: int) -> None:
+        """Ask the policy about every iteration since the last call (real engines observe
+        iterations in jumps); a rewind (recovery) restarts the count there."""
+        if iteration <= self._last:
+            self._last = iteration - 1
+        while self._last < iteration:
+            self._last += 1
+            d = self.policy.decide(self._last)
+            if d is not None:
+                self.backend.save(d, self._last, self._done(d, self._last))
+
+    def _done(self, d: CheckpointDecision, iteration: int) -> Callable[[SaveReport], None]:
+        def done(r: SaveReport) -> None:
+            for message in r.errors:
+                self.emit({"type": "checkpoint-failed", "iteration": iteration,
+                           "message": message})
+            if r.errors and not r.names:
+                return  # nothing was written: not a checkpoint
+            self.count += 1
+            self.bytes += r.nbytes
+            self.payload_bytes += r.payload_bytes
+            self.blocked += r.blocked_seconds
+            self.emit({"type": "checkpoint", "iteration": iteration, "bytes": r.nbytes,
+                       "blocked_seconds": r.blocked_seconds, "async": d.asynchronous,
+                       "fraction": d.fraction, "names": r.names})
+        return done
