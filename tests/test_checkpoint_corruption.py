@@ -35,6 +35,7 @@ from trainthrough.engines.callbacks import Callback
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import CheckpointStore, require_ints, run_location
 from trainthrough.ft.checkpoint.manifest import MAX_MANIFEST_BYTES
+from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.lab.runner import run
 
 RUN = "test-run"
@@ -355,6 +356,9 @@ def test_another_runs_checkpoints_are_never_loaded_nor_pruned(tmp_path: Path) ->
     assert [i.step for i in theirs.list()] == [500]
 
 
+ASYNC = CheckpointDecision(asynchronous=True)  # a full save, persisted in the background
+
+
 # -- inside recovering runs -------------------------------------------------------------
 def _newest_two(folder: Path, tag: str) -> tuple[Path, int | None]:
     """The newest checkpoint folder of ``tag`` under the only run location, and the step
@@ -490,21 +494,21 @@ def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> N
     actor = ShardActor.remote(0, make_layout(values, 1).shards[0], OptimizerSpec(kind="add"),
                               values, "r0")
     url = run_location(str(tmp_path), "race")
-    results = ray.get([actor.checkpoint.remote(url, 50, step, True) for step in range(1, 41)]
-                      + [actor.restore.remote(url)])
+    results = ray.get([actor.checkpoint.remote(url, 50, 0, ASYNC, step) for step in range(1, 41)]
+                      + [actor.restore.remote(url, 50, 0)])
     # Calls run in any order on the actor's threads; a restore waits for the persist
     # still in flight, so after it every requested checkpoint exists.
-    results.append(ray.get(actor.restore.remote(url)))
+    results.append(ray.get(actor.restore.remote(url, 50, 0)))
     assert all("error" not in r for r in results), results
     assert results[-1] == {"step": 40, "skipped": []}
     assert [i.step for i in CheckpointStore(url).list("shard0")] == list(range(1, 41))
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     bad = run_location(str(blocker), "race")  # under a file: the persist must fail
-    assert "error" not in ray.get(actor.checkpoint.remote(bad, 3, 41, True))
-    after = ray.get(actor.checkpoint.remote(url, 50, 42, True))
+    assert "error" not in ray.get(actor.checkpoint.remote(bad, 3, 0, ASYNC, 41))
+    after = ray.get(actor.checkpoint.remote(url, 50, 0, ASYNC, 42))
     assert "step 41 was not written" in after["error"], after
-    got = ray.get(actor.restore.remote(url))
+    got = ray.get(actor.restore.remote(url, 50, 0))
     assert got == {"step": 42, "skipped": []}
     ray.kill(actor)
 
@@ -538,7 +542,7 @@ def test_shard_checkpoint_calls_wait_for_a_persist_that_has_not_started_yet(
 
     def call(step: int) -> None:
         try:
-            assert "error" not in actor.checkpoint(url, 50, step, True)
+            assert "error" not in actor.checkpoint(url, 50, 0, ASYNC, step)
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -549,5 +553,5 @@ def test_shard_checkpoint_calls_wait_for_a_persist_that_has_not_started_yet(
         time.sleep(0.02)
     for t in callers:
         t.join()
-    assert actor.restore(url) == {"step": 8, "skipped": []} and errors == []
+    assert actor.restore(url, 50, 0) == {"step": 8, "skipped": []} and errors == []
     assert [i.step for i in CheckpointStore(url).list("shard0")] == list(range(1, 9))

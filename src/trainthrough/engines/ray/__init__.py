@@ -16,10 +16,12 @@ for _k, _v in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLE
 DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIGKILLs"
 ENGINE = "trainthrough.engines.ray.engine:RayEngine"
 CAPABILITIES = {
-    # Workers run asynchronously, each at its own pace; rollback-all and prioritized
-    # checkpoints are not claimed: this engine does not carry them out as sim does.
-    "ps": caps(consistency=("async",), checkpoint=("none", "full"), persist=("sync", "async"),
-               recovery=("reinit", "restore-lost", "failover"),
+    # Workers run asynchronously, each at its own pace. Saves and restores are the
+    # shared ShardCheckpoint (full and prioritized) inside each shard's actor; a
+    # rollback of everything rewinds the workers to the checkpoint's step.
+    "ps": caps(consistency=("async",), checkpoint=("none", "full", "prioritized"),
+               persist=("sync", "async"),
+               recovery=("reinit", "rollback-all", "restore-lost", "failover"),
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
                phases=("",), replica_position=True),

@@ -23,10 +23,12 @@ import ray
 import torch
 
 from trainthrough.engines.base import RunContext
+from trainthrough.engines.ray.checkpoints import RayShardSaves
 from trainthrough.engines.ray.cluster import Member, RayCluster, flat
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.faults.schedule import FailureEvent
+from trainthrough.ft.checkpointer import Checkpointer
 from trainthrough.ps.layout import make_layout
 
 TICK = 0.02
@@ -51,8 +53,12 @@ class RayEngine:
         self.schedule = ctx.schedule(self.sizes)  # validates ids before anything starts
         self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
         self.every = cfg.checkpoint_every or workload.default_checkpoint_every
-        self.policy = self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
-                                                      cfg.checkpoint_rule)
+        self.recovery_policy = self.strategy.recovery_policy()
+        self.saves = RayShardSaves(self)
+        self.checkpointer = Checkpointer(
+            self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
+                                            cfg.checkpoint_rule), self.saves, self._emit)
+        self.replayed = 0  # iterations run again after rollbacks (executed = logical + this)
         self.result = ctx.result
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -82,7 +88,7 @@ class RayEngine:
         self.ctx.start_clock()
         runs = {m.name: m.handle.run.remote(self.max_iter)
                 for m in c.members.values() if m.kind == "worker"}
-        last_ckpt = last_eval = 0
+        last_eval = 0
         iteration, done, progress = 0, False, {}
         departed = self._watch_zookeeper(c)
         self._evaluate(0, {})
@@ -102,21 +108,20 @@ class RayEngine:
                     self._on_death(m, iteration)
             now = self.ctx.wall()
             progress = self._progress()
-            iteration = sum(p["step"] for p in progress.values()) // self.cfg.workers
-            for e in self.schedule.due(iteration, now):
-                self._strike(e, iteration)
+            iteration = self._logical(progress, iteration)
+            executed = iteration + self.replayed
+            for e in self.schedule.due(executed, now):
+                self._strike(e, executed)
             self._activate_due(iteration, runs)
+            iteration = self._logical(self._progress(), iteration)  # a rollback rewinds it
+            executed = iteration + self.replayed
             self._measure()
-            while last_ckpt + 1 <= iteration:
-                last_ckpt += 1
-                d = self.policy.decide(last_ckpt)
-                if d is not None:
-                    self._checkpoint(last_ckpt, d.asynchronous)
-            if iteration >= last_eval + self.eval_every:
-                last_eval = iteration - iteration % self.eval_every
-                done = self._evaluate(iteration, progress)
-            self.cb.after_step(iteration, now)
-            done = done or iteration >= self.max_iter or (
+            self.checkpointer.after_iteration(iteration)
+            if executed >= last_eval + self.eval_every:
+                last_eval = executed - executed % self.eval_every
+                done = self._evaluate(executed, progress, iteration)
+            self.cb.after_step(executed, now)
+            done = done or executed >= self.max_iter or (
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
                 not self.pending and all(_finished(r) for r in runs.values()))
         for m in c.members.values():
@@ -124,7 +129,23 @@ class RayEngine:
                 m.handle.stop.remote()
         ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
         progress = self._progress()  # after the last pushes: what workers saw acknowledged
-        return self._finish(iteration, progress)
+        return self._finish(iteration + self.replayed, progress)
+
+    def _logical(self, progress: dict[str, dict[str, Any]], previous: int) -> int:
+        """The logical iteration: the mean step of the workers in service."""
+        live = [p["step"] for name, p in progress.items()
+                if self.c.members[name].in_service and self.c.members[name].killed_at is None]
+        return sum(live) // len(live) if live else previous
+
+    def rewind(self, step: int, iteration: int) -> None:
+        """A rollback: every worker goes back to ``step`` (its data position follows)."""
+        back = max(0, iteration - step)
+        self.replayed += back
+        self.result.updates_lost += back * self.cfg.workers
+        refs = [m.handle.rewind.remote(step) for m in self.c.members.values()
+                if m.kind == "worker" and m.in_service and m.killed_at is None]
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(refs, timeout=30)
 
     def _watch_zookeeper(self, c: RayCluster) -> list[str]:
         """With ZooKeeper, a replica's death is its ephemeral node vanishing: collect
@@ -155,32 +176,15 @@ class RayEngine:
         self._last_progress = out
         return out
 
-    def _evaluate(self, iteration: int, progress: dict[str, dict[str, Any]]) -> bool:
+    def _evaluate(self, iteration: int, progress: dict[str, dict[str, Any]],
+                  logical: int | None = None) -> bool:
         params = self.c.pull()
         if params is None:
             return False  # a shard is down: nothing to score
         return self.ctx.evaluate(
-            params, iteration, updates_applied=sum(p["pushes"] for p in progress.values()),
+            params, iteration, logical_iteration=iteration if logical is None else logical,
+            updates_applied=sum(p["pushes"] for p in progress.values()),
             idle_seconds=sum(p["idle"] for p in progress.values()))
-
-    def _checkpoint(self, step: int, asynchronous: bool) -> None:
-        heads = [self.c.head(i) for i in range(self.layout.num_shards)]
-        refs = [h.checkpoint.remote(self.url, self.cfg.checkpoint_keep, step, asynchronous)
-                for h in heads if h is not None]
-        try:
-            infos = ray.get(refs)
-        except ray.exceptions.RayError:
-            return  # a shard died mid-checkpoint: the previous checkpoint stays valid
-        for i in infos:  # a save that failed (now, or an earlier one in the background)
-            if i.get("error"):
-                self._emit({"type": "checkpoint-failed", "iteration": step, "message": i["error"]})
-        nbytes = sum(i["bytes"] for i in infos)
-        blocked = max((i["blocked"] for i in infos), default=0.0)
-        self.result.checkpoints += 1
-        self.result.checkpoint_bytes += nbytes
-        self.result.checkpoint_blocked_seconds += blocked
-        self._emit({"type": "checkpoint", "iteration": step, "bytes": nbytes,
-                    "blocked_seconds": blocked, "async": asynchronous})
 
     # -- failures and recovery --------------------------------------------------
     def _strike(self, e: FailureEvent, iteration: int) -> None:
@@ -271,6 +275,10 @@ class RayEngine:
     def _finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
         r = self.result
         r.iterations = iteration
+        ck = self.checkpointer
+        r.checkpoints, r.checkpoint_bytes = ck.count, ck.bytes
+        r.checkpoint_blocked_seconds = ck.blocked
+        r.extras["checkpoint_payload_bytes"] = ck.payload_bytes
         r.updates_applied = sum(p["pushes"] for p in progress.values())
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
         r.extras.update({

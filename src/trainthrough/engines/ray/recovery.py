@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from trainthrough.engines.ray.cluster import Member, RayCluster
-from trainthrough.engines.ray.shard_actor import restored_step
 from trainthrough.engines.result import Recovery
 from trainthrough.faults.schedule import FailureEvent
+from trainthrough.ft.decisions import RecoveryAction
 
 if TYPE_CHECKING:
     from trainthrough.engines.ray.engine import RayEngine
@@ -124,18 +124,20 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
         eng._emit({"type": "replica-join", "shard": m.index, "member": m.name,
                    "chain": list(c.chains[m.index].members)})
         return True
+    # The strategy's recovery policy decides; this only carries the decision out.
+    decision = eng.recovery_policy.decide((m.index,), eng.checkpointer.count > 0)
     restored = None
     try:
-        if eng.strategy.checkpoint != "none":
-            restored = restored_step(ray.get(m.handle.restore.remote(eng.url), timeout=60),
-                                     eng._emit)
-            if eng.strategy.recovery == "rollback-all":
-                others = [c.head(i) for i in range(eng.layout.num_shards) if i != m.index]
-                for got in ray.get([h.restore.remote(eng.url) for h in others if h is not None],
-                                   timeout=60):
-                    restored_step(got, eng._emit)
-    except ray.exceptions.RayError:
+        if decision.action is RecoveryAction.RESTORE_LOST:
+            restored = eng.saves.restore([m.handle], eng._emit)
+        elif decision.action is RecoveryAction.ROLLBACK_ALL:
+            heads = [m.handle if i == m.index else c.head(i)
+                     for i in range(eng.layout.num_shards)]
+            restored = eng.saves.restore([h for h in heads if h is not None], eng._emit)
+    except (ray.exceptions.RayError, TimeoutError):
         return False  # the replacement (or a peer) died restoring: its death is handled next
+    if decision.rewind:
+        eng.rewind(restored or 0, iteration)
     if c.mode != "none":
         c.chains[m.index].members = []
         if not c.join_tail(m):
@@ -149,7 +151,8 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
                       else iteration,
                       recovery_seconds=0.0,
                       perturbation_norm=_delta(eng, dead.before),
-                      action="restore" if restored is not None else "reinit",
+                      action=decision.action.value if restored is not None or
+                      decision.rewind else "reinit",
                       restored_from=restored)
     eng.measuring.append({"handle": m.handle, "version": _version(m.handle),
                           "kill_time": kill_time, "record": record,

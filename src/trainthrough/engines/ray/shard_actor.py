@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable
+import time
 from typing import Any
 
 import ray
 import torch
 
+from trainthrough.ft.decisions import CheckpointDecision
+from trainthrough.ft.shard_checkpoint import Planned, ShardCheckpoint
 from trainthrough.ps.layout import RowBlock
 from trainthrough.ps.shard import Shard, clone_state
 from trainthrough.workloads.base import OptimizerSpec
@@ -50,11 +52,15 @@ class ShardActor:
         self._persist: threading.Thread | None = None  # set only once started
         self._persist_error: str | None = None
         self._ckpt_lock = threading.Lock()
+        self.x0 = {n: v.clone() for n, v in values.items()}
+        self._saver: ShardCheckpoint | None = None
 
     def become(self, shard_id: int, blocks: tuple[RowBlock, ...], values: Tensors) -> None:
         """Turn a warm spare into a replica of ``shard_id`` (fresh state)."""
         with self.lock:
             self.shard = Shard(shard_id, blocks, self.shard.spec, values)
+            self.x0 = {n: v.clone() for n, v in values.items()}
+            self._saver = None
             self._rounds.clear()
 
     def join_coordinator(self, hosts: str, namespace: str, chain: str,
@@ -186,6 +192,7 @@ class ShardActor:
                     time.sleep(0.01)
 
     # -- checkpoints (the shard writes its own; the driver only says when) ---------
+    # What is saved and restored is ShardCheckpoint, the same code the sim engine runs.
     # The actor is threaded: checkpoint and restore calls may arrive together. One lock
     # orders them, and a background persist is only ever recorded once started, so
     # there is never a second persist while one runs, never a join of a thread that
@@ -198,81 +205,74 @@ class ShardActor:
         error, self._persist_error = self._persist_error, None
         return {"error": error} if error else {}
 
-    def _persist_run(self, store: Any, step: int, snap: Tensors, tag: str) -> None:
-        try:
-            store.save(step, snap, {"replica": self.name}, tag=tag)
-        except Exception as e:  # reported by the next checkpoint or restore call
-            self._persist_error = f"checkpoint {tag} step {step} was not written: {e}"
+    def _checkpoints(self, url: str, keep: int, seed: int) -> ShardCheckpoint:
+        if self._saver is None or self._saver.store.url != url:
+            from trainthrough.ft.checkpoint import CheckpointStore
 
-    def checkpoint(self, url: str, keep: int, step: int, asynchronous: bool) -> dict[str, Any]:
-        """Save this shard's state under tag ``shard<i>``.
+            self._saver = ShardCheckpoint(self.shard, self.x0, CheckpointStore(url, keep), seed)
+        return self._saver
+
+    def _persist_run(self, saver: ShardCheckpoint, plan: Planned) -> None:
+        try:
+            saver.write(plan)
+        except Exception as e:  # reported by the next checkpoint or restore call
+            self._persist_error = f"checkpoint {plan.tag} step {plan.step} was not written: {e}"
+
+    def checkpoint(self, url: str, keep: int, seed: int, decision: CheckpointDecision,
+                   iteration: int) -> dict[str, Any]:
+        """Save this shard as ``decision`` says (full, or a prioritized fraction).
 
         Sync: the lock is held while writing, so pushes block (that is the cost).
         Async: only the in-memory snapshot holds the lock; a background thread
         persists it. A persist still running is waited for first: never two at once.
 
         Returns:
-            ``bytes`` and ``blocked`` seconds; ``error`` if this save (sync) or the
-            previous background one failed.
+            ``bytes`` written (sync; async: the payload), ``payload`` bytes, ``blocked``
+            seconds, the checkpoint ``name`` (None: nothing to save yet); ``error`` if
+            this save (sync) or the previous background one failed.
         """
-        import time
-
-        from trainthrough.ft.checkpoint import CheckpointStore
-
         t0 = time.perf_counter()
-        tag = f"shard{self.shard.shard_id}"
         with self._ckpt_lock:
-            out = self._wait_persist()
-            store = CheckpointStore(url, keep_last=keep)
+            out: dict[str, Any] = self._wait_persist()
+            saver = self._checkpoints(url, keep, seed)
             with self.lock:
-                if not asynchronous:
+                plan = saver.plan(decision, iteration)
+                if plan is None:
+                    return {"bytes": 0, "payload": 0, "blocked": 0.0, "name": None, **out}
+                name: str | None = f"{plan.tag}-{plan.step:08d}"
+                if not decision.asynchronous:
                     try:
-                        nbytes = store.save(step, self.shard.state_dict(), {"replica": self.name},
-                                            tag=tag).nbytes
+                        nbytes = saver.write(plan).nbytes
                     except Exception as e:
-                        nbytes, out = 0, {"error": f"checkpoint {tag} step {step} "
-                                                   f"was not written: {e}"}
-                    return {"bytes": nbytes, "blocked": time.perf_counter() - t0, **out}
-                snap = clone_state(self.shard.state_dict())
+                        nbytes, name = 0, None
+                        out = {"error": f"checkpoint {plan.tag} step {plan.step} "
+                                        f"was not written: {e}"}
+                    return {"bytes": nbytes, "payload": plan.payload_bytes, "name": name,
+                            "blocked": time.perf_counter() - t0, **out}
             blocked = time.perf_counter() - t0
-            thread = threading.Thread(target=self._persist_run, args=(store, step, snap, tag),
-                                      daemon=True)
+            thread = threading.Thread(target=self._persist_run, args=(saver, plan), daemon=True)
             thread.start()
             self._persist = thread
-        return {"bytes": sum(v.numel() * v.element_size() for v in snap.values()),
+        return {"bytes": plan.payload_bytes, "payload": plan.payload_bytes, "name": name,
                 "blocked": blocked, **out}
 
-    def restore(self, url: str) -> dict[str, Any]:
-        """Load this shard's latest valid checkpoint (after its own persist in flight).
+    def restore(self, url: str, keep: int, seed: int,
+                at_most: int | None = None) -> dict[str, Any]:
+        """Load this shard's freshest valid save (after its own persist in flight).
 
         Returns:
-            ``step``: the checkpoint's step, None if there is none valid (the shard
-            keeps its state); ``skipped``: one message per newer checkpoint that was
-            corrupt, naming it and why; ``error`` if a background persist failed.
+            ``step``: the iteration restored to, None if nothing valid was saved (the
+            shard restarts from its initial values); ``skipped``: one message per
+            corrupt save, naming it and why; ``error`` if a background persist failed.
         """
-        from trainthrough.ft.checkpoint import CheckpointStore
-
         skipped: list[str] = []
         with self._ckpt_lock:
             out = self._wait_persist()
-            # The table of applied pushes grows: only its presence is required.
-            like = {k: None if k == "applied" else v for k, v in self.shard.state_dict().items()}
-            got = CheckpointStore(url).load_latest(tag=f"shard{self.shard.shard_id}",
-                                                   on_corrupt=skipped.append, like=like)
-            if got is not None:
-                with self.lock:
-                    self.shard.load_state_dict(got[0])
-        return {"step": got[1].step if got is not None else None, "skipped": skipped, **out}
+            saver = self._checkpoints(url, keep, seed)
+            with self.lock:
+                step = saver.restore(skipped.append, at_most=at_most)
+        return {"step": step, "skipped": skipped, **out}
 
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.shard.version, "forwarded": self.forwarded,
                 "lag": self._queue.qsize(), "applied": dict(self.shard.applied)}
-
-
-def restored_step(result: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> int | None:
-    """Driver side of :meth:`ShardActor.restore`: emit what it skipped; return its step."""
-    for msg in result.get("skipped", []):
-        emit({"type": "checkpoint-corrupt", "message": msg})
-    if result.get("error"):
-        emit({"type": "checkpoint-failed", "message": result["error"]})
-    return result.get("step")

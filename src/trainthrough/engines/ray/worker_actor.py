@@ -82,6 +82,11 @@ class WorkerActor:
         self._handles.pop(i, None)
         self._recheck[i] = 0.0
 
+    def rewind(self, step: int) -> None:
+        """A rollback to a checkpoint of ``step``: go back to that data position (the
+        pushes keep fresh sequence numbers, so none is taken for a duplicate)."""
+        self.step = step
+
     def stop(self) -> None:
         self._stop.set()
 

@@ -1,0 +1,86 @@
+"""The ``ray`` host of the parameter-server checkpointer: each shard's actor saves itself.
+
+When to save and the accounting is :class:`~trainthrough.ft.checkpointer.Checkpointer`;
+what is saved and restored is :class:`~trainthrough.ft.shard_checkpoint.ShardCheckpoint`,
+run inside every shard actor (the same code as ``sim``). The driver only asks the heads
+to save and, on recovery, to restore. A rollback of several shards lands them on one
+common step: a shard whose newest save was corrupt makes the others go back with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from trainthrough.ft.checkpointer import SaveReport
+from trainthrough.ft.decisions import CheckpointDecision
+
+if TYPE_CHECKING:
+    from trainthrough.engines.ray.engine import RayEngine
+
+
+def keep_for(checkpoint: str, keep: int) -> int:
+    """Full saves keep the newest ``keep``; prioritized ones are pruned by row ownership."""
+    return keep if checkpoint == "full" else 10**9
+
+
+class RayShardSaves:
+    """Save backend: ``checkpoint`` on every shard's head actor."""
+
+    def __init__(self, eng: RayEngine) -> None:
+        self.eng = eng
+
+    def _args(self) -> tuple[str, int, int]:
+        e = self.eng
+        return e.url, keep_for(e.strategy.checkpoint, e.cfg.checkpoint_keep), e.cfg.seed
+
+    def save(self, d: CheckpointDecision, iteration: int,
+             done: Callable[[SaveReport], None]) -> None:
+        c = self.eng.c
+        heads = [c.head(i) for i in range(self.eng.layout.num_shards)]
+        refs = [h.checkpoint.remote(*self._args(), d, iteration) for h in heads if h is not None]
+        try:
+            infos = ray.get(refs, timeout=120)
+        except (ray.exceptions.RayError, TimeoutError):
+            return  # a shard died mid-save: its previous save stays valid
+        names = [i["name"] for i in infos if i.get("name")]
+        errors = [i["error"] for i in infos if i.get("error")]
+        if not names and not errors:
+            return  # no shard had credit for a row yet
+        done(SaveReport(sum(i["bytes"] for i in infos), sum(i["payload"] for i in infos),
+                        max((i["blocked"] for i in infos), default=0.0), names, errors))
+
+    def restore(self, handles: list[Any], emit: Callable[[dict[str, Any]], None]) -> int | None:
+        """Restore the shards behind ``handles`` onto one common step; return it.
+
+        Raises:
+            ray.exceptions.RayError: one of them died while restoring.
+        """
+        args = self._args()
+        steps = [_step(r, emit) for r in ray.get([h.restore.remote(*args) for h in handles],
+                                                 timeout=120)]
+        prioritized = self.eng.strategy.checkpoint == "prioritized"
+        while not prioritized and None not in steps and len(set(steps)) > 1:
+            common = min(s for s in steps if s is not None)
+            again = [h.restore.remote(*args, common) if s != common else None
+                     for h, s in zip(handles, steps)]
+            steps = [s if ref is None else _step(ray.get(ref, timeout=120), emit)
+                     for s, ref in zip(steps, again)]
+        if not prioritized and None in steps and any(s is not None for s in steps):
+            # One shard has nothing valid: all start over from the initial values.
+            ray.get([h.restore.remote(*args, -1) for h in handles], timeout=120)
+            steps = [None] * len(steps)
+        valid = [s for s in steps if s is not None]
+        return max(valid) if valid else None
+
+
+def _step(result: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> int | None:
+    """What one actor's restore reported: emit what it skipped; return its step."""
+    for msg in result.get("skipped", []):
+        emit({"type": "checkpoint-corrupt", "message": msg})
+    if result.get("error"):
+        emit({"type": "checkpoint-failed", "message": result["error"]})
+    step = result.get("step")
+    return int(step) if step is not None else None
