@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
@@ -294,7 +293,3 @@ def _armed(m: Member) -> Member:
     m.whoami = m.handle.whoami.remote()
     m.watch = m.handle.watch.remote()
     return m
-
-
-def flat(params: Params) -> torch.Tensor:
-    return torch.cat([params[n].reshape(-1).double() for n in sorted(params)])

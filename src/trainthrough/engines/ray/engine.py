@@ -24,7 +24,7 @@ import torch
 
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.ray.checkpoints import RayShardSaves
-from trainthrough.engines.ray.cluster import Member, RayCluster, flat
+from trainthrough.engines.ray.cluster import Member, RayCluster
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.faults.schedule import FailureEvent
@@ -295,10 +295,3 @@ class RayEngine:
 def _finished(ref: Any) -> bool:
     ready, _ = ray.wait([ref], timeout=0)
     return bool(ready)
-
-
-def perturbation(before: dict[str, torch.Tensor] | None,
-                 after: dict[str, torch.Tensor] | None) -> float:
-    if before is None or after is None:
-        return float("nan")
-    return float((flat(after) - flat(before)).norm())

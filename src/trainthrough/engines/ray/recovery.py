@@ -16,6 +16,7 @@ from trainthrough.engines.ray.cluster import Member, RayCluster
 from trainthrough.engines.result import Recovery
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.decisions import RecoveryAction
+from trainthrough.ft.perturbation import perturbation
 
 if TYPE_CHECKING:
     from trainthrough.engines.ray.engine import RayEngine
@@ -168,6 +169,4 @@ def _version(handle: Any) -> int:
 
 
 def _delta(eng: RayEngine, before: Any) -> float:
-    from trainthrough.engines.ray.engine import perturbation
-
-    return perturbation(before, eng.c.pull())
+    return perturbation(before, eng.c.pull())[0]

@@ -15,6 +15,7 @@ from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.faults.schedule import FailureEvent, FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction
+from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.recovery import RecoveryPolicy
 
 
@@ -72,17 +73,11 @@ class SimRecovery:
             if decision.rewind:
                 undone = (logical - restored_from) * len(self.c.workers)
                 new_logical = restored_from
-        after = self.c.params()
-        mask = self.c.shard_rows_mask(tuple(sorted(lost)))
-        sq, sq_lost = 0.0, 0.0
-        for n, v in after.items():
-            d = (v - before[n]).reshape(v.shape[0], -1).double()
-            row_sq = (d * d).sum(1)
-            sq += float(row_sq.sum())
-            sq_lost += float(row_sq[mask[n]].sum())
+        norm, norm_lost = perturbation(before, self.c.params(),
+                                       self.c.shard_rows_mask(tuple(sorted(lost))))
         rec = Recovery(failed=failed, at_iteration=executed,
                        recovery_seconds=self.clock.now - t_fail,
-                       perturbation_norm=sq ** 0.5, perturbation_norm_lost=sq_lost ** 0.5,
+                       perturbation_norm=norm, perturbation_norm_lost=norm_lost,
                        action=decision.action.value, restored_from=restored_from)
         self.emit({"type": "recovery", **rec.__dict__, "logical_iteration": new_logical})
         return new_logical, rec, undone
