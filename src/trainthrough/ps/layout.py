@@ -73,6 +73,14 @@ class Layout:
                 pieces[b.name].append(part[b.name])
         return {n: (p[0] if len(p) == 1 else torch.cat(p)) for n, p in pieces.items()}
 
+    def rows_mask(self, shard_ids: tuple[int, ...]) -> Params:
+        """Boolean masks over the full parameters marking the rows of ``shard_ids``."""
+        masks = {n: torch.zeros(s[0], dtype=torch.bool) for n, s in self.shapes.items()}
+        for i in shard_ids:
+            for b in self.shards[i]:
+                masks[b.name][b.start:b.stop] = True
+        return masks
+
     def to_dict(self) -> dict[str, object]:
         """JSON-able form, written into checkpoint manifests."""
         return {"shapes": {n: list(s) for n, s in self.shapes.items()},

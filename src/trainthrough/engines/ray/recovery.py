@@ -70,7 +70,8 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
     shard = m.index
     if c.mode != "none" and c.close_over(shard, m.name):
         record = Recovery(failed=[m.name], at_iteration=iteration, recovery_seconds=0.0,
-                          perturbation_norm=_delta(eng, m.before),
+                          perturbation_norm=(d := _delta(eng, m.before, shard))[0],
+                          perturbation_norm_lost=d[1],
                           action="failover")
         eng._emit({"type": "failover", "shard": shard, "head": c.chains[shard].members[0]})
         head = c.head(shard)
@@ -151,7 +152,8 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
                       at_iteration=dead.fail_iteration if dead.fail_iteration is not None
                       else iteration,
                       recovery_seconds=0.0,
-                      perturbation_norm=_delta(eng, dead.before),
+                      perturbation_norm=(d := _delta(eng, dead.before, m.index))[0],
+                      perturbation_norm_lost=d[1],
                       action=decision.action.value if restored is not None or
                       decision.rewind else "reinit",
                       restored_from=restored)
@@ -168,5 +170,6 @@ def _version(handle: Any) -> int:
         return 0
 
 
-def _delta(eng: RayEngine, before: Any) -> float:
-    return perturbation(before, eng.c.pull())[0]
+def _delta(eng: RayEngine, before: Any, shard: int) -> tuple[float, float]:
+    """The recovery's perturbation, and its part on the lost shard's rows."""
+    return perturbation(before, eng.c.pull(), eng.layout.rows_mask((shard,)))

@@ -41,11 +41,7 @@ class SimCluster:
 
     def shard_rows_mask(self, shard_ids: tuple[int, ...]) -> Params:
         """Boolean masks over the full parameters marking the rows of ``shard_ids``."""
-        masks = {n: torch.zeros(s[0], dtype=torch.bool) for n, s in self.layout.shapes.items()}
-        for i in shard_ids:
-            for b in self.layout.shards[i]:
-                masks[b.name][b.start:b.stop] = True
-        return masks
+        return self.layout.rows_mask(shard_ids)
 
     # -- applying ---------------------------------------------------------------
     def apply(self, update: Params, scale: float = 1.0) -> None:
