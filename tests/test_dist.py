@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
@@ -79,6 +80,63 @@ def test_crash_in_allreduce_reform_rejoin_and_reach_the_target(tmp_path: Path) -
     ref = {ev["iteration"]: ev["metric"] for ev in sim.evals}
     for ev in cb.evals:
         assert ev["metric"] == pytest.approx(ref[ev["logical_iteration"]], rel=1e-4, abs=1e-5)
+
+
+class Params(Watch):
+    """Also keeps the parameters of the last evaluation and its logical iteration."""
+
+    def __init__(self, done: Any = None) -> None:
+        super().__init__(done)
+        self.params: dict[str, torch.Tensor] = {}
+        self.logical = -1
+
+    def on_params(self, iteration: int, params: dict[str, Any]) -> None:
+        self.params = {n: v.clone() for n, v in params.items()}
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        self.logical = int(record["logical_iteration"])
+        super().after_eval(record)
+
+
+def test_rollback_matches_sim_within_1e6_after_rank_0_rejoins(tmp_path: Path) -> None:
+    """The shared step on gloo: DP rollback equals the failure-free run (sim) from the
+    failed step on, within float summation noise; the replacement of rank 0 receives
+    the state from a live peer (it is the lowest slot, yet it must not send)."""
+    cb = Params(lambda w: bool(w.of("rank-joined")) and w.evals[-1]["ranks"] == 4
+                and w.logical >= 40)
+    e = _engine(tmp_path, cb, strategy="rollback", stop_at_target=False, max_iterations=4000,
+                wall_limit=150, cost=CostModel(timeout_seconds=3),
+                failures=["rank=0@iter=8,phase=allreduce:1"])
+    r = e.run()
+    assert r.failures == 1 and r.recoveries[0].action == "mini-batch-rollback"
+    assert cb.of("rank-joined")[0]["slots"] == [0] and r.extras["replicas_identical"]
+    # Nothing was lost: the group never went back (a joiner sending x0 would rewind it).
+    logical = [ev["logical_iteration"] for ev in cb.evals]
+    assert logical == sorted(logical), logical
+    sim = Params()
+    run_silent(RunConfig(paradigm="dp", strategy="rollback", max_iterations=cb.logical,
+                         stop_at_target=False), sim)
+    assert sim.logical == cb.logical
+    for n, v in sim.params.items():
+        assert float((cb.params[n] - v).abs().max()) <= 1e-6, n
+
+
+def test_lossy_forward_drops_the_same_share_as_sim(tmp_path: Path) -> None:
+    """Lossy-forward completion is the shared routine on both hosts: the survivors
+    finish the interrupted step without rank 2's share, and carry on as in sim."""
+    kw: dict[str, Any] = dict(strategy="lossy-forward", replace=False, max_iterations=30,
+                              stop_at_target=False, eval_every=10,
+                              failures=["rank=2@iter=12,phase=allreduce:1"])
+    cb = Params()
+    r = _engine(tmp_path, cb, cost=CostModel(timeout_seconds=3), **kw).run()
+    sim = Params()
+    s = run_silent(RunConfig(paradigm="dp", **kw), sim)
+    assert r.failures == s["failures"] == 1 and r.extras["replicas_identical"]
+    assert r.extras["samples_dropped"] == s["samples_dropped"] == 32
+    assert r.updates_lost == s["updates_lost"] == 1
+    assert cb.logical == sim.logical == 30
+    for n, v in sim.params.items():
+        assert float((cb.params[n] - v).abs().max()) <= 1e-6, n
 
 
 def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path) -> None:

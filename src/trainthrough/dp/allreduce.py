@@ -133,14 +133,23 @@ def allreduce(contributions: Sequence[Contribution], buckets: Sequence[Bucket], 
     for b in buckets[:stop]:
         if out.counts[b.index]:
             continue
-        acc = ordered[0][1][b.start:b.stop].clone()
-        for _, g in ordered[1:]:
-            acc.add_(g[b.start:b.stop])
+        acc = bucket_sum(ordered, b)
         if mean:
             acc.div_(len(ordered))
         out.flat[b.start:b.stop] = acc
         out.counts[b.index] = len(ordered)
     return out
+
+
+def bucket_sum(parts: Sequence[Contribution], bucket: Bucket) -> torch.Tensor:
+    """Elements ``bucket`` of the contributions, summed in the order given (a new tensor).
+
+    Pass them sorted by micro-batch index for a sum that does not depend on which
+    rank sent what (see the module docstring)."""
+    acc = parts[0][1][bucket.start:bucket.stop].clone()
+    for _, g in parts[1:]:
+        acc.add_(g[bucket.start:bucket.stop])
+    return acc
 
 
 def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float) -> float:

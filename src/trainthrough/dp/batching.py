@@ -11,6 +11,7 @@ This mirrors torch's ``DistributedSampler``: every rank can read every row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,3 +99,41 @@ def assign(count: int, ranks: int) -> list[range]:
         raise ValueError("a group needs at least one rank")
     bounds = np.linspace(0, count, ranks + 1).round().astype(int)
     return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step's work: each member slot's micro-batches, the lr multiplier, the next cursor."""
+
+    share: dict[int, list[MicroBatch]]
+    lr_scale: float
+    next_cursor: Cursor
+
+    @property
+    def micro_count(self) -> int:
+        """Micro-batches in the global batch."""
+        return sum(len(m) for m in self.share.values())
+
+    @property
+    def most_micro(self) -> int:
+        """Micro-batches on the busiest rank (it sets the step's compute time)."""
+        return max(len(m) for m in self.share.values())
+
+    def micro_of(self, members: Sequence[int]) -> int:
+        """Micro-batches that ``members`` train on (lossy forward: the survivors')."""
+        return sum(len(self.share.get(s, ())) for s in members)
+
+
+def plan_batch(stream: SampleStream, cursor: Cursor, global_batch: int, lr_scale: float,
+               members: Sequence[int], micro: int) -> StepBatch:
+    """What ``members`` (slots, in rank order) train on from ``cursor``.
+
+    ``global_batch`` and ``lr_scale`` come from the elastic policy for this group;
+    the batch is cut into micro-batches of ``micro`` rows and each member takes a
+    contiguous run. Every host plans the same way, so the same cursor and group
+    give the same batch everywhere.
+    """
+    rows, nxt = stream.take(cursor, global_batch)
+    parts = split_micro(rows, micro)
+    share = {s: [parts[j] for j in r] for s, r in zip(members, assign(len(parts), len(members)))}
+    return StepBatch(share, lr_scale, nxt)

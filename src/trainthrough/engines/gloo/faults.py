@@ -1,12 +1,12 @@
-"""Failure injection for the ``dist`` engine: orders resolved by the controller, carried
+"""Failure injection for the ``gloo`` engine: orders resolved by the controller, carried
 out by the rank itself at the named point.
 
 The controller resolves the failure specs once (the same seeded
 :class:`~trainthrough.faults.schedule.FailureSchedule` as ``sim``, so ``any``, ``N%``
 and ``mtbf`` pick the same ids) into one :class:`Order` per victim, and hands each
-rank process the orders of its slot. The rank checks them at every injection point
-(``boundary``, ``forward``, ``backward``, ``allreduce:K``, ``update``) and, when one
-is due, posts a ``failure`` event and then SIGKILLs itself (``mode=crash``) or
+rank process the orders of its slot. The shared step calls :meth:`Injector.at` at
+every injection point it names (:data:`trainthrough.dp.step.POINTS`) and, when an
+order is due, posts a ``failure`` event and then SIGKILLs itself (``mode=crash``) or
 SIGSTOPs itself (``mode=hang``). Self-delivery is what puts a failure exactly after
 ``K`` buckets: a signal from another process would land wherever the rank happens
 to be. The controller only ever SIGKILLs ranks it has found hung (after detection)
@@ -18,15 +18,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
-from trainthrough.errors import UserError
+from trainthrough.dp.step import check_points
+from trainthrough.engines.gloo import CAPABILITIES
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import FailureSpec
-
-PHASES_DIST = ("forward", "backward", "update")
 
 
 @dataclass(frozen=True)
@@ -42,22 +42,12 @@ class Order:
 
 
 def check_specs(specs: list[FailureSpec], buckets: int) -> None:
-    """Reject what the ``dist`` engine cannot deliver.
+    """Reject what the gloo engine cannot deliver (the shared check, with its phases).
 
     Raises:
         UserError: naming the spec and what to use instead.
     """
-    for s in specs:
-        p = s.phase
-        if p is None or p in PHASES_DIST:
-            continue
-        if p.startswith("allreduce:"):
-            if int(p[10:]) >= buckets:
-                raise UserError(f"failure spec {s.text!r}: the allreduce has {buckets} buckets, "
-                                f"so K in allreduce:K goes from 0 to {buckets - 1}")
-            continue
-        raise UserError(f"failure spec {s.text!r}: phase {p} is not available on the dist "
-                        "engine; use forward, backward, allreduce:K or update (or --engine sim)")
+    check_points(specs, buckets, CAPABILITIES["dp"].phases, "gloo")
 
 
 def resolve_orders(sched: FailureSchedule) -> list[Order]:
@@ -71,21 +61,26 @@ def order_dicts(orders: list[Order]) -> list[dict[str, object]]:
 
 
 class Injector:
-    """A rank's pending orders; :meth:`strike` is called at every injection point."""
+    """A rank's pending orders, delivered at the step's injection points.
 
-    def __init__(self, orders: list[dict[str, object]], store: dist.Store, t0: float) -> None:
+    ``logical`` reads the rank's logical iteration, which the failure event reports
+    (the controller needs it when no survivor is left to say how far the run got).
+    """
+
+    def __init__(self, orders: list[dict[str, object]], store: dist.Store, t0: float,
+                 logical: Callable[[], int]) -> None:
         self.orders = [Order(**o) for o in orders]  # type: ignore[arg-type]
-        self.store, self.t0 = store, t0
+        self.store, self.t0, self.logical = store, t0, logical
 
-    def strike(self, point: str, executed: int, logical: int) -> None:
+    async def at(self, point: str, step: int) -> None:
         """Fail now if an order for ``point`` is due (this call then never returns)."""
         phase = "allreduce" if point.startswith("allreduce:") else point
         now = time.time() - self.t0
         for o in self.orders:
-            due = ((o.at_iter is not None and executed >= o.at_iter)
+            due = ((o.at_iter is not None and step >= o.at_iter)
                    or (o.at_time is not None and now >= o.at_time))
             if due and o.phase == point:
-                self._die(o, phase, executed, logical)
+                self._die(o, phase, step, self.logical())
 
     def _die(self, o: Order, phase: str, executed: int, logical: int) -> None:
         from trainthrough.engines.gloo.protocol import post

@@ -1,10 +1,12 @@
-"""One incarnation of a gloo process group, and the collectives a step needs.
+"""One incarnation of a gloo process group: the gloo :class:`~trainthrough.dp.collective.Collective`.
 
-Call order: :meth:`Group.form` (rendezvous on a fresh store prefix), then any number
-of :meth:`Group.reduce_bucket` / :meth:`Group.vote` / :meth:`Group.broadcast`, then
-:meth:`Group.close`. Every collective that fails raises :class:`GroupError`; the
-group is then unusable and must be closed and formed again without the failed
-rank. Closing at once matters: destroying the group closes its sockets, so peers
+Call order: :meth:`Group.form` (rendezvous on a fresh store prefix), then the
+collectives of the shared step and repair routines (:meth:`Group.allreduce`,
+:meth:`Group.vote`, :meth:`Group.broadcast`, in the order the protocol states), then
+:meth:`Group.close`. They block (their coroutines never suspend: run them with
+:func:`~trainthrough.dp.collective.run_blocking`). Every collective that fails raises
+:class:`~trainthrough.dp.collective.PeerLost`; the group is then unusable and must
+be closed and formed again without the failed rank. Closing at once matters: destroying the group closes its sockets, so peers
 still blocked in a collective with this rank (not connected to the dead one) get
 "connection closed" within milliseconds instead of waiting for the timeout.
 
@@ -17,24 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-
-class GroupError(Exception):
-    """A collective failed (a peer died or hung) at ``phase`` after ``buckets_done``.
-
-    Carries only plain fields, so it pickles if it ever crosses a process.
-    """
-
-    def __init__(self, phase: str, buckets_done: int, applied: bool, message: str) -> None:
-        super().__init__(f"{phase}: {message}")
-        self.phase, self.buckets_done, self.applied = phase, buckets_done, applied
-        self.message = message
-        self.t = time.time()
+from trainthrough.dp.allreduce import Bucket, Contribution
+from trainthrough.dp.collective import PeerLost
 
 
 class Group:
@@ -52,7 +45,7 @@ class Group:
         """Rendezvous and check the group with one small collective.
 
         Raises:
-            GroupError: a member never arrived (within the timeout) or died meanwhile.
+            PeerLost: a member never arrived (within the timeout) or died meanwhile.
         """
         # Bind gloo to loopback: the default picks the interface of the host name.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -64,36 +57,41 @@ class Group:
             dist.all_reduce(torch.zeros(1))
         except (RuntimeError, ValueError) as e:  # DistBackendError/DistStoreError are RuntimeErrors
             self.close()
-            raise GroupError("boundary", 0, False, f"forming group {self.n}: {e}") from None
+            raise PeerLost(f"forming group {self.n}: {e}") from None
 
-    def reduce_bucket(self, part: torch.Tensor, phase: str, done: int) -> torch.Tensor:
-        """Sum ``part`` over the group, into a copy (the caller's local sum stays intact,
-        since a failed ring leaves its buffer half reduced)."""
-        out = part.clone()
-        self._run(lambda: dist.all_reduce(out), phase, done, False)
+    async def allreduce(self, parts: Sequence[Contribution], bucket: Bucket) -> torch.Tensor:
+        """Sum this rank's ``parts`` (in the order given), then the ranks' sums.
+
+        The result is a new tensor: the caller's gradients stay intact, since a failed
+        ring leaves its buffer half reduced.
+        """
+        out = torch.zeros(bucket.numel)
+        for _, g in parts:
+            out.add_(g[bucket.start:bucket.stop])
+        self._run(lambda: dist.all_reduce(out))
         return out
 
-    def vote(self, value: float, applied: bool) -> float:
+    async def vote(self, value: float) -> float:
         """Commit vote: succeeds only if every member reached the end of the step.
 
         ``value`` (the first member's control counter, 0 elsewhere) comes back summed,
         so every member learns it at the same step.
         """
         t = torch.tensor([value], dtype=torch.float64)
-        self._run(lambda: dist.all_reduce(t), "update", 0, applied)
+        self._run(lambda: dist.all_reduce(t))
         return float(t[0])
 
-    def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
+    async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with those of member ``src``."""
         for x in tensors:
-            self._run(lambda x=x: dist.broadcast(x, src=src), "boundary", 0, False)
+            self._run(partial(dist.broadcast, x, src=src))
 
-    def _run(self, op: object, phase: str, done: int, applied: bool) -> None:
+    def _run(self, op: Callable[[], object]) -> None:
         try:
-            op()  # type: ignore[operator]
+            op()
         except RuntimeError as e:
             self.close()
-            raise GroupError(phase, done, applied, str(e).splitlines()[0][:300]) from None
+            raise PeerLost(str(e).splitlines()[0][:300]) from None
 
     def close(self) -> None:
         """Destroy the group (idempotent; errors from a broken group are expected)."""

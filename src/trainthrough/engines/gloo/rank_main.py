@@ -1,4 +1,4 @@
-"""The entry point of one rank process of the ``dist`` engine.
+"""The entry point of one rank process of the ``gloo`` engine.
 
 Started by the controller (multiprocessing ``spawn``) with a :data:`RankSpec`:
 the resolved config, its slot and incarnation, the store's port, its failure
@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
-from trainthrough.engines.gloo.faults import Injector
-from trainthrough.engines.gloo.group import Group, GroupError
+from trainthrough.dp.collective import PeerLost
+from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
@@ -53,8 +53,8 @@ def main(spec: RankSpec) -> None:
 def _run(spec: RankSpec, store: dist.Store) -> None:
     cfg = RunConfig.from_dict(spec["config"])
     slot, inc = spec["slot"], spec["inc"]
-    tr = Trainer(cfg, slot, store, Injector(spec["orders"], store, spec["t0"]),
-                 spec["checkpoint_url"])
+    tr = Trainer(cfg, slot, store, spec["orders"], spec["t0"], spec["checkpoint_url"],
+                 joining=spec["mode"] == "join")
     if spec["mode"] == "restart":
         tr.restore()
         tr.resumed = True  # its first commit ends the recovery
@@ -74,7 +74,7 @@ def _run(spec: RankSpec, store: dist.Store) -> None:
             g.form()
             tr.recover(g, plan)
             outcome = tr.train(g)
-        except GroupError as e:
+        except PeerLost as e:
             write_report(store, n, Report(slot, "error", e.phase, e.buckets_done,
                                           e.applied, tr.executed, tr.logical, e.t, e.message))
             n += 1

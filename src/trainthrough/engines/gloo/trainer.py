@@ -1,25 +1,24 @@
-"""A rank process's training state and its step, on a real gloo group.
+"""A rank process's training state, hosting the shared step on a real gloo group.
 
-The math is the ``sim`` engine's (:mod:`trainthrough.dp`): the same global batch
-from the same cursor, the same micro-batches and their seeds, the same buckets and
-the same optimizer, so a failure-free run matches ``sim`` to the last bits of float
-summation order (each rank sums its micro-batches, gloo sums the ranks). Call
-order: :meth:`Trainer.restore` (restarted processes only), then per attempt
-:meth:`Trainer.recover` with the attempt's plan and :meth:`Trainer.train` until it
-returns; :meth:`Trainer.finish` once at the end.
+The step is :func:`trainthrough.dp.step.train_step`, the one ``sim`` runs, with the
+gloo group as its collective and the rank's own :class:`~.faults.Injector`: the
+same global batch from the same cursor, the same micro-batches and their seeds, the
+same buckets and the same optimizer, so a failure-free run matches ``sim`` to the
+last bits of float summation order (each rank sums its micro-batches, gloo sums the
+ranks). Call order: :meth:`Trainer.restore` (restarted processes only), then per
+attempt :meth:`Trainer.recover` with the attempt's plan and :meth:`Trainer.train`
+until it returns; :meth:`Trainer.finish` once at the end.
 
-A step: boundary point; compute (``forward`` point halfway); ``backward`` point;
-for each bucket an ``allreduce:K`` point and an allreduce; a snapshot if the
-strategy must be able to undo; ``update`` point; apply; a commit vote. A step is
-committed only once the vote succeeded: until then it is "in flight", and what it
-got through is what recovery works with.
+A step is committed only once its vote succeeded: until then it is "in flight"
+(:class:`~trainthrough.dp.step.InFlight`), and what it got through is what the
+shared repair routines (:mod:`trainthrough.dp.repair`) work with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import safetensors.torch
@@ -28,15 +27,11 @@ import torch.distributed as dist
 
 from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import make_buckets
-from trainthrough.dp.batching import (
-    Cursor,
-    MicroBatch,
-    SampleStream,
-    assign,
-    micro_size,
-    split_micro,
-)
+from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
+from trainthrough.dp.collective import run_blocking
 from trainthrough.dp.rank import Rank
+from trainthrough.dp.repair import complete, share_state, undo
+from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.gloo.faults import Injector
 from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.protocol import Plan, post
@@ -46,36 +41,25 @@ from trainthrough.ft.strategy import resolve
 from trainthrough.workloads import make_workload
 
 
-@dataclass
-class InFlight:
-    """The step under way: its batch split, this rank's sum, what was reduced."""
-
-    shares: dict[int, list[MicroBatch]]  # member slot -> its micro-batches
-    lr_scale: float
-    next_cursor: Cursor
-    local: torch.Tensor
-    reduced: torch.Tensor
-    buckets_done: int = 0
-    applied: bool = False
-    snapshot: dict[str, torch.Tensor] | None = None
-
-
 class Trainer:
     """One replica and the run's counters, as this process sees them."""
 
-    def __init__(self, cfg: RunConfig, slot: int, store: dist.Store, injector: Injector,
-                 checkpoint_url: str) -> None:
-        self.cfg, self.slot, self.store, self.inj = cfg, slot, store, injector
+    def __init__(self, cfg: RunConfig, slot: int, store: dist.Store,
+                 orders: list[dict[str, object]], t0: float, checkpoint_url: str,
+                 joining: bool = False) -> None:
+        self.cfg, self.slot, self.store = cfg, slot, store
+        self.inj = Injector(orders, store, t0, logical=lambda: self.logical)
         w = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
         spec = w.default_optimizer if cfg.lr is None else replace(w.default_optimizer, lr=cfg.lr)
         x0 = w.init_params(torch.Generator().manual_seed(cfg.seed))
         self.w, self.replica = w, Rank(slot, w, spec, x0, cfg.seed)
-        self.buckets = make_buckets(self.replica.layout.numel, cfg.allreduce_buckets)
         self.stream = SampleStream(w.sample_count() or 0, cfg.seed)
         self.micro = micro_size(w.batch_size)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, w.batch_size)
         strategy = resolve(cfg.strategy)
-        self.snapshots = group_recovery_policy(strategy.recovery).needs_step_snapshot
+        self.spec = StepSpec(make_buckets(self.replica.layout.numel, cfg.allreduce_buckets),
+                             w.aggregate == "mean",
+                             group_recovery_policy(strategy.recovery).needs_step_snapshot)
         self.ckpt_policy = strategy.checkpoint_policy(cfg.checkpoint_every or 1)
         self.ckpt = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
                      if strategy.checkpoint != "none" else None)
@@ -83,6 +67,7 @@ class Trainer:
         self.ctl_seen = 0.0  # the last control counter acted on (same on every member)
         self.applied = 0  # replica updates of committed steps (first member's count)
         self.flight: InFlight | None = None
+        self.joining = joining  # a replacement: holds no state until a peer shares it
         self.resumed = False  # a recovery waits for its first committed step
 
     # -- around failures ----------------------------------------------------------
@@ -112,10 +97,14 @@ class Trainer:
         if plan.action == "join":
             self._share_state(g)
         elif plan.action == "rollback":
-            if plan.undo and fl is not None and fl.applied and fl.snapshot is not None:
-                self.replica.load(fl.snapshot)
+            if plan.undo and fl is not None:
+                undo(self.replica, fl)
         elif plan.action == "lossy" and plan.complete and fl is not None:
-            self._complete(g, fl, plan.buckets_done)
+            dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
+            if g.rank == 0 and dropped:
+                post(self.store, {"type": "completed", "micro_dropped": dropped,
+                                  "samples_dropped": dropped * self.micro})
+            self._commit(g, fl)
         if plan.uncount:
             self.executed -= 1
         if plan.action not in ("start", "join"):
@@ -127,29 +116,12 @@ class Trainer:
                               "action": plan.action})
 
     def _share_state(self, g: Group) -> None:
-        """A replacement joins: every member takes the first member's replica and counters."""
-        r = self.replica
-        tensors = [*r.params.values(), *r.opt.values()]
-        meta = torch.tensor([self.executed, self.logical, self.cursor.epoch, self.cursor.offset,
-                             r.steps, int(self.ctl_seen), self.applied], dtype=torch.int64)
-        g.broadcast([*tensors, meta])
-        m = [int(x) for x in meta]
+        """A replacement joins: every member takes a holder's replica and counters."""
+        c = self.cursor
+        mine = [self.executed, self.logical, c.epoch, c.offset, int(self.ctl_seen), self.applied]
+        m = run_blocking(share_state(self.replica, g, mine, holder=not self.joining))
         self.executed, self.logical, self.cursor = m[0], m[1], Cursor(m[2], m[3])
-        r.steps, self.ctl_seen, self.applied = m[4], float(m[5]), m[6]
-
-    def _complete(self, g: Group, fl: InFlight, done: int) -> None:
-        """Lossy forward: reduce the unfinished buckets over the survivors, apply, commit."""
-        if not fl.applied:
-            micro = sum(len(fl.shares.get(s, [])) for s in g.members)
-            for b in self.buckets[done:]:
-                s = g.reduce_bucket(fl.local[b.start:b.stop], "allreduce", b.index)
-                fl.reduced[b.start:b.stop] = s / micro if self.w.aggregate == "mean" else s
-            self.replica.apply(fl.reduced, fl.lr_scale)
-            if g.rank == 0:
-                dropped = sum(len(v) for v in fl.shares.values()) - micro
-                post(self.store, {"type": "completed", "micro_dropped": dropped,
-                                  "samples_dropped": dropped * self.micro})
-        self._commit(g, fl)
+        self.ctl_seen, self.applied, self.joining = float(m[4]), m[5], False
 
     # -- the step -----------------------------------------------------------------
     def train(self, g: Group) -> str:
@@ -163,41 +135,22 @@ class Trainer:
 
     def _step(self, g: Group) -> float:
         # Failure triggers count attempts made *before* this one, as sim does.
-        inj, before = self.inj, self.executed
-        inj.strike("boundary", before, self.logical)
+        before = self.executed
         self.executed += 1
         d = self.elastic.decide(g.size)
-        rows, nxt = self.stream.take(self.cursor, d.global_batch)
-        micro = split_micro(rows, self.micro)
-        shares = {s: [micro[j] for j in r] for s, r in zip(g.members, assign(len(micro), g.size))}
-        mine = shares[self.slot]
-        half = len(mine) // 2
-        contribs = self.replica.gradients(self.logical, mine[:half])
-        inj.strike("forward", before, self.logical)
-        contribs += self.replica.gradients(self.logical, mine[half:])
-        inj.strike("backward", before, self.logical)
-        local = torch.zeros(self.replica.layout.numel)
-        for _, grad in contribs:  # in micro-batch order
-            local.add_(grad)
-        fl = self.flight = InFlight(shares, d.lr_scale, nxt, local,
-                                    torch.full_like(local, float("nan")))
-        for b in self.buckets:
-            inj.strike(f"allreduce:{b.index}", before, self.logical)
-            s = g.reduce_bucket(local[b.start:b.stop], "allreduce", b.index)
-            fl.reduced[b.start:b.stop] = s / len(micro) if self.w.aggregate == "mean" else s
-            fl.buckets_done = b.index + 1
-        if self.snapshots:  # to undo an update a failure cuts short
-            fl.snapshot = self.replica.state()
-        inj.strike("update", before, self.logical)
-        self.replica.apply(fl.reduced, d.lr_scale)
-        fl.applied = True
-        ctl = float(self.store.add("ctl", 0)) if g.rank == 0 else 0.0
-        ctl = g.vote(ctl, applied=True)
+        batch = plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale, g.members,
+                           self.micro)
+        fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel)
+
+        def ballot() -> float:  # the first member shares the controller's counter
+            return float(self.store.add("ctl", 0)) if g.rank == 0 else 0.0
+
+        ctl = run_blocking(train_step(self.replica, fl, g, self.inj, self.spec, before, ballot))
         self._commit(g, fl)
         return ctl
 
     def _commit(self, g: Group, fl: InFlight) -> None:
-        self.cursor, self.flight = fl.next_cursor, None
+        self.cursor, self.flight = fl.batch.next_cursor, None
         self.logical += 1
         self.applied += g.size
         if g.rank != 0:

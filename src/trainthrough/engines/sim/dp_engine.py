@@ -1,20 +1,23 @@
 """The ``sim`` engine for data-parallel training: N ranks in one process, a virtual clock.
 
-A step: every live rank computes the gradients of its micro-batches (the busiest
-rank sets the time: forward a third of it, backward the rest), the gradient is
-averaged by a ring allreduce bucket by bucket, and the ranks apply it in rank
-order. Failures strike at the points in between (``phase=`` of a failure spec):
+Every live rank runs the shared step (:func:`trainthrough.dp.step.train_step`) as a
+coroutine on a simulated collective, in lock step; this host only charges the clock
+at the step's points and strikes the failures due there (``phase=`` of a spec):
 
 - ``boundary``: between steps (specs without a phase; ``@time`` specs strike at
   whichever point the clock passes their time);
-- ``forward``: a third into the compute; ``backward``: after it, before the allreduce;
-- ``allreduce:k``: after ``k`` buckets were reduced with every rank's share;
+- ``forward``: a third into the compute (the busiest rank sets it); ``backward``:
+  after it, before the allreduce;
+- ``allreduce:k``: after ``k`` buckets were reduced with every rank's share (each
+  bucket charged as a ring allreduce);
 - ``update``: ranks apply in rank order and the lowest failed rank dies as it
   applies, so the survivors below it hold the new step and those above the old one;
 - ``recovery``: during the detection of an earlier failure.
 
-Recovery is delegated to :class:`SimDPRecovery`. Same seed, same bits: no decision
-reads the wall clock, and the gradient is reduced in micro-batch order.
+The failure detector is perfect: survivors learn of a failure at the point it
+strikes, after ``detection_seconds``. Recovery is delegated to
+:class:`SimDPRecovery`. Same seed, same bits: no decision reads the wall clock, and
+the gradient is reduced in micro-batch order.
 """
 
 from __future__ import annotations
@@ -25,28 +28,20 @@ from typing import Any
 
 import torch
 
-from trainthrough.dp.allreduce import Reduced, allreduce, ring_seconds
+from trainthrough.dp.allreduce import Bucket, ring_seconds
+from trainthrough.dp.batching import StepBatch
+from trainthrough.dp.simulated import LockStep, SimInjector, Strike
+from trainthrough.dp.step import InFlight, StepSpec, check_points, train_step
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.result import RunResult
+from trainthrough.engines.sim import CAPABILITIES
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import DPCheckpointer
 from trainthrough.engines.sim.dp_group import SimGroup
-from trainthrough.engines.sim.dp_recovery import Hit, InFlight, SimDPRecovery
-from trainthrough.errors import UserError
-from trainthrough.faults.spec import FailureSpec
+from trainthrough.engines.sim.dp_recovery import Hit, SimDPRecovery
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.dp_policies import ElasticPolicy, ReplacementPolicy, group_recovery_policy
 from trainthrough.workloads.base import Params
-
-
-def _check_phases(specs: list[FailureSpec], buckets: int) -> None:
-    for s in specs:
-        if s.phase == "persist":
-            raise UserError(f"failure spec {s.text!r}: phase persist is parameter-server only; "
-                            "use forward, backward, allreduce:K, update or recovery")
-        if s.phase and s.phase.startswith("allreduce:") and int(s.phase[10:]) >= buckets:
-            raise UserError(f"failure spec {s.text!r}: the allreduce has {buckets} buckets, "
-                            f"so K in allreduce:K goes from 0 to {buckets - 1}")
 
 
 class SimDPEngine:
@@ -68,7 +63,7 @@ class SimDPEngine:
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
         self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic)
         schedule = ctx.schedule({"rank": cfg.ranks})
-        _check_phases(ctx.specs, len(self.g.buckets))
+        check_points(ctx.specs, len(self.g.buckets), CAPABILITIES["dp"].phases, "sim")
         self.clock = VirtualClock()
         self.costs = Costs(cfg.cost, workload.step_seconds)
         store = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
@@ -78,11 +73,18 @@ class SimDPEngine:
                                    self.clock, self.costs, self._emit)
         self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
         self.result = ctx.result
+        self.spec = StepSpec(self.g.buckets, workload.aggregate == "mean",
+                             self.policy.needs_step_snapshot)
+        self.lockstep = LockStep(self._point, self._reduced)
+        self.injector = SimInjector()
         self.recovery = SimDPRecovery(
             self.g, schedule, self.policy,
             ReplacementPolicy(cfg.replace, cfg.cost.replace_seconds), self.ckpt, self.clock,
-            self.costs, self.result, self._emit)
+            self.costs, self.result, self._emit, (self.lockstep, self.spec))
         self.executed = self.logical = 0
+        # The attempt under way: its batch, and the failure that struck it (if any).
+        self._batch: StepBatch | None = None
+        self._hit: tuple[Hit, str] | None = None
         self._wall0 = time.perf_counter()
 
     # -- hooks ------------------------------------------------------------------
@@ -104,13 +106,10 @@ class SimDPEngine:
         while not done and self.executed < self.max_iter:
             self.ckpt.flush_due()
             self.recovery.join_due()
-            hit = self.recovery.strike("boundary", self.executed)
-            if hit is not None:  # nothing in flight: recover, then look again
-                _, self.logical = self.recovery.recover(hit, InFlight("boundary"),
-                                                        self.executed, self.logical)
+            committed = self._attempt()
+            if committed is None:  # struck between steps: recovered, look again
                 continue
             # An interrupted attempt counts as executed: it cost a step of work.
-            committed = self._attempt()
             self.executed += 1
             if committed:
                 self.ckpt.after_step(self.logical)
@@ -121,50 +120,49 @@ class SimDPEngine:
             self._evaluate()
         return self._finish()
 
-    def _interrupted(self, hit: Hit, fl: InFlight) -> bool:
-        committed, self.logical = self.recovery.recover(hit, fl, self.executed, self.logical)
-        return committed
+    def _attempt(self) -> bool | None:
+        """One step on the live group: whether it was committed, None if a failure
+        struck before it began (it then does not count as an attempt)."""
+        g = self.g
+        batch = self._batch = g.plan()
+        self._hit = None
+        fls = {s: InFlight.begin(batch, self.logical, g.layout.numel) for s in g.live}
+        g.drive(self.lockstep, lambda r, c: train_step(r, fls[r.rank_id], c, self.injector,
+                                                       self.spec, self.executed))
+        if self._hit is None:  # every rank voted: commit
+            g.cursor = batch.next_cursor
+            self.logical += 1
+            self.result.updates_applied += len(g.live)
+            return True
+        hit, point = self._hit
+        committed, self.logical = self.recovery.recover(hit, point, fls, self.executed,
+                                                        self.logical)
+        return None if point == "boundary" else committed
 
-    def _attempt(self) -> bool:
-        """One step on the live group; returns whether it was committed."""
-        g, m = self.g, self.costs.m
-        plan = g.plan()
-        contribs = g.compute(plan, self.logical)
-        compute = g.micro_seconds(self.costs.compute) * plan.most_micro
-        self.clock.advance(compute / 3)
-        if hit := self.recovery.strike("forward", self.executed):
-            return self._interrupted(hit, InFlight("forward", plan, contribs,
-                                                   compute_left=compute * 2 / 3))
-        self.clock.advance(compute * 2 / 3)
-        if hit := self.recovery.strike("backward", self.executed):
-            return self._interrupted(hit, InFlight("backward", plan, contribs))
-        every = [c for cs in contribs.values() for c in cs]
-        mean = self.w.aggregate == "mean"
-        red: Reduced | None = None
-        for b in g.buckets:
-            if hit := self.recovery.strike(f"allreduce:{b.index}", self.executed):
-                return self._interrupted(hit, InFlight("allreduce", plan, contribs, red, b.index))
-            red = allreduce(every, g.buckets, mean=mean, stop_after=b.index + 1, into=red)
-            self.clock.advance(ring_seconds(4 * b.numel, len(plan.share), m.network_bandwidth,
-                                            m.network_latency))
-        assert red is not None
-        live = g.live
-        snaps = {}
-        if self.policy.needs_step_snapshot:  # to undo an update a failure cuts short
-            snaps = {s: g.ranks[s].state() for s in live}
-            self.clock.advance(g.first().state_bytes / m.memory_bandwidth)
-        if hit := self.recovery.strike("update", self.executed):
-            cut = min(live.index(s) for s in hit.ids)
-            for s in live[:cut]:
-                g.ranks[s].apply(red.flat, plan.lr_scale)
-            return self._interrupted(hit, InFlight("update", plan, contribs, red, len(g.buckets),
-                                                   applied=tuple(live[:cut]), snapshots=snaps))
-        for s in live:
-            g.ranks[s].apply(red.flat, plan.lr_scale)
-        g.cursor = plan.next_cursor
-        self.logical += 1
-        self.result.updates_applied += len(live)
-        return True
+    # -- what the simulated group reports ----------------------------------------
+    def _point(self, name: str) -> Strike | None:
+        """Every live rank reached point ``name``: charge what led here, strike what is due."""
+        assert self._batch is not None
+        compute = self.g.compute_seconds(self._batch, self.costs.compute)
+        if name == "forward":
+            self.clock.advance(compute / 3)
+        elif name == "backward":
+            self.clock.advance(compute * 2 / 3)
+        elif name == "update" and self.spec.snapshot:  # every rank copied its replica
+            self.clock.advance(self.g.first().state_bytes / self.costs.m.memory_bandwidth)
+        hit = self.recovery.strike(name, self.executed)
+        if hit is None:
+            return None
+        self._hit = (hit, name)
+        live = self.g.live
+        # At the update, ranks below the lowest victim have applied before it died.
+        cut = min(live.index(s) for s in hit.ids) if name == "update" else 0
+        return Strike(hit.ids, frozenset(live[:cut]))
+
+    def _reduced(self, bucket: Bucket, ranks: int) -> None:
+        m = self.costs.m
+        self.clock.advance(ring_seconds(4 * bucket.numel, ranks, m.network_bandwidth,
+                                        m.network_latency))
 
     def _finish(self) -> RunResult:
         r, rec = self.result, self.recovery

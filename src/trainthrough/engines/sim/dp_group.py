@@ -4,43 +4,28 @@ N rank slots, the live ones holding a :class:`~trainthrough.dp.rank.Rank`; a fai
 slot is empty until a replacement joins it. The group also owns the data cursor, so
 the global batch of a step follows from the cursor and the elastic decision alone
 (a checkpoint saves the cursor; a rolled-back step simply does not advance it).
+Every rank runs the shared step (:mod:`trainthrough.dp.step`) as a coroutine;
+:meth:`SimGroup.drive` runs them together on a simulated collective.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import torch
 
-from trainthrough.dp.allreduce import Contribution, FlatLayout, make_buckets
-from trainthrough.dp.batching import (
-    Cursor,
-    MicroBatch,
-    SampleStream,
-    assign,
-    micro_size,
-    split_micro,
-)
+from trainthrough.dp.allreduce import FlatLayout, make_buckets
+from trainthrough.dp.batching import Cursor, SampleStream, StepBatch, micro_size, plan_batch
 from trainthrough.dp.rank import Rank
+from trainthrough.dp.repair import share_state
+from trainthrough.dp.simulated import LockStep, Outcome, SimCollective
 from trainthrough.errors import UserError
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import OptimizerSpec, Params, Workload
 
 Tensors = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One step's work: each live slot's micro-batches, the lr multiplier, the next cursor."""
-
-    share: dict[int, list[MicroBatch]]
-    lr_scale: float
-    next_cursor: Cursor
-
-    @property
-    def most_micro(self) -> int:
-        """Micro-batches on the busiest rank (it sets the step's compute time)."""
-        return max(len(m) for m in self.share.values())
+RankTask = Callable[[Rank, SimCollective], Coroutine[Any, Any, Any]]
 
 
 class SimGroup:
@@ -65,7 +50,6 @@ class SimGroup:
         self.cursor = Cursor()
         self.micro = micro_size(workload.batch_size)
         self.elastic = elastic
-        self.grad_bytes = 4 * self.layout.numel  # float32 gradients on the wire
         # Fail now, not at the first step, on a global batch larger than the data.
         self.stream.take(self.cursor, elastic.decide(size).global_batch)
 
@@ -83,11 +67,15 @@ class SimGroup:
         """Slot ``slot`` fails: its replica is gone (returned for measurement only)."""
         return self.ranks.pop(slot)
 
-    def join(self, slot: int) -> int:
-        """A replacement joins ``slot`` with a copy of a live rank; returns bytes copied."""
-        donor = self.first()
-        self.ranks[slot] = Rank.joining(slot, donor)
-        return donor.state_bytes
+    def join(self, slots: list[int]) -> int:
+        """Replacements join ``slots``: every member runs the shared state transfer
+        (a live rank's replica is broadcast). Returns the bytes sent to the joiners."""
+        nbytes = self.first().state_bytes * len(slots)
+        for s in slots:
+            self.ranks[s] = Rank(s, self.w, self.spec, self.x0, self.seed)
+        quiet = LockStep(on_point=lambda _: None, on_reduce=lambda _b, _n: None)
+        self.drive(quiet, lambda r, c: share_state(r, c, [], holder=r.rank_id not in slots))
+        return nbytes
 
     def reset(self, tensors: Tensors | None, cursor: Cursor) -> None:
         """Every slot restarts from ``tensors`` (a checkpoint) or the initial parameters."""
@@ -98,22 +86,24 @@ class SimGroup:
         self.cursor = cursor
 
     # -- a step -----------------------------------------------------------------
-    def plan(self) -> StepPlan:
+    def plan(self) -> StepBatch:
         """What the live ranks train on now (elastic policy, then contiguous shares)."""
         live = self.live
         d = self.elastic.decide(len(live))
-        rows, nxt = self.stream.take(self.cursor, d.global_batch)
-        micro = split_micro(rows, self.micro)
-        share = {s: [micro[j] for j in r] for s, r in zip(live, assign(len(micro), len(live)))}
-        return StepPlan(share, d.lr_scale, nxt)
+        return plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale, live, self.micro)
 
-    def compute(self, plan: StepPlan, step: int) -> dict[int, list[Contribution]]:
-        """Every planned rank's micro-batch gradients."""
-        return {s: self.ranks[s].gradients(step, mb) for s, mb in plan.share.items()}
+    def drive(self, lockstep: LockStep, task: RankTask) -> Outcome:
+        """Run ``task`` on every live rank together, on a fresh simulated group."""
+        coll = SimCollective(self.live)
+        return lockstep.run(coll, {s: task(self.ranks[s], coll) for s in coll.members})
 
     def micro_seconds(self, step_seconds: float) -> float:
         """Compute time of one micro-batch, given that of a full per-rank batch."""
         return step_seconds * self.micro / self.w.batch_size
+
+    def compute_seconds(self, batch: StepBatch, step_seconds: float) -> float:
+        """Compute time of a step: the busiest rank's micro-batches."""
+        return self.micro_seconds(step_seconds) * batch.most_micro
 
     def params(self) -> Params:
         return self.first().params

@@ -16,37 +16,26 @@ decision depends on it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainthrough.dp.allreduce import Contribution, Reduced, allreduce, ring_seconds
+from trainthrough.dp.allreduce import allreduce
 from trainthrough.dp.batching import Cursor
 from trainthrough.dp.rank import Rank
+from trainthrough.dp.repair import complete, undo
+from trainthrough.dp.simulated import LockStep
+from trainthrough.dp.step import InFlight, StepSpec
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import DPCheckpointer
-from trainthrough.engines.sim.dp_group import SimGroup, StepPlan
+from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction, ReplacementDecision
 from trainthrough.ft.dp_policies import GroupFailure, GroupRecoveryPolicy, Phase, ReplacementPolicy
 
 Tensors = dict[str, torch.Tensor]
-
-
-@dataclass
-class InFlight:
-    """The step a failure interrupted, as far as it got."""
-
-    phase: Phase
-    plan: StepPlan | None = None
-    contribs: dict[int, list[Contribution]] = field(default_factory=dict)
-    reduced: Reduced | None = None
-    buckets_done: int = 0
-    compute_left: float = 0.0  # seconds of compute the survivors still had to do
-    applied: tuple[int, ...] = ()  # slots that applied the step before the failure
-    snapshots: dict[int, Tensors] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,9 +51,13 @@ class SimDPRecovery:
 
     def __init__(self, group: SimGroup, schedule: FailureSchedule, policy: GroupRecoveryPolicy,
                  replacement: ReplacementPolicy, ckpt: DPCheckpointer, clock: VirtualClock,
-                 costs: Costs, result: RunResult, emit: Callable[[dict[str, Any]], None]) -> None:
+                 costs: Costs, result: RunResult, emit: Callable[[dict[str, Any]], None],
+                 step: tuple[LockStep, StepSpec]) -> None:
         self.g, self.schedule, self.policy, self.replacement = group, schedule, policy, replacement
         self.ckpt, self.clock, self.costs, self.result, self.emit = ckpt, clock, costs, result, emit
+        # The engine's lock-step driver (it charges the ring) and the step's spec,
+        # for the survivors' lossy-forward completion.
+        self.lockstep, self.spec = step
         self.joins: list[ReplacementDecision] = []
         self.failures = self.reforms = self.joined = self.samples_dropped = 0
         self.smallest = group.size
@@ -91,8 +84,11 @@ class SimDPRecovery:
                 hang = hang or e.mode == "hang"
         return Hit(tuple(ids), hang) if ids else None
 
-    def recover(self, hit: Hit, fl: InFlight, executed: int, logical: int) -> tuple[bool, int]:
-        """Kill the struck ranks and recover.
+    def recover(self, hit: Hit, point: str, fls: dict[int, InFlight], executed: int,
+                logical: int) -> tuple[bool, int]:
+        """Kill the struck ranks and recover the attempt they interrupted at ``point``.
+
+        ``fls``: every rank's record of the attempt (the victims' too).
 
         Returns:
             (whether the interrupted step got committed, the logical iteration after).
@@ -106,10 +102,11 @@ class SimDPRecovery:
         while more := self.strike("recovery", executed):
             failed += more.ids
             self._kill(more, executed)
-        applied = tuple(s for s in fl.applied if s in self.g.ranks)
-        d = self.policy.decide(GroupFailure(tuple(failed), len(self.g.ranks), fl.phase,
-                                            fl.buckets_done, len(applied),
-                                            self.ckpt.has_checkpoint()))
+        phase: Phase = point.partition(":")[0]  # type: ignore[assignment]
+        done = fls[hit.ids[0]].buckets_done  # every rank got as far (lock step)
+        applied = tuple(s for s in self.g.live if fls[s].applied)
+        d = self.policy.decide(GroupFailure(tuple(failed), len(self.g.ranks), phase, done,
+                                            len(applied), self.ckpt.has_checkpoint()))
         restored, committed, reference = None, False, pre
         if d.action is RecoveryAction.ROLLBACK_ALL:
             restored = self._restart(size_before, logical)
@@ -124,10 +121,10 @@ class SimDPRecovery:
                 self.joins.append(join)
             if d.undo_applied:
                 for s in applied:
-                    self.g.ranks[s].load(fl.snapshots[s])
+                    undo(self.g.ranks[s], fls[s])
         ready = self.clock.now
-        if d.complete_step and fl.plan is not None:
-            reference = self._complete(fl, failed, applied, pre)
+        if d.complete_step:
+            reference = self._complete(fls, failed, point, pre)
             committed, logical = True, logical + 1
         ref = {k[len("params/"):]: v for k, v in reference.items() if k.startswith("params/")}
         norm = sum(float(((v - ref[n]).double() ** 2).sum())
@@ -136,7 +133,7 @@ class SimDPRecovery:
                        recovery_seconds=ready - t0, perturbation_norm=norm,
                        action=d.action.value, restored_from=restored)
         self.result.recoveries.append(rec)
-        self.emit({"type": "recovery", **rec.__dict__, "phase": fl.phase,
+        self.emit({"type": "recovery", **rec.__dict__, "phase": phase,
                    "logical_iteration": logical, "ranks": self.g.live})
         return committed, logical
 
@@ -159,41 +156,32 @@ class SimDPRecovery:
         self.result.updates_lost += (logical - restored) * size
         return restored
 
-    def _complete(self, fl: InFlight, failed: list[int], applied: tuple[int, ...],
+    def _complete(self, fls: dict[int, InFlight], failed: list[int], point: str,
                   pre: Tensors) -> Tensors:
-        """Lossy forward: finish the step with the survivors' shares; return the reference.
+        """Lossy forward: the survivors finish the step (:func:`~trainthrough.dp.repair.complete`);
+        returns the reference, the step the whole group would have taken.
 
-        Buckets reduced before the failure keep every rank's share; the rest are
-        averaged over the micro-batches of the survivors, which finish their compute
-        and reduce them on the smaller ring.
+        Buckets reduced before the failure keep every rank's share; the survivors
+        finish their compute and reduce the rest on the smaller ring.
         """
-        assert fl.plan is not None
-        live = self.g.live
-        full = [c for cs in fl.contribs.values() for c in cs]
-        red = fl.reduced
-        if red is None or not red.complete:
-            self.clock.advance(fl.compute_left)
-            done = set(red.completed) if red is not None else set()
-            mine = [c for s in live for c in fl.contribs[s]]
-            into = Reduced(red.flat.clone(), list(red.counts)) if red is not None else None
-            red = allreduce(mine, self.g.buckets, mean=self.g.w.aggregate == "mean", into=into)
-            for b in self.g.buckets:
-                if b.index not in done:
-                    self.clock.advance(ring_seconds(4 * b.numel, len(live), self.costs.m.network_bandwidth,
-                                                    self.costs.m.network_latency))
-            lost = [s for s in failed if s in fl.contribs]
+        fl, spec, g = fls[failed[0]], self.spec, self.g
+        batch, done = fl.batch, fl.buckets_done
+        if done < len(spec.buckets):
+            if point == "forward":  # the survivors had two thirds of their compute left
+                self.clock.advance(g.compute_seconds(batch, self.costs.compute) * 2 / 3)
+            lost = [s for s in failed if s in batch.share]
             self.result.updates_lost += len(lost)
-            self.samples_dropped += sum(len(fl.contribs[s]) for s in lost) * self.g.micro
-        for s in live:
-            if s not in applied:
-                self.g.ranks[s].apply(red.flat, fl.plan.lr_scale)
-        self.result.updates_applied += len(live)
-        self.g.cursor = fl.plan.next_cursor
-        # The reference: the step the whole group would have taken.
-        shadow = Rank.joining(-1, self.g.first())
+            self.samples_dropped += sum(len(batch.share[s]) for s in lost) * g.micro
+        out = g.drive(self.lockstep, lambda r, c: complete(r, fls[r.rank_id], c, spec, done))
+        if any(isinstance(x, BaseException) for x in out.values()):
+            raise RuntimeError(f"lossy-forward completion failed in sim: {out}")
+        self.result.updates_applied += len(g.live)
+        g.cursor = batch.next_cursor
+        # The reference: the pre-step replica takes the whole global batch's step.
+        shadow = Rank.joining(-1, g.first())
         shadow.load(pre)
-        shadow.apply(allreduce(full, self.g.buckets, mean=self.g.w.aggregate == "mean").flat,
-                     fl.plan.lr_scale)
+        every = shadow.gradients(fl.logical, [m for ms in batch.share.values() for m in ms])
+        shadow.apply(allreduce(every, spec.buckets, mean=spec.mean).flat, batch.lr_scale)
         return shadow.state()
 
     def join_due(self) -> None:
@@ -203,7 +191,7 @@ class SimDPRecovery:
             return
         self.joins = [j for j in self.joins if j.at_seconds > self.clock.now]
         slots = [s for j in due for s in j.slots if s not in self.g.ranks]
-        nbytes = sum(self.g.join(s) for s in slots)
+        nbytes = self.g.join(slots) if slots else 0
         self.joined += len(slots)
         self.clock.advance(self.costs.network(nbytes) + self.costs.m.reform_seconds)
         self.emit({"type": "rank-joined", "slots": slots, "ranks": self.g.live,

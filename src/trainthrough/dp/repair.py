@@ -1,0 +1,104 @@
+"""What a surviving rank does about the step a failure interrupted, once for every host.
+
+The recovery policy (:mod:`trainthrough.ft.dp_policies`) decides; every surviving
+rank then carries the decision out on its own :class:`~trainthrough.dp.step.InFlight`
+record, over a group its host formed anew:
+
+- mini-batch rollback: :func:`undo` (load the pre-update copy if the update was
+  applied), then the host simply runs the same step again on the smaller group;
+- lossy forward: :func:`complete` finishes the step with what the survivors have;
+- a replacement joins: :func:`share_state` copies the first member's replica.
+
+Call order after a failure: the host forms the survivors' group, then each member
+calls exactly one of these (the same one on every member, as collectives must match).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainthrough.dp.allreduce import Bucket
+from trainthrough.dp.collective import Collective, PeerLost
+from trainthrough.dp.rank import Rank
+from trainthrough.dp.step import InFlight, StepSpec
+
+
+def undo(rank: Rank, fl: InFlight) -> None:
+    """Mini-batch rollback: put back the replica as it was before ``fl``'s update.
+
+    A rank that never applied it has nothing to undo. The snapshot exists whenever
+    the policy can ask for an undo (``needs_step_snapshot``).
+    """
+    if fl.applied:
+        if fl.snapshot is None:
+            raise RuntimeError("asked to undo an update without a snapshot of the replica")
+        rank.load(fl.snapshot)
+
+
+async def complete(rank: Rank, fl: InFlight, coll: Collective, spec: StepSpec,
+                   done: int) -> int:
+    """Lossy forward: finish ``fl`` with the survivors' shares and apply it.
+
+    Buckets ``[0, done)`` were reduced before the failure with every rank's share
+    and are kept; the rest are reduced again over the survivors (``coll.members``),
+    averaged over their micro-batches only: the failed ranks' share is dropped. A
+    rank that had already applied the step (every bucket was done) only commits.
+    Micro-batches this rank had not computed yet are computed first.
+
+    Args:
+        done: buckets every survivor completed (the minimum the host gathered).
+
+    Returns:
+        The micro-batches of the global batch that were dropped (none if every
+        bucket had been reduced before the failure).
+
+    Raises:
+        PeerLost: another member was lost meanwhile (located at the bucket).
+    """
+    if fl.applied:
+        return 0
+    count = fl.batch.micro_of(coll.members)
+    dropped = fl.batch.micro_count - count if done < len(spec.buckets) else 0
+    seen = {i for i, _ in fl.contribs}
+    missing = [m for m in fl.batch.share[rank.rank_id] if m.index not in seen]
+    fl.contribs += rank.gradients(fl.logical, missing)
+    fl.phase, fl.buckets_done = "allreduce", done
+    try:
+        for b in spec.buckets[done:]:
+            fl.reduce_into(b, await coll.allreduce(fl.contribs, b), count, spec.mean)
+            fl.buckets_done = b.index + 1
+    except PeerLost as e:
+        raise e.located(fl.phase, fl.buckets_done, False) from None
+    rank.apply(fl.reduced, fl.batch.lr_scale)
+    fl.applied = True
+    return dropped
+
+
+async def share_state(rank: Rank, coll: Collective, counters: list[int],
+                      holder: bool = True) -> list[int]:
+    """Every member takes the replica and ``counters`` of the first member that holds
+    state (a joiner, ``holder=False``, receives; it may have the lowest slot).
+
+    Two collectives: who holds state (a sum of one-hot flags, so every member picks
+    the same donor), then the broadcast. Parameters, optimizer state, the replica's
+    step count and the host's counters (executed steps, cursor, ...) travel as
+    tensors, never pickled.
+
+    Returns:
+        The donor's ``counters`` (every member passes the same length).
+
+    Raises:
+        PeerLost: a member was lost meanwhile.
+        RuntimeError: no member holds state.
+    """
+    n = len(coll.members)
+    flags = torch.zeros(n)
+    flags[coll.members.index(rank.rank_id)] = 1.0
+    held = await coll.allreduce([(0, flags)] if holder else [], Bucket(0, 0, n))
+    donors = torch.nonzero(held).flatten().tolist()
+    if not donors:
+        raise RuntimeError("a group of joiners only: nobody to copy the replica from")
+    meta = torch.tensor([rank.steps, *counters], dtype=torch.int64)
+    await coll.broadcast([*rank.params.values(), *rank.opt.values(), meta], src=donors[0])
+    rank.steps = int(meta[0])
+    return [int(x) for x in meta[1:]]
