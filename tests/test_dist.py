@@ -164,7 +164,7 @@ def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path
 def test_bad_dist_input_exits_2(cli, tmp_path: Path) -> None:  # noqa: ANN001
     cases = [(["--engine", "dist"], "--paradigm dp"),
              (["--engine", "dist", "--paradigm", "dp", "--strategy", "rollback", "--fail",
-               "rank=1@iter=5,phase=recovery"], "dist engine"),
+               "rank=1@iter=5,phase=recovery"], "gloo engine"),  # dist is its alias
              (["--engine", "dist", "--paradigm", "dp", "--strategy", "rollback", "--fail",
                "rank=7@iter=5"], "rank 7"),
              (["--engine", "dist", "--paradigm", "dp", "--strategy", "scar"], "parameter-server"),

@@ -70,6 +70,7 @@ def unmet(c: Capabilities, consistency: str, strategy: Strategy,
             out.append(("failure phase", s.phase or ""))
         if s.mode not in c.modes:
             out.append(("failure mode", s.mode))
-        if s.replica is not None and not c.replica_position:
-            out.append(("failure option", "replica="))
+        if s.replica is not None and (not c.replica_position
+                                      or strategy.replication == "none"):
+            out.append(("failure option", "replica= (a chain position)"))
     return out

@@ -203,3 +203,8 @@ def validate(specs: list[FailureSpec], sizes: dict[str, int]) -> None:
                             f"ids go from 0 to {n - 1}")
         if len(s.ids) > n:
             raise UserError(f"failure spec {s.text!r}: loses {len(s.ids)} {s.kind}s of {n}")
+        chain = sizes.get("replica", 1)
+        if s.replica is not None and s.replica >= chain:
+            raise UserError(f"failure spec {s.text!r}: replica={s.replica} names a chain "
+                            f"position, but chains here have {chain} replica"
+                            f"{'s' if chain > 1 else ''} (positions 0 to {chain - 1})")

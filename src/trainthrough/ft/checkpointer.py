@@ -7,8 +7,9 @@ save itself (blocking, or a snapshot plus a background write). The bytes, the pa
 (tensor data), the seconds training was blocked, and one ``checkpoint`` event per save
 are counted here and nowhere else.
 
-Call order: :meth:`Checkpointer.after_iteration` after every (logical) iteration; the
-backend calls ``done`` once the save exists (at once, or later for a background write).
+Call order: :meth:`Checkpointer.after_iteration` after every (logical) iteration, and
+:meth:`Checkpointer.rewind` when recovery rolls the iteration back; the backend calls
+``done`` once the save exists (at once, or later for a background write).
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ class Checkpointer:
         self.blocked = 0.0
         self._last = 0
 
+    def rewind(self, iteration: int) -> None:
+        """Recovery rolled the run back to ``iteration``: iterations after it are run
+        (and decided about) again."""
+        self._last = min(self._last, iteration)
+
     def after_iteration(self, iteration: int) -> None:
         """Ask the policy about every iteration since the last call (real engines observe
-        iterations in jumps); a rewind (recovery) restarts the count there."""
-        if iteration <= self._last:
-            self._last = iteration - 1
+        iterations in jumps; an iteration seen again is not decided twice)."""
         while self._last < iteration:
             self._last += 1
             d = self.policy.decide(self._last)

@@ -141,6 +141,7 @@ class RayEngine:
         """A rollback: every worker goes back to ``step`` (its data position follows)."""
         back = max(0, iteration - step)
         self.replayed += back
+        self.checkpointer.rewind(step)
         self.result.updates_lost += back * self.cfg.workers
         refs = [m.handle.rewind.remote(step) for m in self.c.members.values()
                 if m.kind == "worker" and m.in_service and m.killed_at is None]

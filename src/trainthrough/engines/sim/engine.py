@@ -99,6 +99,7 @@ class SimEngine:
                 self.result.recoveries.append(rec)
                 self.result.updates_lost += undone
                 self.checkpointer.drop_pending()
+                self.checkpointer.checkpointer.rewind(logical)
             logical = step(logical)
             executed += 1
             self.checkpointer.after_iteration(logical)
