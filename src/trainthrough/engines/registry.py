@@ -70,15 +70,26 @@ def check_supported(engine: str, paradigm: str, consistency: str, strategy: Stra
         flag = "--paradigm " + " or ".join(e.capabilities)
         raise UserError(f"the {e.name} engine runs {flag} training, not --paradigm {paradigm}"
                         f"{_where(can, f'--paradigm {paradigm}')}")
-    missing = unmet(e.capabilities[paradigm], consistency, strategy, specs)
+    missing = _unmet(e, paradigm, consistency, strategy, specs)
     if not missing:
         return
     what, value = missing[0]
     can = [o.name for o in others if paradigm in o.capabilities
-           and not unmet(o.capabilities[paradigm], consistency, strategy, specs)]
+           and not _unmet(o, paradigm, consistency, strategy, specs)]
     shown = f"{what} {value!r}" if value else f"{what} between steps"
     raise UserError(f"the {e.name} engine does not support {shown} for --paradigm {paradigm} "
                     f"(strategy {strategy.name}){_where(can, 'this run')}")
+
+
+def _unmet(e: EngineEntry, paradigm: str, consistency: str, strategy: Strategy,
+           specs: list[FailureSpec]) -> list[tuple[str, str]]:
+    """Single values the engine does not claim, then combinations it refuses."""
+    out = unmet(e.capabilities[paradigm], consistency, strategy, specs)
+    refuse = getattr(_module(e.name), "refuse", None)
+    if not out and refuse is not None:
+        out = [(f"{what} (with --consistency {consistency})", value)
+               for what, value in refuse(consistency, strategy)]
+    return out
 
 
 def _where(can: list[str], what: str) -> str:
@@ -89,15 +100,15 @@ def _where(can: list[str], what: str) -> str:
 
 def claims(engine: str, paradigm: str, strategy: Strategy,
            specs: list[FailureSpec] | None = None) -> str | None:
-    """A consistency mode under which ``engine`` claims this run, or None."""
+    """The consistency modes under which ``engine`` claims this run ("bsp/async"), or
+    None if under none."""
     e = entry(engine)
     c = e.capabilities.get(paradigm)
     if c is None:
         return None
-    for mode in sorted(c.consistency):
-        if not unmet(c, mode, strategy, specs or []):
-            return mode
-    return None
+    modes = [m for m in ("bsp", "ssp", "async") if m in c.consistency
+             and not _unmet(e, paradigm, m, strategy, specs or [])]
+    return "/".join(modes) or None
 
 
 def matrix_lines() -> list[str]:
@@ -107,14 +118,14 @@ def matrix_lines() -> list[str]:
 
     engines = names()
     head = f"  {'strategy / failure form':<34}{'paradigm':<10}" + "".join(
-        f"{n:<8}" for n in engines)
+        f"{n:<11}" for n in engines)
     lines = ["capability matrix (what each engine claims; tests/conformance runs every "
              "claimed cell and checks every refused one):", head]
     for name, strategy in PRESETS.items():
         for paradigm in strategy.paradigms:
             cells = [claims(n, paradigm, strategy) for n in engines]
             lines.append(f"  {name:<34}{paradigm:<10}" + "".join(
-                f"{(c or '-'):<8}" for c in cells))
+                f"{(c or '-'):<11}" for c in cells))
     forms = {"ps": ["shards=0@iter=5", "shards=0@time=1s", "shard=any@mtbf=2s,max=2",
                     "worker=0@iter=5", "shards=0@iter=5,replica=1",
                     "shards=0@iter=5,phase=recovery"],
@@ -131,5 +142,5 @@ def matrix_lines() -> list[str]:
                 ok = c is not None and not [m for m in unmet(c, "", base[paradigm], specs)
                                             if m[0].startswith("failure")]
                 cells.append("yes" if ok else "-")
-            lines.append(f"  {text:<34}{paradigm:<10}" + "".join(f"{c:<8}" for c in cells))
+            lines.append(f"  {text:<34}{paradigm:<10}" + "".join(f"{c:<11}" for c in cells))
     return lines

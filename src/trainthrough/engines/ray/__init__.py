@@ -19,10 +19,21 @@ CAPABILITIES = {
     # Workers run asynchronously, each at its own pace. Saves and restores are the
     # shared ShardCheckpoint (full and prioritized) inside each shard's actor; a
     # rollback of everything rewinds the workers to the checkpoint's step.
-    "ps": caps(consistency=("async",), checkpoint=("none", "full", "prioritized"),
+    "ps": caps(consistency=("bsp", "async"), checkpoint=("none", "full", "prioritized"),
                persist=("sync", "async"),
                recovery=("reinit", "rollback-all", "restore-lost", "failover"),
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
                phases=("",), replica_position=True),
 }
+
+
+def refuse(consistency: str, strategy: object) -> list[tuple[str, str]]:
+    """What this engine refuses beyond single values: chains and the stateless outage
+    need workers running at their own pace (bulk-synchronous rounds have no pushes to
+    forward or buffer)."""
+    if consistency == "bsp":
+        return [(m, getattr(strategy, m)) for m, off in (("replication", "none"),
+                                                          ("outage", "wait"))
+                if getattr(strategy, m) != off]
+    return []

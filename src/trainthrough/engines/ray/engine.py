@@ -86,6 +86,12 @@ class RayEngine:
         self.measuring: list[dict[str, Any]] = []  # recoveries waiting for the next update
         self.incarnation = [0] * self.cfg.workers
         self.ctx.start_clock()
+        if self.cfg.consistency == "bsp":
+            from trainthrough.engines.ray.bsp import BulkSynchronous
+
+            self.bsp: BulkSynchronous | None = BulkSynchronous(self, c)
+            return self.bsp.run()
+        self.bsp = None
         runs = {m.name: m.handle.run.remote(self.max_iter)
                 for m in c.members.values() if m.kind == "worker"}
         last_eval = 0
@@ -139,9 +145,12 @@ class RayEngine:
 
     def rewind(self, step: int, iteration: int) -> None:
         """A rollback: every worker goes back to ``step`` (its data position follows)."""
+        self.checkpointer.rewind(step)
+        if self.bsp is not None:  # the driver runs the rounds: the next one is ``step``
+            self.result.updates_lost += self.bsp.rewind(step) * self.cfg.workers
+            return
         back = max(0, iteration - step)
         self.replayed += back
-        self.checkpointer.rewind(step)
         self.result.updates_lost += back * self.cfg.workers
         refs = [m.handle.rewind.remote(step) for m in self.c.members.values()
                 if m.kind == "worker" and m.in_service and m.killed_at is None]

@@ -113,7 +113,8 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
     kill_time = dead.killed_at
     if p["kind"] == "worker":
         m.in_service = True
-        runs[m.name] = m.handle.run.remote(eng.max_iter)
+        if eng.bsp is None:  # bulk-synchronous workers compute when the driver asks
+            runs[m.name] = m.handle.run.remote(eng.max_iter)
         rec = Recovery([dead.name], iteration, time.perf_counter() - kill_time, 0.0,
                        action="restart-worker")
         eng.result.recoveries.append(rec)

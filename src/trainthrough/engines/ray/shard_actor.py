@@ -271,6 +271,8 @@ class ShardActor:
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 step = saver.restore(skipped.append, at_most=at_most)
+                # Rounds after the restored step are undone: replayed, they must apply.
+                self._rounds = {r for r in self._rounds if step is not None and r < step}
         return {"step": step, "skipped": skipped, **out}
 
     def stats(self) -> dict[str, Any]:

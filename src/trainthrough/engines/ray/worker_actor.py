@@ -82,6 +82,19 @@ class WorkerActor:
         self._handles.pop(i, None)
         self._recheck[i] = 0.0
 
+    def compute_round(self, step: int, *parts: tuple[int, Tensors]) -> Any:
+        """Bulk-synchronous round ``step``: the update on the parameters the driver pulled
+        (``parts``: each shard's ``pull`` result, passed by reference), split per shard
+        so each part goes straight to its shard's ``apply_round``."""
+        t0 = time.perf_counter()
+        params = self.layout.assemble([p[1] for p in parts])
+        update = self.worker.compute(params, step)
+        self.busy += time.perf_counter() - t0
+        self.step = step + 1
+        self.pushes += 1
+        out = self.layout.split_partial(update)
+        return out[0] if len(out) == 1 else out  # one return value per shard
+
     def rewind(self, step: int) -> None:
         """A rollback to a checkpoint of ``step``: go back to that data position (the
         pushes keep fresh sequence numbers, so none is taken for a duplicate)."""

@@ -1,0 +1,118 @@
+"""Bulk-synchronous rounds on Ray: the parameter-server round, driven by the driver.
+
+Each round is the same as ``sim``'s: every worker computes its update for logical
+step ``k`` on the same parameters, and every shard applies the aggregate once
+(``ShardActor.apply_round``, idempotent per round). The parameters go from the shards
+to the workers and the update parts from the workers to the shards by reference:
+the driver only sends the calls. Failures are delivered at round boundaries (as in
+``sim``); the driver then waits until every shard and worker is back in service,
+through the same death handling and recovery policy as asynchronous runs, and a
+rollback sets the next round's step. With the same seed a run follows ``sim``'s
+logical-iteration trace.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import ray
+
+from trainthrough.engines.result import RunResult
+
+if TYPE_CHECKING:
+    from trainthrough.engines.ray.cluster import RayCluster
+    from trainthrough.engines.ray.engine import RayEngine
+
+TICK = 0.02
+
+
+class BulkSynchronous:
+    """The round loop; ``logical`` is the next round's step (a rollback rewinds it)."""
+
+    def __init__(self, eng: RayEngine, c: RayCluster) -> None:
+        self.eng, self.c = eng, c
+        self.logical = self.executed = 0
+        self.rounds_applied = 0
+
+    def run(self) -> RunResult:
+        eng, cfg = self.eng, self.eng.cfg
+        done = eng._evaluate(0, {}, 0)
+        while not done and self.executed < eng.max_iter:
+            if cfg.wall_limit is not None and eng.ctx.wall() >= cfg.wall_limit:
+                break
+            for e in eng.schedule.due(self.executed, eng.ctx.wall()):
+                eng._strike(e, self.executed)
+            self._settle()
+            if not self._round():
+                continue  # someone died during the round: recover, then run it again
+            self.logical += 1
+            self.executed += 1
+            eng.checkpointer.after_iteration(self.logical)
+            eng._measure()
+            eng.cb.after_step(self.executed, eng.ctx.wall())
+            if self.executed % eng.eval_every == 0:
+                done = eng._evaluate(self.executed, {}, self.logical)
+        if self.executed % eng.eval_every and not done:
+            eng._evaluate(self.executed, {}, self.logical)
+        result = eng._finish(self.executed, {})
+        result.updates_applied = self.rounds_applied * cfg.workers
+        return result
+
+    def rewind(self, step: int) -> int:
+        """A rollback to ``step``; returns how many iterations are undone."""
+        back = max(0, self.logical - step)
+        self.logical = step
+        return back
+
+    def _settle(self) -> None:
+        """Handle deaths and wait until every shard has a head and every worker serves
+        (a failure due during recovery strikes meanwhile, as in ``sim``)."""
+        eng, c = self.eng, self.c
+        while True:
+            watches = {m.watch: m for m in c.members.values() if m.watch is not None}
+            ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=TICK)
+            for ref in ready:
+                m = watches[ref]
+                m.watch = None
+                eng._on_death(m, self.executed)
+            if eng.pending:
+                for e in eng.schedule.due(self.executed, eng.ctx.wall(), phase="recovery"):
+                    eng._strike(e, self.executed)
+            eng._activate_due(self.logical, {})
+            if not eng.pending and not ready and self._whole():
+                return
+            time.sleep(0 if ready else TICK)
+
+    def _whole(self) -> bool:
+        c = self.c
+        shards = all(c.chains[i].members and all(
+            c.members[n].killed_at is None for n in c.chains[i].members)
+            for i in range(self.eng.layout.num_shards))
+        workers = [m for m in c.members.values() if m.kind == "worker" and m.in_service
+                   and m.killed_at is None]
+        return bool(shards) and len(workers) == self.eng.cfg.workers
+
+    def _round(self) -> bool:
+        """One round; False if a shard or worker died during it."""
+        c, eng, k = self.c, self.eng, self.logical
+        heads = [h for i in range(eng.layout.num_shards) if (h := c.head(i)) is not None]
+        if len(heads) < eng.layout.num_shards:
+            return False  # a shard lost every replica meanwhile: settle again
+        workers = sorted((m for m in c.members.values() if m.kind == "worker"
+                          and m.in_service and m.killed_at is None), key=lambda m: m.index)
+        n = len(heads)
+        pulls = [h.pull.remote() for h in heads]
+        parts = [w.handle.compute_round.options(num_returns=n).remote(k, *pulls)
+                 for w in workers]
+        if n == 1:
+            parts = [[p] for p in parts]
+        scale = 1.0 / len(workers) if eng.w.aggregate == "mean" else 1.0
+        applied = [h.apply_round.remote(k, scale, *[p[i] for p in parts])
+                   for i, h in enumerate(heads)]
+        try:
+            ray.get(applied, timeout=300)
+        except (ray.exceptions.RayError, TimeoutError):
+            return False
+        self.rounds_applied += 1
+        return True
