@@ -41,6 +41,22 @@ class Shard:
         self.version += 1
         return self.version
 
+    def apply_aggregate(self, parts: list[Tensors], divide_by: int = 1) -> int:
+        """Apply the sum of several workers' slices (divided by ``divide_by``: a mean)
+        as one update; the bulk-synchronous round's step. Returns the version."""
+        total: Tensors = {}
+        for u in parts:
+            for n in self.values:
+                if n in u:
+                    if n in total:
+                        total[n].add_(u[n])
+                    else:
+                        total[n] = u[n].clone()
+        if divide_by > 1:
+            for t in total.values():
+                t.div_(divide_by)
+        return self.apply(total) if total else self.version
+
     def apply_once(self, worker_id: int, seq: int, update: Tensors, scale: float = 1.0) -> bool:
         """Apply a worker's push unless its sequence number was already applied.
 

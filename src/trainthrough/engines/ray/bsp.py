@@ -14,11 +14,12 @@ logical-iteration trace.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from trainthrough.engines.result import RunResult
+from trainthrough.ps.round import bsp_round
 
 if TYPE_CHECKING:
     from trainthrough.engines.ray.cluster import RayCluster
@@ -94,25 +95,33 @@ class BulkSynchronous:
         return bool(shards) and len(workers) == self.eng.cfg.workers
 
     def _round(self) -> bool:
-        """One round; False if a shard or worker died during it."""
-        c, eng, k = self.c, self.eng, self.logical
-        heads = [h for i in range(eng.layout.num_shards) if (h := c.head(i)) is not None]
-        if len(heads) < eng.layout.num_shards:
+        """One round (ps/round.py); False if a shard or worker died during it."""
+        self._heads = [h for i in range(self.eng.layout.num_shards)
+                       if (h := self.c.head(i)) is not None]
+        if len(self._heads) < self.eng.layout.num_shards:
             return False  # a shard lost every replica meanwhile: settle again
-        workers = sorted((m for m in c.members.values() if m.kind == "worker"
-                          and m.in_service and m.killed_at is None), key=lambda m: m.index)
-        n = len(heads)
-        pulls = [h.pull.remote() for h in heads]
-        parts = [w.handle.compute_round.options(num_returns=n).remote(k, *pulls)
-                 for w in workers]
-        if n == 1:
-            parts = [[p] for p in parts]
-        scale = 1.0 / len(workers) if eng.w.aggregate == "mean" else 1.0
-        applied = [h.apply_round.remote(k, scale, *[p[i] for p in parts])
-                   for i, h in enumerate(heads)]
-        try:
-            ray.get(applied, timeout=300)
-        except (ray.exceptions.RayError, TimeoutError):
+        applied = bsp_round(self, self.logical, self.eng.w.aggregate)
+        if applied is None:
             return False
         self.rounds_applied += 1
+        return True
+
+    # -- the round's host: references flow between actors, not through the driver ----
+    def pull(self) -> list[Any]:
+        return [h.pull.remote() for h in self._heads]
+
+    def compute(self, step: int, params: list[Any]) -> list[list[Any]]:
+        workers = sorted((m for m in self.c.members.values() if m.kind == "worker"
+                          and m.in_service and m.killed_at is None), key=lambda m: m.index)
+        n = len(self._heads)
+        parts = [w.handle.compute_round.options(num_returns=n).remote(step, *params)
+                 for w in workers]
+        return [[p] for p in parts] if n == 1 else [list(p) for p in parts]
+
+    def apply_parts(self, step: int, parts: list[list[Any]], divide_by: int) -> bool:
+        refs = [h.apply_round.remote(step, divide_by, *p) for h, p in zip(self._heads, parts)]
+        try:
+            ray.get(refs, timeout=300)
+        except (ray.exceptions.RayError, TimeoutError):
+            return False
         return True

@@ -115,8 +115,9 @@ class ShardActor:
             self._queue.put((worker, seq, update, scale))  # blocks when max_lag behind
         return version
 
-    def apply_round(self, round_no: int, scale: float, *updates: Tensors) -> int:
-        """Bulk-synchronous round: aggregate all workers' slices and apply once.
+    def apply_round(self, round_no: int, divide_by: int, *updates: Tensors) -> int:
+        """Bulk-synchronous round: the aggregate of all workers' slices, applied once
+        (``Shard.apply_aggregate``, as every engine does).
 
         Idempotent per round: a round retried after a failure elsewhere is skipped here
         if this shard already applied it.
@@ -124,12 +125,7 @@ class ShardActor:
         with self.lock:
             if round_no in self._rounds:
                 return self.shard.version
-            total: Tensors = {}
-            for u in updates:
-                for n in self.shard.values:
-                    if n in u:
-                        total[n] = total[n] + u[n] if n in total else u[n].clone()
-            self.shard.apply(total, scale)
+            self.shard.apply_aggregate(list(updates), divide_by)
             self._rounds.add(round_no)
             if len(self._rounds) > 64:
                 self._rounds = set(sorted(self._rounds)[-32:])

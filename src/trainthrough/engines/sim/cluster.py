@@ -43,6 +43,18 @@ class SimCluster:
         """Boolean masks over the full parameters marking the rows of ``shard_ids``."""
         return self.layout.rows_mask(shard_ids)
 
+    # -- the bulk-synchronous round (ps/round.py's host) --------------------------
+    def pull(self) -> Params:
+        return self.params()
+
+    def compute(self, step: int, params: Params) -> list[list[Params]]:
+        return [self.layout.split_partial(wk.compute(params, step)) for wk in self.workers]
+
+    def apply_parts(self, step: int, parts: list[list[Params]], divide_by: int) -> bool:
+        for shard, p in zip(self.shards, parts):
+            shard.apply_aggregate(p, divide_by)
+        return True
+
     # -- applying ---------------------------------------------------------------
     def apply(self, update: Params, scale: float = 1.0) -> None:
         """Split an aggregated update over the shards and let each apply its part."""

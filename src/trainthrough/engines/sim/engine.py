@@ -27,9 +27,9 @@ from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.engines.sim.recovery import SimRecovery
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ps.layout import make_layout
+from trainthrough.ps.round import bsp_round
 from trainthrough.ps.shard import Shard
 from trainthrough.ps.worker import Worker
-from trainthrough.workloads.base import Params
 
 
 class SimEngine:
@@ -119,26 +119,12 @@ class SimEngine:
         r.wall_seconds = time.perf_counter() - self._wall0
         return r
 
-    def _aggregate(self, updates: list[Params]) -> Params:
-        out: Params = {}
-        for u in updates:
-            for n, t in u.items():
-                if n in out:
-                    out[n].add_(t)
-                else:
-                    out[n] = t.clone()
-        if self.w.aggregate == "mean" and len(updates) > 1:
-            for t in out.values():
-                t.div_(len(updates))
-        return out
-
     def _bsp_step(self, logical: int) -> int:
-        params = self.cluster.params()
-        updates = [wk.compute(params, logical) for wk in self.cluster.workers]
-        self.cluster.apply(self._aggregate(updates))
-        self.result.updates_applied += len(updates)
-        self.clock.advance(self.costs.bsp_step(self.cluster.param_bytes, len(updates),
-                                               self.cfg.shards))
+        """The shared parameter-server round (ps/round.py), hosted in process."""
+        applied = bsp_round(self.cluster, logical, self.w.aggregate)
+        self.result.updates_applied += applied or 0
+        self.clock.advance(self.costs.bsp_step(self.cluster.param_bytes,
+                                               len(self.cluster.workers), self.cfg.shards))
         return logical + 1
 
     def _ssp_step(self, logical: int) -> int:
