@@ -121,7 +121,10 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
         eng._emit({"type": "recovery", **rec.__dict__})
         return True
     if p["kind"] == "replica":
-        if not c.join_tail(m):
+        # A replica copies its state from the chain's tail: while the whole chain is
+        # lost it waits for the shard to be restored first (joining an empty chain
+        # would make a fresh replica with initial values serve the shard).
+        if not c.chains[m.index].members or not c.join_tail(m):
             return False
         m.in_service = True
         eng._emit({"type": "replica-join", "shard": m.index, "member": m.name,
