@@ -110,6 +110,12 @@ def test_rollback_matches_sim_within_1e6_after_rank_0_rejoins(tmp_path: Path) ->
     r = e.run()
     assert r.failures == 1 and r.recoveries[0].action == "mini-batch-rollback"
     assert cb.of("rank-joined")[0]["slots"] == [0] and r.extras["replicas_identical"]
+    # The perturbation is measured by the same code as sim's (here: nothing moved).
+    failed = run_silent(RunConfig(paradigm="dp", strategy="rollback", max_iterations=12,
+                                  stop_at_target=False,
+                                  failures=["rank=0@iter=8,phase=allreduce:1"]))
+    sim_norm = failed["recoveries"][0]["perturbation_norm"]
+    assert abs(r.recoveries[0].perturbation_norm - sim_norm) <= 1e-6, (r.recoveries, sim_norm)
     # Nothing was lost: the group never went back (a joiner sending x0 would rewind it).
     logical = [ev["logical_iteration"] for ev in cb.evals]
     assert logical == sorted(logical), logical
@@ -134,6 +140,9 @@ def test_lossy_forward_drops_the_same_share_as_sim(tmp_path: Path) -> None:
     assert r.failures == s["failures"] == 1 and r.extras["replicas_identical"]
     assert r.extras["samples_dropped"] == s["samples_dropped"] == 32
     assert r.updates_lost == s["updates_lost"] == 1
+    # The same perturbation: the completed step's distance from the failure-free one.
+    norm, sim_norm = r.recoveries[0].perturbation_norm, s["recoveries"][0]["perturbation_norm"]
+    assert sim_norm > 0.01 and abs(norm - sim_norm) <= 1e-6, (norm, sim_norm)
     assert cb.logical == sim.logical == 30
     for n, v in sim.params.items():
         assert float((cb.params[n] - v).abs().max()) <= 1e-6, n
@@ -141,9 +150,10 @@ def test_lossy_forward_drops_the_same_share_as_sim(tmp_path: Path) -> None:
 
 def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path) -> None:
     cb = Watch()
-    e = _engine(tmp_path, cb, strategy="checkpoint-restart", checkpoint_every=10, ranks=3,
-                max_iterations=40, stop_at_target=False, cost=CostModel(timeout_seconds=2.0),
-                failures=["rank=2@iter=15,phase=allreduce:1,mode=hang"])
+    kw: dict[str, Any] = dict(strategy="checkpoint-restart", checkpoint_every=10, ranks=3,
+                              max_iterations=40, stop_at_target=False,
+                              failures=["rank=2@iter=15,phase=allreduce:1,mode=hang"])
+    e = _engine(tmp_path, cb, cost=CostModel(timeout_seconds=2.0), **kw)
     r = e.run()
     x = r.extras
     assert r.failures == 1 and x["restarts"] == 1
@@ -159,6 +169,16 @@ def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path
     assert x["logical_iterations"] == 40 - 1 - 5 and r.updates_lost == 5 * 3
     assert r.checkpoints >= 3 and {"failure", "detection", "recovery"} <= {
         ev["type"] for ev in cb.events}
+    # Counted once, by the controller's Checkpointer, from rank 0's reports: the saves
+    # sim makes (10; after the restart from 10, 20 and 30).
+    saves = cb.of("checkpoint")
+    assert len(saves) == r.checkpoints and sum(c["bytes"] for c in saves) == r.checkpoint_bytes
+    sim = Watch()
+    s = run_silent(RunConfig(paradigm="dp", **kw), sim)
+    assert [c["iteration"] for c in saves] == [c["iteration"] for c in sim.of("checkpoint")]
+    # The restart moved the model as far as in sim: from step 15 back to checkpoint 10.
+    sim_norm = s["recoveries"][0]["perturbation_norm"]
+    assert sim_norm > 0.1 and abs(rec.perturbation_norm - sim_norm) <= 1e-6, (rec, sim_norm)
 
 
 def test_bad_dist_input_exits_2(cli, tmp_path: Path) -> None:  # noqa: ANN001

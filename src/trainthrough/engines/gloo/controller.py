@@ -6,7 +6,8 @@ events (failures they inflict on themselves, checkpoints, parameters to evaluate
 notices processes that ended, and watches for reports (a group broke, or the ranks
 stopped because it asked). It never trains: evaluation is the only tensor work it
 does. Recovery decisions come from the same policies as ``sim``
-(ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`.
+(ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`; its
+one Checkpointer counts the saves rank 0 reports (:class:`~.checkpoints.ControllerSaves`).
 Times are wall-clock; ``sim_seconds`` in records equals ``wall_seconds``.
 """
 
@@ -18,14 +19,14 @@ from typing import Any
 
 import safetensors.torch
 import torch
-import torch.distributed as dist
 
-from trainthrough.dp.allreduce import FlatLayout
 from trainthrough.dp.batching import Cursor, SampleStream
+from trainthrough.dp.rank import Rank
 from trainthrough.engines.base import RunContext
+from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
 from trainthrough.engines.gloo.procs import Procs
-from trainthrough.engines.gloo.protocol import EventReader, Plan, serve, write_plan
+from trainthrough.engines.gloo.protocol import EventReader, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
@@ -48,7 +49,12 @@ class GlooEngine:
         if n is None:
             raise UserError(f"workload {workload.name} does not support data-parallel training; "
                             "use mlr, cnn or a TorchWorkload")
-        numel = FlatLayout(workload.init_params(torch.Generator().manual_seed(cfg.seed))).numel
+        spec = workload.default_optimizer if cfg.lr is None else replace(
+            workload.default_optimizer, lr=cfg.lr)
+        # A replica as the ranks build theirs: what a checkpoint must hold, and x0.
+        template = Rank(0, workload, spec,
+                        workload.init_params(torch.Generator().manual_seed(cfg.seed)), cfg.seed)
+        numel = template.layout.numel
         if not 1 <= cfg.allreduce_buckets <= numel:
             raise UserError(f"allreduce-buckets must be between 1 and the {numel} parameters "
                             f"of {workload.name} (got {cfg.allreduce_buckets})")
@@ -65,6 +71,7 @@ class GlooEngine:
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
         self.hashes: dict[int, str] = {}
+        self.saves = ControllerSaves(cfg, ctx.strategy, self.url, template, self.emit)
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
@@ -149,10 +156,13 @@ class GlooEngine:
             self.hashes[int(event["slot"])] = event["params_sha256"]
             self.result.iterations = max(self.result.iterations, int(event["executed"]))
             return
-        if kind == "checkpoint":
-            self.result.checkpoints += 1
-            self.result.checkpoint_bytes += int(event["bytes"])
-            self.result.checkpoint_blocked_seconds += float(event["blocked_seconds"])
+        if kind == "saved":  # a report to the Checkpointer, which emits the event
+            self.saves.on_saved(event)
+            return
+        if kind == "before":  # what the restart under way is measured against
+            assert blob is not None
+            self.saves.before = safetensors.torch.load(blob)
+            return
         self.rec.on_event(event)
         self.emit({k: v for k, v in event.items() if k != "t"})  # rec keeps the original
 
@@ -166,8 +176,9 @@ class GlooEngine:
             self.request_stop()
 
     def _finish(self) -> RunResult:
-        r, rec = self.result, self.rec
+        r, rec, c = self.result, self.rec, self.saves.checkpointer
         r.failures = rec.failures
+        r.checkpoints, r.checkpoint_bytes, r.checkpoint_blocked_seconds = c.count, c.bytes, c.blocked
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
         live = sorted(rec.members)
         hashes = [self.hashes.get(s) for s in live]
@@ -181,7 +192,3 @@ class GlooEngine:
             time_to_target=r.sim_seconds_to_target)
         return r
 
-
-def write_start(store: dist.Store, n: int, members: list[int]) -> None:
-    """Publish a plain start of attempt ``n`` (fresh or restarted processes)."""
-    write_plan(store, Plan(n, sorted(members), "start"))

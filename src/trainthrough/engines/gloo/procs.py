@@ -53,15 +53,18 @@ class Procs:
         self._inc: dict[int, int] = {}
 
     def spawn(self, slot: int, mode: str, attempt: int, executed: int, ctl: int,
-              orders: list[dict[str, object]], applied: int = 0) -> Proc:
+              orders: list[dict[str, object]], applied: int = 0,
+              restore: int | None = None) -> Proc:
         """Start a rank process for ``slot`` (it becomes the slot's current process).
 
         ``executed``, ``ctl`` and ``applied`` are the run's counters so far, which a
-        restarted process carries on from (a joining one receives them from a peer).
+        restarted process carries on from (a joining one receives them from a peer);
+        ``restore``: the checkpoint step a restarted process loads (None: x0).
         """
         inc = self._inc[slot] = self._inc.get(slot, -1) + 1
         spec = {**self.base, "slot": slot, "inc": inc, "mode": mode, "attempt": attempt,
-                "executed": executed, "ctl": ctl, "orders": orders, "applied": applied}
+                "executed": executed, "ctl": ctl, "orders": orders, "applied": applied,
+                "restore": restore}
         proc = self.ctx.Process(target=rank_main, args=(spec,), daemon=True,
                                 name=f"trainthrough-rank{slot}.{inc}")
         proc.start()

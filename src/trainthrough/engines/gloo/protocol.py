@@ -45,7 +45,8 @@ class Plan:
     the first member broadcasts its state), ``rollback`` (undo if ``undo``, redo the
     interrupted step), ``lossy`` (finish the interrupted step with the survivors'
     shares if ``complete``), ``exit`` (checkpoint-restart: every process ends and
-    fresh ones start), ``stop`` (end of the run). ``buckets_done``: allreduce buckets
+    fresh ones start; ``members`` are the survivors, the first of which sends its
+    replica as it was before the interrupted step), ``stop`` (end of the run). ``buckets_done``: allreduce buckets
     every survivor completed before the failure. ``uncount``: the failure struck
     between steps, so the attempt the survivors had begun does not count.
     """

@@ -2,8 +2,8 @@
 
 Started by the controller (multiprocessing ``spawn``) with a :data:`RankSpec`:
 the resolved config, its slot and incarnation, the store's port, its failure
-orders, and how it starts (``fresh``, ``restart`` from the checkpoint, or ``join``
-a running group). Then, attempt after attempt (protocol.py): wait for the plan,
+orders, and how it starts (``fresh``, ``restart`` from the checkpoint step the
+controller chose, or ``join`` a running group). Then, attempt after attempt (protocol.py): wait for the plan,
 form the group, recover as the plan says, train; on a collective error report and
 wait for the next plan. A rank that is not in a plan, or is told to exit, ends.
 
@@ -56,7 +56,7 @@ def _run(spec: RankSpec, store: dist.Store) -> None:
     tr = Trainer(cfg, slot, store, spec["orders"], spec["t0"], spec["checkpoint_url"],
                  joining=spec["mode"] == "join")
     if spec["mode"] == "restart":
-        tr.restore()
+        tr.restore(spec["restore"])
         tr.resumed = True  # its first commit ends the recovery
     tr.executed, tr.ctl_seen, tr.applied = spec["executed"], float(spec["ctl"]), spec["applied"]
     store.set(f"ready/{slot}/{inc}", "1")
@@ -67,6 +67,8 @@ def _run(spec: RankSpec, store: dist.Store) -> None:
         n = int(store.get(key))
     while True:
         plan = wait_plan(store, n)
+        if plan.action == "exit" and plan.members[:1] == [slot]:
+            tr.post_before()  # the first survivor: what the restart is measured against
         if slot not in plan.members or plan.action in ("exit", "stop"):
             break
         g = Group(store, n, plan.members, slot, cfg.cost.timeout_seconds)

@@ -13,7 +13,10 @@ policy (the same as ``sim``'s) then decides:
   failure, then the controller asks the group to stop after a step (``ctl``) and
   publishes an attempt that includes it (the first member broadcasts its state);
 - checkpoint-restart: every process exits and ``ranks`` fresh ones start from the
-  newest checkpoint (a restart, as torchrun does).
+  one checkpoint the controller chose (a restart, as torchrun does).
+
+The perturbation comes with the re-formation (measured by the first member) or from
+the checkpoint chosen (:meth:`~.checkpoints.ControllerSaves.choose`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, write
 from trainthrough.engines.result import Recovery
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
-from trainthrough.ft.strategy import resolve
 
 if TYPE_CHECKING:
     from trainthrough.engines.gloo.controller import GlooEngine
@@ -40,7 +42,7 @@ class DistRecovery:
     def __init__(self, engine: GlooEngine, orders: list[dict[str, Any]]) -> None:
         self.e, self.orders = engine, orders
         cfg = engine.cfg
-        self.policy = group_recovery_policy(resolve(cfg.strategy).recovery)
+        self.policy = group_recovery_policy(engine.ctx.strategy.recovery)
         self.replacement = ReplacementPolicy(cfg.replace, cfg.recovery_delay)
         self.n, self.members, self.state = 0, list[int](), "starting"
         self.waiting: list[Proc] = []
@@ -60,12 +62,14 @@ class DistRecovery:
         self.last_joined: list[int] = []
 
     # -- starting -----------------------------------------------------------------
-    def start(self, slots: range | list[int], mode: str, attempt: int, executed: int) -> None:
+    def start(self, slots: range | list[int], mode: str, attempt: int, executed: int,
+              restore: int | None = None) -> None:
         """Spawn a process per slot; attempt ``attempt`` starts once all are ready."""
         ctl = self.e.store.add("ctl", 0)
         self.waiting = [self.e.procs.spawn(s, mode, attempt, executed, ctl,
                                            self._orders_for(s, executed),
-                                           self.e.result.updates_applied) for s in slots]
+                                           self.e.result.updates_applied, restore)
+                        for s in slots]
         self.n, self.state, self.started_at = attempt, "starting", time.time()
 
     def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
@@ -132,12 +136,9 @@ class DistRecovery:
         elif kind == "reformed":
             event.update(type="reform", reform_seconds=t - self.t_detect)
             self.reform_times.append(t - self.t_detect)
-        elif kind == "restored":
-            for rec in self.open:
-                if rec.get("restart") and "restored_from" not in rec:
-                    rec["restored_from"] = int(event["step"])
-                    self.e.result.updates_lost += (rec["logical"] - int(event["step"])) \
-                        * self.e.cfg.ranks
+            for rec in self.open:  # measured by the first member of the recovering group
+                if rec.get("n") == event["n"]:
+                    rec["perturbation"] = float(event.pop("perturbation"))
         elif kind == "completed":
             self.samples_dropped += int(event["samples_dropped"])
             self.e.result.updates_lost += len(self.open[-1]["failed"]) if self.open else 0
@@ -149,7 +150,8 @@ class DistRecovery:
     def _close(self, rec: dict[str, Any], t: float) -> None:
         if rec.get("restart"):
             self.restart_times.append(t - rec["t_detect"])
-        norm = 0.0 if rec["action"] == "mini-batch-rollback" else float("nan")
+        # Unknown (NaN) if the attempt that carried it out broke before it reported.
+        norm = rec.get("perturbation", float("nan"))
         r = Recovery(failed=[f"rank{i}" for i in rec["failed"]], at_iteration=rec["iteration"],
                      recovery_seconds=t - rec["t_fail"], perturbation_norm=norm,
                      action=rec["action"], restored_from=rec.get("restored_from"))
@@ -194,7 +196,7 @@ class DistRecovery:
                     for r in errors), default=0)
         applied = sum(r.applied for r in errors)
         d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
-                                            done, applied, self.e.result.checkpoints > 0))
+                                            done, applied, self.e.saves.checkpointer.count > 0))
         self.e.emit({"type": "detection", "iteration": at_iteration,
                      "failed": [f"rank{i}" for i in failed],
                      "detection_seconds": t_detect - t_fail, "survivors": survivors})
@@ -203,10 +205,11 @@ class DistRecovery:
         self.open.append(rec)
         if d.action is RecoveryAction.ROLLBACK_ALL:
             rec["restart"] = True
-            self._restart(survivors, executed)
+            self._restart(survivors, executed, rec)
             return
         action = "rollback" if d.action is RecoveryAction.MINI_BATCH_ROLLBACK else "lossy"
         self.n += 1
+        rec["n"] = self.n
         self.members = survivors
         write_plan(self.e.store, Plan(self.n, survivors, action, undo=d.undo_applied,
                                       complete=d.complete_step, buckets_done=done,
@@ -220,16 +223,24 @@ class DistRecovery:
                 p = procs.spawn(s, "join", -1, executed, ctl, self._orders_for(s, executed))
                 self.joiners.append((p, join.at_seconds))
 
-    def _restart(self, survivors: list[int], executed: int) -> None:
-        """Checkpoint-restart: every process leaves; fresh ones load the checkpoint."""
-        procs = self.e.procs
+    def _restart(self, survivors: list[int], executed: int, rec: dict[str, Any]) -> None:
+        """Checkpoint-restart: every process leaves; fresh ones all load the checkpoint
+        chosen here, once."""
+        procs, e = self.e.procs, self.e
         self.n += 1
-        write_plan(self.e.store, Plan(self.n, [], "exit"))
+        write_plan(e.store, Plan(self.n, survivors, "exit"))
         procs.wait_exit([procs.current[s] for s in survivors]
                         + [p for p, _ in self.joiners], timeout=10)
+        e.pump()  # the first survivor's replica before the interrupted step, if it sent it
         self.joiners, self.grow_requested = [], False
         self.restarts += 1
-        self.start(range(self.e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed)
+        step, rec["perturbation"] = e.saves.choose(
+            lambda msg: e.emit({"type": "checkpoint-corrupt", "message": msg}))
+        restored = rec["restored_from"] = 0 if step is None else step
+        e.result.updates_lost += (rec["logical"] - restored) * e.cfg.ranks
+        e.emit({"type": "restored", "step": restored})
+        self.start(range(e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed,
+                   restore=step)
 
     def _maybe_grow(self) -> None:
         if self.grow_requested or self.e.stopping or not self.joiners:

@@ -11,13 +11,14 @@ until it returns; :meth:`Trainer.finish` once at the end.
 
 A step is committed only once its vote succeeded: until then it is "in flight"
 (:class:`~trainthrough.dp.step.InFlight`), and what it got through is what the
-shared repair routines (:mod:`trainthrough.dp.repair`) work with.
+shared repair routines (:mod:`trainthrough.dp.repair`) work with. The first member
+measures each recovery against the failure-free replica (:mod:`trainthrough.dp.reference`,
+as ``sim`` does) and saves checkpoints (:class:`~.checkpoints.RankSaves`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -29,14 +30,16 @@ from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import make_buckets
 from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
-from trainthrough.dp.rank import Rank
+from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.dp.reference import before_step, failure_free
 from trainthrough.dp.repair import complete, share_state, undo
 from trainthrough.dp.step import InFlight, StepSpec, train_step
+from trainthrough.engines.gloo.checkpoints import RankSaves
 from trainthrough.engines.gloo.faults import Injector
 from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.protocol import Plan, post
-from trainthrough.ft.checkpoint import CheckpointStore, require_ints
 from trainthrough.ft.dp_policies import ElasticPolicy, group_recovery_policy
+from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import resolve
 from trainthrough.workloads import make_workload
 
@@ -52,7 +55,7 @@ class Trainer:
         w = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
         spec = w.default_optimizer if cfg.lr is None else replace(w.default_optimizer, lr=cfg.lr)
         x0 = w.init_params(torch.Generator().manual_seed(cfg.seed))
-        self.w, self.replica = w, Rank(slot, w, spec, x0, cfg.seed)
+        self.replica = Rank(slot, w, spec, x0, cfg.seed)
         self.stream = SampleStream(w.sample_count() or 0, cfg.seed)
         self.micro = micro_size(w.batch_size)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, w.batch_size)
@@ -60,9 +63,8 @@ class Trainer:
         self.spec = StepSpec(make_buckets(self.replica.layout.numel, cfg.allreduce_buckets),
                              w.aggregate == "mean",
                              group_recovery_policy(strategy.recovery).needs_step_snapshot)
-        self.ckpt_policy = strategy.checkpoint_policy(cfg.checkpoint_every or 1)
-        self.ckpt = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
-                     if strategy.checkpoint != "none" else None)
+        self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica,
+                               lambda event: post(store, event))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
         self.ctl_seen = 0.0  # the last control counter acted on (same on every member)
         self.applied = 0  # replica updates of committed steps (first member's count)
@@ -71,36 +73,28 @@ class Trainer:
         self.resumed = False  # a recovery waits for its first committed step
 
     # -- around failures ----------------------------------------------------------
-    def restore(self) -> None:
-        """Checkpoint-restart: start from the newest valid checkpoint, or from x0."""
-        loaded = None
-        if self.ckpt is not None:
-            # Exactly this replica's tensors and the cursor fields, or it is corrupt.
-            # Every rank skips the same ones; the first reports them.
-            def report(msg: str) -> None:
-                if self.slot == 0:
-                    post(self.store, {"type": "checkpoint-corrupt", "message": msg})
-
-            loaded = self.ckpt.load_latest(on_corrupt=report, like=self.replica.state(),
-                                           check=require_ints("epoch", "offset"))
-        if loaded is not None:
-            tensors, info = loaded
+    def restore(self, step: int | None) -> None:
+        """Checkpoint-restart: load exactly the checkpoint ``step`` the controller chose
+        for every rank (None: start over from x0)."""
+        if step is not None:
+            tensors, self.cursor = self.saves.load(step)
             self.replica.load(tensors)
-            self.cursor = Cursor(info.meta["epoch"], info.meta["offset"])
-            self.logical = info.step
-        if self.slot == 0:
-            post(self.store, {"type": "restored", "step": self.logical})
+            self.logical = step
 
     def recover(self, g: Group, plan: Plan) -> None:
         """Carry out the first part of attempt ``plan.n`` on the formed group."""
         fl, self.flight = self.flight, None
+        # What the failure-free group would hold once this recovery is done.
+        reference = before_step(self.replica, fl)
         if plan.action == "join":
             self._share_state(g)
         elif plan.action == "rollback":
             if plan.undo and fl is not None:
                 undo(self.replica, fl)
         elif plan.action == "lossy" and plan.complete and fl is not None:
+            full = run_blocking(failure_free(self.replica, fl, g, self.spec, plan.buckets_done))
             dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
+            reference = full if full is not None else self.replica.params
             if g.rank == 0 and dropped:
                 post(self.store, {"type": "completed", "micro_dropped": dropped,
                                   "samples_dropped": dropped * self.micro})
@@ -112,8 +106,17 @@ class Trainer:
         if plan.action == "start" and self.executed == 0 and g.rank == 0:
             self.post_params()  # the initial evaluation, as sim does
         if g.rank == 0 and plan.action != "start":
-            post(self.store, {"type": "reformed", "n": plan.n, "ranks": g.members,
-                              "action": plan.action})
+            event = {"type": "reformed", "n": plan.n, "ranks": g.members, "action": plan.action}
+            if plan.action in ("rollback", "lossy"):
+                event["perturbation"] = perturbation(reference, self.replica.params)[0]
+            post(self.store, event)
+
+    def post_before(self) -> None:
+        """The group restarts: send the replica as it was before the interrupted step,
+        the restart's reference (nothing if this rank applied it and kept no copy)."""
+        before = before_step(self.replica, self.flight)
+        if before is not None:
+            post(self.store, {"type": "before"}, _blob(before))
 
     def _share_state(self, g: Group) -> None:
         """A replacement joins: every member takes a holder's replica and counters."""
@@ -158,25 +161,14 @@ class Trainer:
         if self.resumed:
             post(self.store, {"type": "resumed", "iteration": self.executed})
         self.resumed = False
-        if self.ckpt is not None and self.ckpt_policy.decide(self.logical) is not None:
-            self._checkpoint(g)
+        self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
         if self.executed % (self.cfg.eval_every or 1) == 0:
             self.post_params()
 
-    def _checkpoint(self, g: Group) -> None:
-        t = time.perf_counter()
-        meta = {"iteration": self.logical, "epoch": self.cursor.epoch,
-                "offset": self.cursor.offset, "ranks": g.members, "workload": self.w.name}
-        info = self.ckpt.save(self.logical, self.replica.state(), meta)  # type: ignore[union-attr]
-        post(self.store, {"type": "checkpoint", "iteration": self.logical, "bytes": info.nbytes,
-                          "blocked_seconds": time.perf_counter() - t, "async": False,
-                          "rank": self.slot, "name": info.name})
-
     def post_params(self, final: bool = False) -> None:
-        """Send the parameters to the controller, which evaluates them (safetensors bytes)."""
-        blob = safetensors.torch.save({n: v.contiguous() for n, v in self.replica.params.items()})
+        """Send the parameters to the controller, which evaluates them."""
         post(self.store, {"type": "params", "iteration": self.executed, "logical": self.logical,
-                          "final": final, "applied": self.applied}, blob)
+                          "final": final, "applied": self.applied}, _blob(self.replica.params))
 
     def finish(self) -> dict[str, Any]:
         """What every rank reports at the end: counters and a hash of its replica."""
@@ -185,3 +177,8 @@ class Trainer:
             h.update(self.replica.params[n].numpy().tobytes())
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest()}
+
+
+def _blob(params: Tensors) -> bytes:
+    """Parameters as safetensors bytes (nothing crosses processes pickled)."""
+    return safetensors.torch.save({n: v.contiguous() for n, v in params.items()})

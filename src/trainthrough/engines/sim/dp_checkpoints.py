@@ -1,11 +1,13 @@
-"""Checkpoints of a simulated data-parallel group: one replica, written by one rank.
+"""The ``sim`` host of the data-parallel checkpointer: the group's saves on a virtual clock.
 
-Every live rank holds the same state, so a checkpoint is the lowest live rank's
-parameters and optimizer state (safetensors through :class:`CheckpointStore`) plus
-the data cursor in the manifest, which is what a restart needs to replay the same
-batches. Sync: training blocks for ``bytes / storage_bandwidth``. Async: it blocks
-only for an in-memory snapshot and the checkpoint exists once the simulated write
-ends; if the writing rank fails before that, the checkpoint never completes.
+What is saved and how it is restored is :mod:`trainthrough.ft.dp_checkpoint` (the
+same code the gloo ranks run); when to save and the accounting is
+:class:`~trainthrough.ft.checkpointer.Checkpointer`, whose backend this is. It only
+picks the writer (the lowest live rank) and times the writes with the parameter
+server's :class:`~trainthrough.engines.sim.persist.Persister`: sync blocks training
+for ``bytes / storage_bandwidth``; async blocks for an in-memory snapshot and the
+save exists once the simulated write ends. If the writing rank fails before that,
+or the group restarts, the save never completes.
 """
 
 from __future__ import annotations
@@ -13,86 +15,67 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from trainthrough.dp.batching import Cursor
-from trainthrough.dp.rank import Rank
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.persist import Persister
-from trainthrough.ft.checkpoint import CheckpointStore, require_ints
+from trainthrough.ft.checkpoint import CheckpointStore
+from trainthrough.ft.checkpointer import Checkpointer, SaveReport
 from trainthrough.ft.checkpointing import CheckpointPolicy
+from trainthrough.ft.decisions import CheckpointDecision
+from trainthrough.ft.dp_checkpoint import ReplicaCheckpoint, Restored
 
-Tensors = dict[str, torch.Tensor]
 
-
-class DPCheckpointer:
-    """Carries out the checkpoint policy for a group; restores what it saved."""
+class SimDPCheckpoints:
+    """Saves on the policy's schedule (``checkpointer`` counts them; ``persist.blocked``
+    is the stall, abandoned writes' snapshots included), restores on a restart."""
 
     def __init__(self, group: SimGroup, store: CheckpointStore | None, policy: CheckpointPolicy,
-                 clock: VirtualClock, costs: Costs, emit: Callable[[dict[str, Any]], None]) -> None:
-        self.g, self.store, self.policy = group, store, policy
-        self.clock, self.costs, self.emit = clock, costs, emit
-        self.count = 0
-        self.bytes = 0
+                 clock: VirtualClock, costs: Costs, emit: Callable[[dict[str, Any]], None]
+                 ) -> None:
+        self.g, self.clock, self.costs, self.emit = group, clock, costs, emit
         self.persist = Persister(clock, costs)
+        self.saver = ReplicaCheckpoint(store, group.first()) if store is not None else None
+        self.checkpointer = Checkpointer(policy, self, emit)
 
-    @property
-    def blocked(self) -> float:
-        return self.persist.blocked
-
-    def flush_due(self) -> None:
-        """Complete a background write whose simulated time is up."""
-        self.persist.flush_due()
-
+    # -- saving -----------------------------------------------------------------
     def after_step(self, logical: int) -> None:
-        """Ask the policy after a committed step; save if it says so."""
-        self.flush_due()
-        decision = self.policy.decide(logical)
-        if decision is None or self.store is None:
-            return
-        writer = self.g.first()
-        tensors = writer.state()
-        c = self.g.cursor
-        meta = {"iteration": logical, "epoch": c.epoch, "offset": c.offset,
-                "ranks": self.g.live, "workload": self.g.w.name}
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        """A step was committed: finish a write that is due, then ask the policy."""
+        self.persist.flush_due()
+        self.checkpointer.after_iteration(logical)
 
-        def finish(blocked: float = 0.0) -> None:
-            info = self.store.save(logical, tensors, meta)  # type: ignore[union-attr]
-            self.count += 1
-            self.bytes += info.nbytes
-            self.emit({"type": "checkpoint", "iteration": logical, "bytes": info.nbytes,
-                       "blocked_seconds": blocked, "async": decision.asynchronous,
-                       "rank": writer.rank_id, "name": info.name})
+    def save(self, d: CheckpointDecision, iteration: int,
+             done: Callable[[SaveReport], None]) -> None:
+        """The backend's call: copy the lowest live replica now, write it on the clock."""
+        if self.saver is None:
+            return  # the run keeps no checkpoints (its policy never decides to save)
+        saver, writer = self.saver, self.g.first()
+        p = saver.plan(writer, iteration, self.g.cursor, self.g.live)
 
-        self.persist.write(nbytes, decision.asynchronous, finish, owner=writer.rank_id)
+        def finish(blocked: float) -> None:
+            info = saver.write(p)
+            done(SaveReport(info.nbytes, p.payload_bytes, blocked, [info.name]))
+
+        self.persist.write(p.payload_bytes, d.asynchronous, finish, owner=writer.rank_id)
 
     def rank_failed(self, slot: int) -> None:
         """A write in flight from ``slot`` dies with it."""
         if self.persist.drop(owner=slot):
             self.emit({"type": "checkpoint-abandoned", "rank": slot})
 
+    # -- restoring --------------------------------------------------------------
     def has_checkpoint(self) -> bool:
-        return self.store is not None and bool(self.store.list())
+        return self.saver is not None and self.saver.exists()
 
-    def restore(self, on_corrupt: Callable[[str], None]) -> tuple[Tensors, int, Cursor] | None:
-        """The newest valid checkpoint: tensors, iteration and data cursor (read time charged).
+    def restore(self, on_corrupt: Callable[[str], None]) -> Restored | None:
+        """The newest valid save (read time charged); None: start over from x0.
 
         A write still in flight is abandoned: every rank restarts, the writer too.
+        The policy is asked again about every iteration after the one restored.
         """
         if self.persist.drop():
             self.emit({"type": "checkpoint-abandoned"})
-        if self.store is None:
-            return None
-        # Exactly a fresh replica's tensors, and the cursor fields: anything else is a
-        # corrupt checkpoint, reported and skipped for the one before it.
-        like = Rank(0, self.g.w, self.g.spec, self.g.x0, self.g.seed).state()
-        loaded = self.store.load_latest(on_corrupt=on_corrupt, like=like,
-                                        check=require_ints("epoch", "offset"))
-        if loaded is None:
-            return None
-        tensors, info = loaded
-        self.clock.advance(self.costs.storage(info.nbytes))
-        cursor = Cursor(info.meta["epoch"], info.meta["offset"])
-        return tensors, info.step, cursor
+        r = self.saver.latest(on_corrupt) if self.saver is not None else None
+        if r is not None:
+            self.clock.advance(self.costs.storage(r.nbytes))
+        self.checkpointer.rewind(r.step if r is not None else 0)
+        return r

@@ -36,7 +36,7 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.sim import CAPABILITIES
 from trainthrough.engines.sim.clock import Costs, VirtualClock
-from trainthrough.engines.sim.dp_checkpoints import DPCheckpointer
+from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.dp_recovery import Hit, SimDPRecovery
 from trainthrough.ft.checkpoint import CheckpointStore
@@ -69,8 +69,8 @@ class SimDPEngine:
         store = (CheckpointStore(checkpoint_url, keep_last=cfg.checkpoint_keep)
                  if self.strategy.checkpoint != "none" else None)
         every = cfg.checkpoint_every or workload.default_checkpoint_every
-        self.ckpt = DPCheckpointer(self.g, store, self.strategy.checkpoint_policy(every),
-                                   self.clock, self.costs, self._emit)
+        self.ckpt = SimDPCheckpoints(self.g, store, self.strategy.checkpoint_policy(every),
+                                     self.clock, self.costs, self._emit)
         self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
         self.result = ctx.result
         self.spec = StepSpec(self.g.buckets, workload.aggregate == "mean",
@@ -104,7 +104,7 @@ class SimDPEngine:
         self.cb.before_run(self.cfg.to_dict())
         done = self._evaluate()
         while not done and self.executed < self.max_iter:
-            self.ckpt.flush_due()
+            self.ckpt.persist.flush_due()
             self.recovery.join_due()
             committed = self._attempt()
             if committed is None:  # struck between steps: recovered, look again
@@ -168,9 +168,9 @@ class SimDPEngine:
         r, rec = self.result, self.recovery
         r.iterations = self.executed
         r.failures = rec.failures
-        r.checkpoints = self.ckpt.count
-        r.checkpoint_bytes = self.ckpt.bytes
-        r.checkpoint_blocked_seconds = self.ckpt.blocked
+        r.checkpoints = self.ckpt.checkpointer.count
+        r.checkpoint_bytes = self.ckpt.checkpointer.bytes
+        r.checkpoint_blocked_seconds = self.ckpt.persist.blocked
         r.sim_seconds = self.clock.now
         r.wall_seconds = time.perf_counter() - self._wall0
         r.extras.update(paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(self.g.ranks),

@@ -6,11 +6,13 @@ the clock: detection (``detection_seconds`` for a crash, the collective
 checkpoint (``restart_seconds`` + read time) or a re-formation of the survivors
 (``reform_seconds``), after which replacements join once their delay is over.
 
-Each recovery records a perturbation: the distance between the parameters after
-recovery and those the failure-free group would hold at that point (the pre-step
-state while the interrupted step is outstanding, the full step once it is done).
-It is measured by reading the failed rank's memory before discarding it; no
-decision depends on it.
+Each recovery records a perturbation (:mod:`trainthrough.dp.reference`, measured by
+:func:`~trainthrough.ft.perturbation.perturbation`, as on gloo): the distance between
+the parameters after recovery and those the failure-free group would hold at that
+point. The pre-step replica is read from the failed rank's memory before it is
+discarded (a restart needs it: no survivor may be left); the full step of lossy
+forward is computed by the survivors on a simulated collective that charges no time.
+No decision depends on it.
 """
 
 from __future__ import annotations
@@ -21,21 +23,23 @@ from typing import Any
 
 import torch
 
-from trainthrough.dp.allreduce import allreduce
 from trainthrough.dp.batching import Cursor
-from trainthrough.dp.rank import Rank
+from trainthrough.dp.reference import before_step, failure_free
 from trainthrough.dp.repair import complete, undo
 from trainthrough.dp.simulated import LockStep
 from trainthrough.dp.step import InFlight, StepSpec
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.engines.sim.clock import Costs, VirtualClock
-from trainthrough.engines.sim.dp_checkpoints import DPCheckpointer
+from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction, ReplacementDecision
 from trainthrough.ft.dp_policies import GroupFailure, GroupRecoveryPolicy, Phase, ReplacementPolicy
+from trainthrough.ft.perturbation import perturbation
 
 Tensors = dict[str, torch.Tensor]
+# Measuring is not training: the survivors' extra reduction charges no simulated time.
+_QUIET = LockStep(on_point=lambda _: None, on_reduce=lambda _b, _n: None)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class SimDPRecovery:
     """Fires due rank failures; carries out recovery decisions; lets replacements join."""
 
     def __init__(self, group: SimGroup, schedule: FailureSchedule, policy: GroupRecoveryPolicy,
-                 replacement: ReplacementPolicy, ckpt: DPCheckpointer, clock: VirtualClock,
+                 replacement: ReplacementPolicy, ckpt: SimDPCheckpoints, clock: VirtualClock,
                  costs: Costs, result: RunResult, emit: Callable[[dict[str, Any]], None],
                  step: tuple[LockStep, StepSpec]) -> None:
         self.g, self.schedule, self.policy, self.replacement = group, schedule, policy, replacement
@@ -94,7 +98,8 @@ class SimDPRecovery:
             (whether the interrupted step got committed, the logical iteration after).
         """
         t0 = self.clock.now
-        pre = self.g.ranks[hit.ids[0]].state()  # failed ranks never applied the step
+        # The failed replica is never touched again, and never applied the step.
+        pre = before_step(self.g.ranks[hit.ids[0]], fls[hit.ids[0]])
         size_before = len(self.g.ranks)
         failed = list(hit.ids)
         self._kill(hit, executed)
@@ -107,7 +112,7 @@ class SimDPRecovery:
         applied = tuple(s for s in self.g.live if fls[s].applied)
         d = self.policy.decide(GroupFailure(tuple(failed), len(self.g.ranks), phase, done,
                                             len(applied), self.ckpt.has_checkpoint()))
-        restored, committed, reference = None, False, pre
+        restored, committed = None, False
         if d.action is RecoveryAction.ROLLBACK_ALL:
             restored = self._restart(size_before, logical)
             logical = restored
@@ -123,12 +128,12 @@ class SimDPRecovery:
                 for s in applied:
                     undo(self.g.ranks[s], fls[s])
         ready = self.clock.now
+        reference = pre  # the interrupted step is outstanding (or discarded)
         if d.complete_step:
-            reference = self._complete(fls, failed, point, pre)
+            full = self._complete(fls, failed, point)
+            reference = full if full is not None else self.g.params()
             committed, logical = True, logical + 1
-        ref = {k[len("params/"):]: v for k, v in reference.items() if k.startswith("params/")}
-        norm = sum(float(((v - ref[n]).double() ** 2).sum())
-                   for n, v in self.g.params().items()) ** 0.5
+        norm, _ = perturbation(reference, self.g.params())
         rec = Recovery(failed=[f"rank{i}" for i in failed], at_iteration=executed,
                        recovery_seconds=ready - t0, perturbation_norm=norm,
                        action=d.action.value, restored_from=restored)
@@ -148,18 +153,18 @@ class SimDPRecovery:
     def _restart(self, size: int, logical: int) -> int:
         """Every rank relaunches (failed ones replaced) from the checkpoint or the start."""
         self.clock.advance(self.costs.restart)
-        loaded = self.ckpt.restore(lambda msg: self.emit({"type": "checkpoint-corrupt",
-                                                          "message": msg}))
-        tensors, restored, cursor = loaded if loaded is not None else (None, 0, Cursor())
-        self.g.reset(tensors, cursor)
+        r = self.ckpt.restore(lambda msg: self.emit({"type": "checkpoint-corrupt",
+                                                     "message": msg}))
+        restored = r.step if r is not None else 0
+        self.g.reset(r.tensors if r is not None else None, r.cursor if r is not None else Cursor())
         self.joins.clear()
         self.result.updates_lost += (logical - restored) * size
         return restored
 
-    def _complete(self, fls: dict[int, InFlight], failed: list[int], point: str,
-                  pre: Tensors) -> Tensors:
+    def _complete(self, fls: dict[int, InFlight], failed: list[int],
+                  point: str) -> Tensors | None:
         """Lossy forward: the survivors finish the step (:func:`~trainthrough.dp.repair.complete`);
-        returns the reference, the step the whole group would have taken.
+        returns the step the whole group would have taken (None: the same one).
 
         Buckets reduced before the failure keep every rank's share; the survivors
         finish their compute and reduce the rest on the smaller ring.
@@ -172,17 +177,13 @@ class SimDPRecovery:
             lost = [s for s in failed if s in batch.share]
             self.result.updates_lost += len(lost)
             self.samples_dropped += sum(len(batch.share[s]) for s in lost) * g.micro
+        ref = g.drive(_QUIET, lambda r, c: failure_free(r, fls[r.rank_id], c, spec, done))
         out = g.drive(self.lockstep, lambda r, c: complete(r, fls[r.rank_id], c, spec, done))
-        if any(isinstance(x, BaseException) for x in out.values()):
-            raise RuntimeError(f"lossy-forward completion failed in sim: {out}")
+        if any(isinstance(x, BaseException) for x in (*ref.values(), *out.values())):
+            raise RuntimeError(f"lossy-forward completion failed in sim: {ref} {out}")
         self.result.updates_applied += len(g.live)
         g.cursor = batch.next_cursor
-        # The reference: the pre-step replica takes the whole global batch's step.
-        shadow = Rank.joining(-1, g.first())
-        shadow.load(pre)
-        every = shadow.gradients(fl.logical, [m for ms in batch.share.values() for m in ms])
-        shadow.apply(allreduce(every, spec.buckets, mean=spec.mean).flat, batch.lr_scale)
-        return shadow.state()
+        return ref[g.live[0]]  # type: ignore[no-any-return]
 
     def join_due(self) -> None:
         """Replacements whose delay is over copy a live rank and the group grows back."""

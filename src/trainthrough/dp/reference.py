@@ -1,0 +1,80 @@
+"""What a data-parallel recovery is measured against: the failure-free replica.
+
+The perturbation of a recovery (:func:`trainthrough.ft.perturbation.perturbation`)
+is the distance from the parameters the survivors hold once it is done to those the
+failure-free group would hold at that point:
+
+- while the interrupted step is outstanding (mini-batch rollback redoes it, a
+  restart discards it, lossy forward at a step boundary never began it): the replica
+  *before* that step, :func:`before_step`;
+- once lossy forward has finished the step without the failed ranks' share: the
+  step taken on the *whole* global batch, :func:`failure_free`.
+
+Both are computed by the surviving ranks from what they hold, with the same code on
+every host, so ``sim`` and gloo report the same quantity. Nothing decides on it.
+"""
+
+from __future__ import annotations
+
+from trainthrough.dp.collective import Collective, PeerLost
+from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.dp.step import InFlight, StepSpec
+
+PREFIX = "params/"
+
+
+def before_step(rank: Rank, fl: InFlight | None) -> Tensors | None:
+    """The replica's parameters before ``fl``'s update (None: unknown).
+
+    A rank that has not applied the update holds them (``fl`` None: no step in
+    flight, the replica is at a committed step). One that has holds them only in the
+    snapshot the strategy asked for (``needs_step_snapshot``); else they are gone.
+    """
+    if fl is None or not fl.applied:
+        return rank.params
+    if fl.snapshot is None:
+        return None
+    return {k[len(PREFIX):]: v for k, v in fl.snapshot.items() if k.startswith(PREFIX)}
+
+
+async def failure_free(rank: Rank, fl: InFlight, coll: Collective, spec: StepSpec,
+                       done: int) -> Tensors | None:
+    """The parameters after ``fl``'s step on the whole global batch, computed by the
+    survivors ``coll.members`` before lossy forward completes it without the failed
+    ranks' share (:func:`~trainthrough.dp.repair.complete`; call this first, on every
+    member: it makes collectives of its own).
+
+    Buckets ``[0, done)`` were reduced with every rank's share before the failure.
+    For the others, the survivors compute the failed ranks' micro-batches, spread
+    over them, and reduce them with their own: the simulated collective sums every
+    micro-batch in index order, so ``sim`` gets the failure-free step's exact bits.
+    The rank's own micro-batches it had not computed yet are computed into ``fl``
+    (the completion then finds them done).
+
+    Returns:
+        None when the completion *is* the failure-free step: nothing was dropped
+        (every bucket was reduced, or the failed ranks held no micro-batch), or this
+        rank already applied it (then no member reduces anything either).
+
+    Raises:
+        PeerLost: another member was lost meanwhile.
+    """
+    members = coll.members
+    lost = [m for s, ms in sorted(fl.batch.share.items()) if s not in members for m in ms]
+    if fl.applied or done >= len(spec.buckets) or not lost:
+        return None
+    seen = {i for i, _ in fl.contribs}
+    fl.contribs += rank.gradients(fl.logical,
+                                  [m for m in fl.batch.share[rank.rank_id] if m.index not in seen])
+    mine = rank.gradients(fl.logical, lost[members.index(rank.rank_id)::len(members)])
+    full = fl.reduced.clone()
+    count = fl.batch.micro_count
+    try:
+        for b in spec.buckets[done:]:
+            total = await coll.allreduce(fl.contribs + mine, b)
+            full[b.start:b.stop] = total / count if spec.mean else total
+    except PeerLost as e:  # where the completion would have stood: nothing reduced yet
+        raise e.located("allreduce", done, False) from None
+    shadow = Rank.joining(-1, rank)  # the replica before the step: nothing applied yet
+    shadow.apply(full, fl.batch.lr_scale)
+    return shadow.params

@@ -1,0 +1,119 @@
+"""The ``gloo`` host of the data-parallel checkpointer: rank 0 saves, the controller counts.
+
+What is saved and restored is :class:`~trainthrough.ft.dp_checkpoint.ReplicaCheckpoint`
+(the same code as ``sim``). :class:`RankSaves` runs in every rank process: after a
+commit, the first member writes the save the strategy's policy asks for (a pure
+function of the iteration: asking it there gives the controller's answer without a
+round trip) and reports it in a ``saved`` event. :class:`ControllerSaves` is the
+backend of the run's one :class:`~trainthrough.ft.checkpointer.Checkpointer`, in the
+controller: advanced to a reported iteration, the Checkpointer asks the same policy
+and ``save`` hands it rank 0's report, so counts, bytes, blocked seconds and
+``checkpoint`` events are accounted there, whichever process was rank 0. On a restart
+the controller chooses the checkpoint, once, and every new process loads exactly it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainthrough.config import RunConfig
+from trainthrough.dp.batching import Cursor
+from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.errors import CheckpointCorrupt
+from trainthrough.ft.checkpoint import CheckpointStore
+from trainthrough.ft.checkpointer import Checkpointer, SaveReport
+from trainthrough.ft.decisions import CheckpointDecision
+from trainthrough.ft.dp_checkpoint import ReplicaCheckpoint
+from trainthrough.ft.perturbation import perturbation
+from trainthrough.ft.strategy import Strategy
+
+LOAD_TRIES = 3  # a read error on the chosen checkpoint is retried, never worked around
+
+
+def _saver(cfg: RunConfig, strategy: Strategy, url: str,
+           template: Rank) -> ReplicaCheckpoint | None:
+    if strategy.checkpoint == "none":
+        return None
+    return ReplicaCheckpoint(CheckpointStore(url, keep_last=cfg.checkpoint_keep), template)
+
+
+class RankSaves:
+    """A rank process's side: save when the policy says so, load what the controller chose."""
+
+    def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, replica: Rank,
+                 post: Callable[[dict[str, Any]], None]) -> None:
+        every = cfg.checkpoint_every or replica.workload.default_checkpoint_every
+        self.policy, self.post = strategy.checkpoint_policy(every), post
+        self.saver = _saver(cfg, strategy, url, replica)
+
+    def after_commit(self, rank: Rank, logical: int, cursor: Cursor, members: list[int]) -> None:
+        """The first member committed ``logical``: save now if the policy asks, and report."""
+        if self.saver is None or self.policy.decide(logical) is None:
+            return
+        t = time.perf_counter()
+        p = self.saver.plan(rank, logical, cursor, members)
+        try:
+            info = self.saver.write(p)
+            out: dict[str, Any] = {"bytes": info.nbytes, "name": info.name}
+        except OSError as e:  # the run goes on; the previous save stays valid
+            out = {"error": f"checkpoint {logical} not written: {type(e).__name__}: {e}"}
+        self.post({"type": "saved", "iteration": logical, "payload": p.payload_bytes,
+                   "blocked_seconds": time.perf_counter() - t, **out})
+
+    def load(self, step: int) -> tuple[Tensors, Cursor]:
+        """Exactly the checkpoint of ``step``, which every peer loads too.
+
+        Raises:
+            RuntimeError: it cannot be read after :data:`LOAD_TRIES` attempts.
+        """
+        if self.saver is None:
+            raise RuntimeError(f"told to load checkpoint {step} in a run that keeps none")
+        error: Exception | None = None
+        for attempt in range(LOAD_TRIES):
+            time.sleep(0.2 * attempt)
+            try:
+                r = self.saver.load(step)
+                return r.tensors, r.cursor
+            except CheckpointCorrupt as e:
+                error = e
+        raise RuntimeError(f"cannot read checkpoint {step}, which the controller chose: {error}")
+
+
+class ControllerSaves:
+    """The controller's side: the run's Checkpointer (this is its backend), and the
+    checkpoint a restart loads."""
+
+    def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, template: Rank,
+                 emit: Callable[[dict[str, Any]], None]) -> None:
+        self.saver, self.x0 = _saver(cfg, strategy, url, template), template.params
+        every = cfg.checkpoint_every or template.workload.default_checkpoint_every
+        self.checkpointer = Checkpointer(strategy.checkpoint_policy(every), self, emit)
+        self._reports: dict[int, SaveReport] = {}
+        self.before: Tensors | None = None  # a survivor's replica before the failed step
+
+    def on_saved(self, event: dict[str, Any]) -> None:
+        """Rank 0 reported a save: the Checkpointer decides about every iteration up to it."""
+        error = event.get("error")
+        self._reports[int(event["iteration"])] = SaveReport(
+            int(event.get("bytes", 0)), int(event["payload"]), float(event["blocked_seconds"]),
+            [event["name"]] if "name" in event else [], [error] if error else [])
+        self.checkpointer.after_iteration(int(event["iteration"]))
+        self._reports.clear()  # a report the policy did not ask for is not a checkpoint
+
+    def save(self, d: CheckpointDecision, iteration: int,
+             done: Callable[[SaveReport], None]) -> None:
+        """The backend's call: the save exists if rank 0 reported it (a rank 0 that died
+        while writing leaves nothing to count)."""
+        if (report := self._reports.get(iteration)) is not None:
+            done(report)
+
+    def choose(self, on_corrupt: Callable[[str], None]) -> tuple[int | None, float]:
+        """The checkpoint every restarted rank loads (None: x0), chosen once here; and
+        the restart's perturbation, from :attr:`before` (NaN if no survivor sent it)."""
+        r = self.saver.latest(on_corrupt) if self.saver is not None else None
+        self.checkpointer.rewind(r.step if r is not None else 0)
+        norm, _ = perturbation(self.before, r.params if r is not None else self.x0)
+        self.before = None
+        return (r.step if r is not None else None), norm
