@@ -257,7 +257,8 @@ def test_background_saves_while_loading(url: str) -> None:
 
 # -- one run's checkpoints are its own (runs sharing --checkpoint-dir) --------------------
 def _ckpt_steps(location: Path) -> list[int]:
-    return sorted(int(p.name.rsplit("-", 1)[1]) for p in location.glob("ckpt-*"))
+    """Steps of the run's full checkpoints (every shard saves itself: shard 0's)."""
+    return sorted(int(p.name.rsplit("-", 1)[1]) for p in location.glob("shard0-[0-9]*"))
 
 
 def test_user_files_in_a_tt_ckpt_folder_survive_the_run(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ class GlooEngine:
         """
         self.t0 = time.time()  # ranks measure @time triggers from here (wall clock)
         self.ctx.start_clock()
-        store, self._listener = serve(timeout=30)
+        store = serve(timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
         base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
                 "checkpoint_url": self.url}
@@ -98,7 +98,6 @@ class GlooEngine:
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
                 self.procs.kill(p)
             self.procs.shutdown()
-            self._listener.close()
         self.pump()  # the last words of the last ranks
         return self._finish()
 

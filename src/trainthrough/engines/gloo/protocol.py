@@ -80,20 +80,27 @@ class Report:
     error: str = ""
 
 
-def serve(timeout: float) -> tuple[dist.TCPStore, socket.socket]:
+def serve(timeout: float) -> dist.TCPStore:
     """The controller's store, listening on 127.0.0.1 only.
 
     ``TCPStore`` binds its server to every interface when it opens the port itself,
-    unauthenticated; so the socket is bound to loopback here and handed over. The
-    socket is returned too: the caller keeps it open for the store's lifetime.
+    unauthenticated; so the socket is bound to loopback here and handed over. The store
+    takes ownership of the descriptor (it closes it when it goes away, measured), so
+    the Python socket lets go of it: closing it here too would close whatever file
+    later reuses that number (it once was a Ray RPC socket).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
-                          wait_for_workers=False, timeout=timedelta(seconds=timeout),
-                          master_listen_fd=sock.fileno())
-    return store, sock
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
+                              wait_for_workers=False, timeout=timedelta(seconds=timeout),
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()
+    return store
 
 
 def connect(port: int, timeout: float) -> dist.TCPStore:
