@@ -220,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"trainthrough: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (``trainthrough list | head``): stop quietly. Python would
+        # otherwise report the failed flush of stdout at exit as well.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt as e:
         term = isinstance(e, _Terminated) or bool(_TERMINATED)
         how = "terminated" if term else "interrupted"

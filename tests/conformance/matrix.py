@@ -10,106 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
-from trainthrough.engines import registry
-from trainthrough.faults.spec import parse
-from trainthrough.ft.strategy import PRESETS, resolve
+from trainthrough.engines.matrix import FORMS, Cell, all_cells, claimed, covering
+from trainthrough.ft.strategy import resolve
 from trainthrough.lab.runner import run
 
+__all__ = ["FORMS", "Cell", "all_cells", "check", "claimed", "config", "covering", "run_cell"]
+
 CHECKPOINT_EVERY = 10
-
-
-@dataclass(frozen=True)
-class Form:
-    """A failure form: its specs (per clock) and how many failures it must inject."""
-
-    name: str
-    paradigm: str
-    sim: tuple[str, ...]
-    real: tuple[str, ...]
-    count: int
-    chains_only: bool = False  # names a chain position: only chains have one
-
-
-FORMS = [
-    Form("iter", "ps", ("shards=1@iter=35",), ("shards=1@iter=35",), 1),
-    Form("time", "ps", ("shards=1@time=0.1s",), ("shards=1@time=1.5s",), 1),
-    Form("mtbf", "ps", ("shard=any@mtbf=0.05s,max=2",), ("shard=any@mtbf=1s,max=2",), 2),
-    Form("worker", "ps", ("worker=1@iter=35",), ("worker=1@iter=35",), 1),
-    Form("during-recovery", "ps", ("shards=1@iter=35", "shards=2@iter=35,phase=recovery"),
-         ("shards=1@iter=35", "shards=2@iter=35,phase=recovery"), 2),
-    Form("replica", "ps", ("shards=0@iter=35,replica=1",), ("shards=0@iter=35,replica=1",),
-         1, chains_only=True),
-    Form("iter", "dp", ("rank=1@iter=12",), ("rank=1@iter=12",), 1),
-    Form("forward", "dp", ("rank=1@iter=12,phase=forward",),
-         ("rank=1@iter=12,phase=forward",), 1),
-    Form("allreduce", "dp", ("rank=1@iter=12,phase=allreduce:1",),
-         ("rank=1@iter=12,phase=allreduce:1",), 1),
-    Form("update", "dp", ("rank=1@iter=12,phase=update",), ("rank=1@iter=12,phase=update",), 1),
-    Form("during-recovery", "dp", ("rank=1@iter=12", "rank=2@iter=12,phase=recovery"),
-         ("rank=1@iter=12", "rank=2@iter=12,phase=recovery"), 2),
-    Form("hang", "dp", ("rank=1@iter=12,mode=hang",), ("rank=1@iter=12,mode=hang",), 1),
-]
-
-
-@dataclass(frozen=True)
-class Cell:
-    engine: str
-    paradigm: str
-    strategy: str
-    form: Form
-
-    @property
-    def id(self) -> str:
-        return f"{self.engine}-{self.paradigm}-{self.strategy}-{self.form.name}"
-
-    def specs(self) -> list[str]:
-        return list(self.form.sim if self.engine == "sim" else self.form.real)
-
-
-def claimed(c: Cell) -> bool:
-    """Whether the engine claims this cell (the answer validation gives)."""
-    if c.form.chains_only and resolve(c.strategy).replication == "none":
-        return False
-    return registry.claims(c.engine, c.paradigm, resolve(c.strategy),
-                           parse(c.specs())) is not None
-
-
-def all_cells() -> list[Cell]:
-    return [Cell(e, f.paradigm, s, f) for e in registry.names() for s, p in PRESETS.items()
-            for f in FORMS if f.paradigm in p.paradigms]
-
-
-# Strategies whose invariants (3, 4 below) are checked on an ``iter`` failure.
-_ON_ITER = {"checkpoint-restart", "scar-partial", "checkpoint-sync"}
-
-
-def covering(cells: list[Cell]) -> list[Cell]:
-    """Claimed cells to run: all of them on sim (milliseconds each); on real engines
-    (seconds each: actors and processes start) every claimed strategy once and every
-    claimed failure form at least once, forms dealt out across the strategies."""
-    out = [c for c in cells if c.engine == "sim" and claimed(c)]
-    for engine in ("ray", "gloo"):
-        for paradigm in ("ps", "dp"):
-            mine = [c for c in cells if (c.engine, c.paradigm) == (engine, paradigm)
-                    and claimed(c)]
-            forms = list(dict.fromkeys(c.form.name for c in mine))
-            strategies = list(dict.fromkeys(c.strategy for c in mine))
-            todo = [f for f in forms if f != "iter"]
-            for s in strategies:
-                options = {c.form.name: c for c in mine if c.strategy == s}
-                pick = "iter" if s in _ON_ITER else next(
-                    (f for f in todo if f in options), "iter")
-                if pick in todo:
-                    todo.remove(pick)
-                out.append(options[pick])
-            for f in todo:  # forms no strategy took yet
-                out.append(next(c for c in mine if c.form.name == f))
-    return out
 
 
 def config(c: Cell) -> RunConfig:

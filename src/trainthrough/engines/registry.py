@@ -112,35 +112,37 @@ def claims(engine: str, paradigm: str, strategy: Strategy,
 
 
 def matrix_lines() -> list[str]:
-    """The capability matrix as text: every preset and failure form per engine."""
-    from trainthrough.faults.spec import parse
+    """The capability matrix as text: per strategy and per failure form, what each
+    engine claims (``-``: refused before the run), ``*`` where tests/conformance runs it."""
+    from trainthrough.engines.matrix import FORMS, all_cells, claimed, covering
     from trainthrough.ft.strategy import PRESETS
 
     engines = names()
-    head = f"  {'strategy / failure form':<34}{'paradigm':<10}" + "".join(
-        f"{n:<11}" for n in engines)
-    lines = ["capability matrix (what each engine claims; tests/conformance runs every "
-             "claimed cell and checks every refused one):", head]
+    cells = all_cells()
+    tested = covering(cells)
+    ran_s = {(c.engine, c.paradigm, c.strategy) for c in tested}
+    ran_f = {(c.engine, c.paradigm, c.form.name) for c in tested}
+    width = 14
+    lines = ["what each engine claims: its consistency modes per strategy, 'yes' per failure",
+             "form; '-' is refused before the run starts; '*': run by tests/conformance",
+             "(sim and gloo in bsp, Ray in async; Ray bsp against sim in tests/test_ray_bsp.py)",
+             f"  {'strategy / failure form':<34}{'paradigm':<10}"
+             + "".join(f"{n:<{width}}" for n in engines)]
     for name, strategy in PRESETS.items():
         for paradigm in strategy.paradigms:
-            cells = [claims(n, paradigm, strategy) for n in engines]
-            lines.append(f"  {name:<34}{paradigm:<10}" + "".join(
-                f"{(c or '-'):<11}" for c in cells))
-    forms = {"ps": ["shards=0@iter=5", "shards=0@time=1s", "shard=any@mtbf=2s,max=2",
-                    "worker=0@iter=5", "shards=0@iter=5,replica=1",
-                    "shards=0@iter=5,phase=recovery"],
-             "dp": ["rank=0@iter=5", "rank=0@iter=5,phase=forward",
-                    "rank=0@iter=5,phase=allreduce:1", "rank=0@iter=5,phase=update",
-                    "rank=0@iter=5,phase=recovery", "rank=0@iter=5,mode=hang"]}
-    base = {"ps": PRESETS["chain-sync"], "dp": PRESETS["rollback"]}
-    for paradigm, texts in forms.items():
-        for text in texts:
-            specs = parse([text])
-            cells = []
+            row = []
             for n in engines:
-                c = entry(n).capabilities.get(paradigm)
-                ok = c is not None and not [m for m in unmet(c, "", base[paradigm], specs)
-                                            if m[0].startswith("failure")]
-                cells.append("yes" if ok else "-")
-            lines.append(f"  {text:<34}{paradigm:<10}" + "".join(f"{c:<11}" for c in cells))
+                modes = claims(n, paradigm, strategy)
+                mark = "*" if (n, paradigm, name) in ran_s else ""
+                row.append(f"{(modes or '-') + mark:<{width}}")
+            lines.append(f"  {name:<34}{paradigm:<10}" + "".join(row))
+    for form in FORMS:
+        row = []
+        for n in engines:
+            mine = [c for c in cells if c.engine == n and c.form is form]
+            ok = any(claimed(c) for c in mine)
+            mark = "*" if (n, form.paradigm, form.name) in ran_f else ""
+            row.append(f"{('yes' if ok else '-') + mark:<{width}}")
+        shown = " + ".join(form.sim)
+        lines.append(f"  {shown[:33]:<34}{form.paradigm:<10}" + "".join(row))
     return lines
