@@ -20,7 +20,7 @@ run: setup
 	$(BIN)/trainthrough compare
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest
 

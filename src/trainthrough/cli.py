@@ -161,7 +161,12 @@ def _cmd_list(engines_matrix: bool = False) -> int:
     if engines_matrix:
         print("\n".join(registry.matrix_lines()))
         return 0
-    for title, items in (("workloads", {k: v[1] for k, v in WORKLOADS.items()}),
+    from trainthrough.workloads.reference import installed
+
+    mine = {k: f"installed: {v}" for k, v in installed().items()}
+    for title, items in (("workloads", {**{k: v[1] for k, v in WORKLOADS.items()}, **mine,
+                                        "FILE.py:FACTORY": "your own, by reference (also "
+                                        "package.module:factory)"}),
                          ("strategies", {k: f"[{'/'.join(v.paradigms)}] {v.description}"
                                          for k, v in PRESETS.items()}),
                          ("engines", {n: registry.entry(n).description

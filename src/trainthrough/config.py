@@ -256,13 +256,11 @@ class RunConfig:
         from trainthrough.engines.registry import check_supported
         from trainthrough.faults.spec import parse
         from trainthrough.ft.strategy import resolve
-        from trainthrough.workloads import WORKLOADS
+        from trainthrough.workloads import workload_factory
         from trainthrough.workloads.options import check_options
 
         check_fields(self, flag_label)
-        if self.workload not in WORKLOADS:
-            raise UserError(f"unknown workload {self.workload!r}; choose one of: "
-                            f"{', '.join(WORKLOADS)}")
+        workload_factory(self.workload)  # unknown names and broken references: one line
         check_options(self.workload, self.workload_options)
         strategy = resolve(self.strategy)
         strategy.require(self.paradigm)

@@ -28,6 +28,7 @@ from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
 from trainthrough.workloads import Workload, make_workload
+from trainthrough.workloads.reference import absolute
 
 
 def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
@@ -35,7 +36,7 @@ def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
     (engine aliases resolved too: ``dist`` is recorded as ``gloo``)."""
     workload = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
     return replace(
-        cfg, engine=canonical(cfg.engine),
+        cfg, engine=canonical(cfg.engine), workload=absolute(cfg.workload),
         max_iterations=cfg.max_iterations or workload.default_max_iterations,
         eval_every=cfg.eval_every or workload.default_eval_every,
         checkpoint_every=cfg.checkpoint_every or workload.default_checkpoint_every,

@@ -1,8 +1,11 @@
 """Workloads: iterative-convergent algorithms written as additive updates.
 
 ``make_workload(name, seed, **options)`` builds one by name; ``WORKLOADS`` lists them
-with a one-line description. Add your own with :func:`register` (see
-``trainthrough.workloads.custom`` for wrapping any PyTorch model).
+with a one-line description. Give your own by reference (``path/to/file.py:factory``,
+``package.module:factory`` or an installed entry point: see
+:mod:`trainthrough.workloads.reference`), which every process of a run (Ray actors,
+gloo ranks) imports itself; :func:`register` names one for this process only.
+``trainthrough.workloads.custom`` wraps any PyTorch model.
 """
 
 from __future__ import annotations
@@ -44,10 +47,16 @@ def workload_factory(name: str) -> Callable[..., Workload]:
     Raises:
         UserError: unknown name.
     """
+    from trainthrough.workloads import reference
+
     if name in _CUSTOM:
         return _CUSTOM[name]
+    if reference.is_reference(name) or (name not in WORKLOADS and name in reference.installed()):
+        return reference.load(name)
     if name not in WORKLOADS:
-        raise UserError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}")
+        raise UserError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}, "
+                        "or give your own as path/to/file.py:factory or "
+                        "package.module:factory")
     module, cls = WORKLOADS[name][0].split(":")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 

@@ -1,0 +1,115 @@
+"""A model the project has never seen, in a file outside the package, runs by reference
+on every engine (the driver, Ray actors and gloo ranks each import it themselves)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainthrough.cli import main
+
+USER_CODE = '''
+import torch
+import torch.nn as nn
+
+from trainthrough.workloads.custom import TorchWorkload
+
+
+def build(seed: int, hidden: int = 16):
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(256, 8, generator=g)
+    y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
+    model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+    return TorchWorkload(model, train=(x, y), test=(x, y), name="mine", target=0.8,
+                         seed=seed, eval_every=5, max_iterations=400)
+'''
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> str:
+    f = tmp_path / "elsewhere" / "my_model.py"
+    f.parent.mkdir()
+    f.write_text(USER_CODE)
+    return f"{f}:build"
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_reference_runs_on_sim_ps_and_dp_with_a_failure(user_file: str, tmp_path: Path,
+                                                        capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "ps"
+    assert main(["run", "--workload", user_file, "--option", "hidden=12", "--quiet",
+                 "--fail", "shards=1@iter=20", "--out", str(out)]) == 0, capsys.readouterr().err
+    s = _summary(out)
+    assert s["workload"] == "mine" and s["failures"] == 1 and s["converged"]
+    dp = tmp_path / "dp"
+    assert main(["run", "--workload", user_file, "--paradigm", "dp", "--strategy", "rollback",
+                 "--fail", "rank=1@iter=10", "--quiet", "--out", str(dp)]) == 0
+    assert _summary(dp)["failures"] == 1
+
+
+def test_a_relative_reference_is_recorded_absolute(user_file: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(Path(user_file.split(":")[0]).parent)
+    out = tmp_path / "rel"
+    assert main(["run", "--workload", "my_model.py:build", "--max-iterations", "10",
+                 "--quiet", "--out", str(out)]) == 0
+    assert f'workload = "{user_file}"' in (out / "config.toml").read_text()
+
+
+def test_reference_from_python_c_on_gloo_ranks(user_file: str, tmp_path: Path) -> None:
+    """Started from ``python -c`` (no main script for spawn to re-import): the gloo
+    ranks import the user's file by its reference."""
+    out = tmp_path / "gloo"
+    code = ("import sys; from trainthrough.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "run", "--workload", user_file,
+                        "--engine", "gloo", "--paradigm", "dp", "--ranks", "2",
+                        "--strategy", "rollback", "--fail", "rank=1@iter=10",
+                        "--recovery-delay", "0.1", "--quiet", "--out", str(out)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = _summary(out)
+    assert s["workload"] == "mine" and s["failures"] == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("ray_session")
+def test_reference_runs_on_ray_actors(user_file: str, tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    out = tmp_path / "ray"
+    assert main(["run", "--workload", user_file, "--engine", "ray", "--consistency", "async",
+                 "--shards", "1", "--workers", "2", "--strategy", "checkpoint-sync",
+                 "--fail", "shards=0@iter=20", "--recovery-delay", "0.2",
+                 "--wall-limit", "40", "--quiet", "--out", str(out)]) == 0
+    s = _summary(out)
+    assert s["workload"] == "mine" and s["failures"] == 1 and s["recoveries"]
+
+
+@pytest.mark.parametrize("ref,words", [
+    ("nowhere/missing.py:build", "does not exist"),
+    ("json:no_such_factory", "no callable"),
+    ("no_such_module_xyz:build", "cannot be imported"),
+    ("just:a:b", "must be"),
+])
+def test_bad_references_are_one_line(ref: str, words: str, tmp_path: Path,
+                                      capsys) -> None:  # noqa: ANN001
+    assert main(["run", "--workload", ref, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_the_example_model_runs_as_the_readme_says(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "example"
+    assert main(["run", "--workload", "examples/my_model.py:build", "--option", "hidden=32",
+                 "--fail", "shards=1@iter=20", "--baseline", "--quiet",
+                 "--out", str(out)]) == 0
+    s = _summary(out)
+    assert s["converged"] and s["failures"] == 1 and s["rework_iterations"] is not None
