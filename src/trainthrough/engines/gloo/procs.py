@@ -1,15 +1,23 @@
 """The rank processes a controller started: spawn, readiness, exits, and kills by PID.
 
-Processes start with multiprocessing's ``spawn`` (a forked torch with initialised
-thread pools can deadlock) as daemons, so they cannot outlive a controller that
-exits normally. The only processes this module ever signals are the ones it
+Processes start as ``python -m trainthrough.engines.gloo.rank_main`` with their spec
+as JSON on stdin (as torchrun starts workers). Not multiprocessing's ``spawn``: it
+re-imports the caller's main script in every rank, which re-ran a user's top-level
+training code (or failed when there was none to import, as under ``python -c``); and
+not ``fork`` (a forked torch with initialised thread pools can deadlock). Every one is
+ended by :meth:`Procs.shutdown` when the run ends, however it ends, and a rank whose
+controller is gone stops at its next store call. The only processes this module ever
+signals are the ones it
 started, identified by pid and start time when they started
 (:mod:`trainthrough.engines.signals`); it never looks processes up by name.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import contextlib
+import json
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +25,6 @@ from typing import Any
 import torch.distributed as dist
 
 from trainthrough.engines.gloo.protocol import RankSpec, has
-from trainthrough.engines.gloo.rank_main import main as rank_main
 from trainthrough.engines.signals import ProcessIdentity, identify, send
 
 
@@ -28,7 +35,7 @@ class Proc:
     slot: int
     inc: int
     mode: str
-    process: Any  # multiprocessing.Process (spawn context)
+    process: Any  # _Child: a rank_main process
     started: float = field(default_factory=time.time)
     died_at: float | None = None
     ident: ProcessIdentity | None = None  # None: it ended before it was identified
@@ -42,12 +49,33 @@ class Proc:
         return self.process.exitcode  # type: ignore[no-any-return]
 
 
+class _Child:
+    """A rank process started with ``python -m``: the few calls ``Proc`` needs."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "trainthrough.engines.gloo.rank_main"],
+            stdin=subprocess.PIPE, close_fds=True)
+        assert self.popen.stdin is not None
+        with self.popen.stdin as pipe:  # the spec is plain values (protocol.RankSpec)
+            pipe.write(json.dumps(spec).encode())
+        self.pid = self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; else its exit code (-N: killed by signal N)."""
+        return self.popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout)
+
+
 class Procs:
     """Every rank process of one run; ``current[slot]`` is the incarnation in use."""
 
     def __init__(self, store: dist.Store, base: RankSpec) -> None:
         self.store, self.base = store, base
-        self.ctx = mp.get_context("spawn")
         self.current: dict[int, Proc] = {}
         self.started: list[Proc] = []
         self._inc: dict[int, int] = {}
@@ -65,9 +93,7 @@ class Procs:
         spec = {**self.base, "slot": slot, "inc": inc, "mode": mode, "attempt": attempt,
                 "executed": executed, "ctl": ctl, "orders": orders, "applied": applied,
                 "restore": restore}
-        proc = self.ctx.Process(target=rank_main, args=(spec,), daemon=True,
-                                name=f"trainthrough-rank{slot}.{inc}")
-        proc.start()
+        proc = _Child(spec)
         p = Proc(slot, inc, mode, proc, ident=identify(proc.pid))
         self.current[slot] = p
         self.started.append(p)

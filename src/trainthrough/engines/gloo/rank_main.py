@@ -1,6 +1,6 @@
 """The entry point of one rank process of the ``gloo`` engine.
 
-Started by the controller (multiprocessing ``spawn``) with a :data:`RankSpec`:
+Started by the controller (``python -m``, the spec as JSON on stdin) with a :data:`RankSpec`:
 the resolved config, its slot and incarnation, the store's port, its failure
 orders, and how it starts (``fresh``, ``restart`` from the checkpoint step the
 controller chose, or ``join`` a running group). Then, attempt after attempt (protocol.py): wait for the plan,
@@ -13,6 +13,7 @@ with its traceback and the process exits with code 1, so no peer waits on it.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -92,3 +93,7 @@ def _run(spec: RankSpec, store: dist.Store) -> None:
         g.close()
         break
     post(store, {"type": "exit", **tr.finish()})
+
+
+if __name__ == "__main__":  # started by procs.py: the spec arrives as JSON on stdin
+    main(json.loads(sys.stdin.read()))
