@@ -74,7 +74,11 @@ def _add_run(sub: Any) -> None:
                    help="bsp, ssp (sim) or async (ray)")
     p.add_argument("--staleness", type=_int, help="SSP staleness bound s")
     p.add_argument("--fail", action="append", default=None,
-                   help="failure spec, repeatable (e.g. 'shards=50%%@iter=230')")
+                   help="failure spec, repeatable (e.g. 'shards=50%%@iter=230'). iter=N counts "
+                        "executed iterations (replays after a rollback included) on every "
+                        "engine; time=T and mtbf=Ts are simulated seconds on sim and wall "
+                        "seconds since training started on ray and gloo; mtbf=Niter counts "
+                        "executed iterations")
     p.add_argument("--seed", type=_int)
     p.add_argument("--checkpoint-every", type=_int, dest="checkpoint_every")
     p.add_argument("--checkpoint-keep", type=_int, dest="checkpoint_keep")
