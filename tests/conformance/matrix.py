@@ -62,9 +62,8 @@ def check(c: Cell, s: dict[str, Any], events: list[dict[str, Any]],
     #    process may still be starting when a short run ends; its detection counts).
     detected = [e for e in events if e["type"] in ("detection", "failover")]
     assert s["recoveries"] or (c.engine != "sim" and detected), "no recovery recorded"
-    for r in s["recoveries"]:
-        assert r["perturbation_norm"] is None or not math.isnan(r["perturbation_norm"]) \
-            or c.engine != "sim"
+    if c.engine == "sim":  # real engines report NaN where no survivor kept the old state
+        assert all(math.isfinite(r["perturbation_norm"]) for r in s["recoveries"])
     checkpoints = [e for e in events if e["type"] == "checkpoint"]
     first = fails[0]
     before = [e["iteration"] for e in checkpoints

@@ -231,5 +231,32 @@ class ShardCheckpoint:
                 raise bad(f"{key} does not match its rows")
 
 
+RestoreBatch = Callable[[list[int], int | None], list[int | None]]
+
+
+def restore_together(restore: RestoreBatch, n: int, prioritized: bool) -> list[int | None]:
+    """Restore ``n`` shards so that full checkpoints land on one common step.
+
+    ``restore(indices, at_most)`` restores those shards (the newest valid save with
+    step <= ``at_most``; ``at_most=-1``: none, i.e. initial values) and returns their
+    steps; the host decides where that runs (in process, or on actors in parallel).
+    If a corrupt save made one shard fall back further, the others are restored again
+    at that older step; if one has nothing valid, all start over from initial values.
+    Prioritized saves are replayed per row, so each shard's own freshest copies stand.
+    """
+    steps = restore(list(range(n)), None)
+    if prioritized:
+        return steps
+    while None not in steps and len(set(steps)) > 1:
+        common = min(s for s in steps if s is not None)
+        again = [i for i, s in enumerate(steps) if s != common]
+        for i, s in zip(again, restore(again, common)):
+            steps[i] = s
+    if None in steps and any(s is not None for s in steps):
+        restore(list(range(n)), -1)
+        steps = [None] * n
+    return steps
+
+
 def _nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -9,8 +9,11 @@ import os
 
 from trainthrough.engines.capabilities import caps
 
-for _k, _v in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_DEDUP_LOGS": "0"}.items():
+# Loopback listeners, no usage reporting, every log line kept (runtime.py sets them
+# again before starting Ray, for callers that imported Ray first).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_DEDUP_LOGS": "0"}
+for _k, _v in LOOPBACK_ENV.items():
     os.environ.setdefault(_k, _v)
 
 DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIGKILLs"

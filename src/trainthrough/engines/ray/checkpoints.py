@@ -16,6 +16,7 @@ import ray
 
 from trainthrough.ft.checkpointer import SaveReport
 from trainthrough.ft.decisions import CheckpointDecision
+from trainthrough.ft.shard_checkpoint import restore_together
 
 if TYPE_CHECKING:
     from trainthrough.engines.ray.engine import RayEngine
@@ -53,25 +54,20 @@ class RayShardSaves:
                         max((i["blocked"] for i in infos), default=0.0), names, errors))
 
     def restore(self, handles: list[Any], emit: Callable[[dict[str, Any]], None]) -> int | None:
-        """Restore the shards behind ``handles`` onto one common step; return it.
+        """Restore the shards behind ``handles`` (in parallel) onto one common step
+        (:func:`~trainthrough.ft.shard_checkpoint.restore_together`); return it.
 
         Raises:
             ray.exceptions.RayError: one of them died while restoring.
         """
         args = self._args()
-        steps = [_step(r, emit) for r in ray.get([h.restore.remote(*args) for h in handles],
-                                                 timeout=120)]
-        prioritized = self.eng.strategy.checkpoint == "prioritized"
-        while not prioritized and None not in steps and len(set(steps)) > 1:
-            common = min(s for s in steps if s is not None)
-            again = [h.restore.remote(*args, common) if s != common else None
-                     for h, s in zip(handles, steps)]
-            steps = [s if ref is None else _step(ray.get(ref, timeout=120), emit)
-                     for s, ref in zip(steps, again)]
-        if not prioritized and None in steps and any(s is not None for s in steps):
-            # One shard has nothing valid: all start over from the initial values.
-            ray.get([h.restore.remote(*args, -1) for h in handles], timeout=120)
-            steps = [None] * len(steps)
+
+        def restore(indices: list[int], at_most: int | None) -> list[int | None]:
+            refs = [handles[i].restore.remote(*args, at_most) for i in indices]
+            return [_step(r, emit) for r in ray.get(refs, timeout=120)]
+
+        steps = restore_together(restore, len(handles),
+                                 self.eng.strategy.checkpoint == "prioritized")
         valid = [s for s in steps if s is not None]
         return max(valid) if valid else None
 

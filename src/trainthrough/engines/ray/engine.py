@@ -59,6 +59,8 @@ class RayEngine:
             self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
                                             cfg.checkpoint_rule), self.saves, self._emit)
         self.replayed = 0  # iterations run again after rollbacks (executed = logical + this)
+        self._rewound_to: int | None = None  # set by a rollback, read by the loop
+        self._last_progress: dict[str, dict[str, Any]] = {}  # every worker's latest report
         self.result = ctx.result
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -119,8 +121,9 @@ class RayEngine:
             for e in self.schedule.due(executed, now):
                 self._strike(e, executed)
             self._activate_due(iteration, runs)
-            iteration = self._logical(self._progress(), iteration)  # a rollback rewinds it
-            executed = iteration + self.replayed
+            if self._rewound_to is not None:  # a rollback set every worker back
+                iteration, self._rewound_to = self._rewound_to, None
+                executed = iteration + self.replayed
             self._measure()
             self.checkpointer.after_iteration(iteration)
             if executed >= last_eval + self.eval_every:
@@ -156,6 +159,7 @@ class RayEngine:
                 if m.kind == "worker" and m.in_service and m.killed_at is None]
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(refs, timeout=30)
+        self._rewound_to = step
 
     def _watch_zookeeper(self, c: RayCluster) -> list[str]:
         """With ZooKeeper, a replica's death is its ephemeral node vanishing: collect
@@ -178,7 +182,7 @@ class RayEngine:
     def _progress(self) -> dict[str, dict[str, Any]]:
         live = [m for m in self.c.members.values()
                 if m.kind == "worker" and m.in_service and m.killed_at is None]
-        out: dict[str, dict[str, Any]] = getattr(self, "_last_progress", {})
+        out = self._last_progress
         refs = {m.name: m.handle.progress.remote() for m in live}
         for name, ref in refs.items():
             with contextlib.suppress(ray.exceptions.RayError):

@@ -26,10 +26,9 @@ import socket
 import tempfile
 import threading
 
+from trainthrough.engines.ray import LOOPBACK_ENV
 from trainthrough.errors import UserError
 
-_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-                 "RAY_DEDUP_LOGS": "0"}
 # Longest temp root that leaves room for Ray's nested socket paths (107-byte limit).
 _MAX_TEMP_ROOT = 40
 CONNECT_SECONDS = 3.0
@@ -90,7 +89,7 @@ def ensure_ray(address: str | None = None) -> bool:
         raise UserError("the ray engine needs Ray: pip install 'trainthrough[ray]'") from None
     if ray.is_initialized():
         return False
-    for k, v in _LOOPBACK_ENV.items():
+    for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
     if not address:
         _loopback_even_if_imported()

@@ -67,9 +67,6 @@ class WorkerActor:
         self.acked: dict[int, int] = {}  # shard -> highest sequence number acknowledged
         self.worker.start(wl.init_params(torch.Generator().manual_seed(seed)), incarnation)
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def whoami(self) -> tuple[int, str]:
         """(pid, node id): the driver signals this process only if it is on its node."""
         return os.getpid(), ray.get_runtime_context().get_node_id()

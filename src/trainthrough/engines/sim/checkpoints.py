@@ -21,7 +21,7 @@ from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, SaveReport
 from trainthrough.ft.checkpointing import CheckpointPolicy
 from trainthrough.ft.decisions import CheckpointDecision
-from trainthrough.ft.shard_checkpoint import ShardCheckpoint
+from trainthrough.ft.shard_checkpoint import ShardCheckpoint, restore_together
 
 
 class SimShardSaves:
@@ -61,25 +61,10 @@ class SimCheckpointer:
 
     # -- saving -----------------------------------------------------------------
     @property
-    def count(self) -> int:
-        return self.checkpointer.count
-
-    @property
-    def bytes(self) -> int:
-        return self.checkpointer.bytes
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.checkpointer.payload_bytes
-
-    @property
     def blocked(self) -> float:
+        """Seconds training stalled for saves (the persister's: it includes writes a
+        failure abandoned, which the checkpointer never counts)."""
         return self.backend.persist.blocked if self.backend else 0.0
-
-    @property
-    def persisting(self) -> bool:
-        """A background write is in flight (a ``phase=persist`` failure can strike)."""
-        return self.backend is not None and self.backend.persist.pending
 
     def flush_due(self) -> None:
         if self.backend is not None:
@@ -102,25 +87,24 @@ class SimCheckpointer:
     def restore(self, shard_ids: list[int], on_corrupt: Callable[[str], None]) -> int | None:
         """Restore ``shard_ids`` from their saves; return the iteration restored to.
 
-        Several shards restored together (a rollback of everything) must land on the
-        same full checkpoint: if a corrupt save made one fall back further, the others
-        are restored again at that older step. Charges the bytes read.
+        Several shards restored together land on one common step
+        (:func:`~trainthrough.ft.shard_checkpoint.restore_together`). Charges the
+        bytes read.
         """
         if self.backend is None:
             return None
         savers = [self.backend.savers[i] for i in shard_ids]
-        steps = [s.restore(on_corrupt) for s in savers]
-        while any(st != steps[0] for st in steps) and None not in steps and not any(
-                s.store.list(s.prio_tag) for s in savers):
-            common = min(st for st in steps if st is not None)
-            steps = [st if st == common else s.restore(on_corrupt, at_most=common)
-                     for s, st in zip(savers, steps)]
-        if None in steps and len(set(steps)) > 1 and not any(
-                s.store.list(s.prio_tag) for s in savers):
-            for s in savers:  # one shard has nothing valid: all start over together
-                s.shard.reset(s.x0)
-            steps = [None] * len(savers)
-        self.clock.advance(self.costs.storage(sum(s.read_bytes for s in savers)))
+        read = 0
+
+        def restore(indices: list[int], at_most: int | None) -> list[int | None]:
+            nonlocal read
+            steps = [savers[i].restore(on_corrupt, at_most=at_most) for i in indices]
+            read += sum(savers[i].read_bytes for i in indices)
+            return steps
+
+        steps = restore_together(restore, len(savers),
+                                 any(s.store.list(s.prio_tag) for s in savers))
+        self.clock.advance(self.costs.storage(read))
         valid = [st for st in steps if st is not None]
         return max(valid) if valid else None
 

@@ -111,9 +111,9 @@ class SimEngine:
         r = self.result
         r.iterations = executed
         r.failures = self.recovery.failures
-        r.checkpoints = self.checkpointer.count
-        r.checkpoint_bytes = self.checkpointer.bytes
-        r.extras["checkpoint_payload_bytes"] = self.checkpointer.payload_bytes
+        saves = self.checkpointer.checkpointer  # the shared one: counts and bytes
+        r.checkpoints, r.checkpoint_bytes = saves.count, saves.bytes
+        r.extras["checkpoint_payload_bytes"] = saves.payload_bytes
         r.checkpoint_blocked_seconds = self.checkpointer.blocked
         r.sim_seconds = self.clock.now
         r.wall_seconds = time.perf_counter() - self._wall0

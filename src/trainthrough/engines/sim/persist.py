@@ -48,11 +48,6 @@ class Persister:
         self._pending = (self.clock.now + self.costs.storage(nbytes), owner,
                          lambda _: finish(wait + snap))
 
-    @property
-    def pending(self) -> bool:
-        """A background write is in flight."""
-        return self._pending is not None
-
     def flush_due(self) -> None:
         """Complete a background write whose simulated time is up."""
         if self._pending is not None and self._pending[0] <= self.clock.now:
