@@ -51,12 +51,11 @@ def build_engine(cfg: RunConfig, workload: Workload, callback: Callback,
     ``cfg`` must already be resolved (:func:`resolve_defaults`): nothing downstream
     re-resolves the strategy or re-parses the failure specs.
     """
-    engine = canonical(cfg.engine)
+    engine, lim = canonical(cfg.engine), limits(cfg, workload)
     ctx = RunContext(cfg=cfg, workload=workload, strategy=resolve(cfg.strategy),
-                     specs=parse(cfg.failures), limits=limits(cfg, workload),
-                     callback=callback, checkpoint_url=checkpoint_url,
-                     result=new_result(cfg, workload, engine,
-                                       limits(cfg, workload).target), engine=engine)
+                     specs=parse(cfg.failures), limits=lim, callback=callback,
+                     checkpoint_url=checkpoint_url,
+                     result=new_result(cfg, workload, engine, lim.target), engine=engine)
     module, _, name = entry(engine).factory.partition(":")
     factory = getattr(importlib.import_module(module), name)
     return factory(ctx)  # type: ignore[no-any-return]
@@ -178,8 +177,9 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         raise UserError(str(e)) from None
     # In memory, checkpoints outlive the run only as a leak (suites run hundreds): what
     # the run created goes when it ends (the folder if new, else its own location).
-    memory = url.startswith("memory://")
-    drop = None if not memory or _memory_exists(url) else url if _memory_exists(base) else base
+    drop = None
+    if url.startswith("memory://") and not _memory_exists(url):
+        drop = url if _memory_exists(base) else base
     resolved, workload = resolve_defaults(cfg)
     # The folder, not this run's location in it: the config re-run as is is a new run.
     resolved = replace(resolved, checkpoint_dir=base)

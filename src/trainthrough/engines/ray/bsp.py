@@ -83,7 +83,8 @@ class BulkSynchronous:
             eng._activate_due(self.logical, {})
             if not eng.pending and not ready and self._whole():
                 return
-            time.sleep(0 if ready else TICK)
+            if not watches:  # ray.wait paused for TICK already when there was one
+                time.sleep(TICK)
 
     def _whole(self) -> bool:
         c = self.c
