@@ -13,6 +13,7 @@ processes or clocks, so the sim and the gloo engines share it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -22,6 +23,32 @@ from trainthrough.ps import optim
 from trainthrough.workloads.base import OptimizerSpec, Params, Workload
 
 Tensors = dict[str, torch.Tensor]
+
+
+class Numel(Protocol):
+    @property
+    def numel(self) -> int: ...
+
+
+class Replica(Protocol):
+    """What the step, repair and checkpoint routines need of a replica: a
+    :class:`Rank` (a trainthrough workload) or a
+    :class:`~trainthrough.dp.module_replica.ModuleReplica` (a user's own module)."""
+
+    rank_id: int
+    steps: int
+    label: str  # what checkpoints record as the model's name
+
+    @property
+    def layout(self) -> Numel: ...
+    @property
+    def params(self) -> Tensors: ...
+    def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]: ...
+    def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None: ...
+    def state(self) -> Tensors: ...
+    def load(self, tensors: Tensors) -> None: ...
+    @property
+    def state_bytes(self) -> int: ...
 
 
 def micro_seed(run_seed: int, step: int, micro: int) -> int:
@@ -43,6 +70,7 @@ class Rank:
         self.opt: Tensors = optim.init_state(spec, self.params)
         self.layout = FlatLayout(self.params)
         self.steps = 0  # optimizer steps this replica applied
+        self.label = workload.name
 
     # -- training ---------------------------------------------------------------
     def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]:

@@ -17,13 +17,13 @@ every host, so ``sim`` and gloo report the same quantity. Nothing decides on it.
 from __future__ import annotations
 
 from trainthrough.dp.collective import Collective, PeerLost
-from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.dp.rank import Replica, Tensors
 from trainthrough.dp.step import InFlight, StepSpec
 
 PREFIX = "params/"
 
 
-def before_step(rank: Rank, fl: InFlight | None) -> Tensors | None:
+def before_step(rank: Replica, fl: InFlight | None) -> Tensors | None:
     """The replica's parameters before ``fl``'s update (None: unknown).
 
     A rank that has not applied the update holds them (``fl`` None: no step in
@@ -37,7 +37,7 @@ def before_step(rank: Rank, fl: InFlight | None) -> Tensors | None:
     return {k[len(PREFIX):]: v for k, v in fl.snapshot.items() if k.startswith(PREFIX)}
 
 
-async def failure_free(rank: Rank, fl: InFlight, coll: Collective, spec: StepSpec,
+async def failure_free(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec,
                        done: int) -> Tensors | None:
     """The parameters after ``fl``'s step on the whole global batch, computed by the
     survivors ``coll.members`` before lossy forward completes it without the failed
@@ -75,6 +75,9 @@ async def failure_free(rank: Rank, fl: InFlight, coll: Collective, spec: StepSpe
             full[b.start:b.stop] = total / count if spec.mean else total
     except PeerLost as e:  # where the completion would have stood: nothing reduced yet
         raise e.located("allreduce", done, False) from None
-    shadow = Rank.joining(-1, rank)  # the replica before the step: nothing applied yet
-    shadow.apply(full, fl.batch.lr_scale)
-    return shadow.params
+    # Take the full step and put the replica back (nothing was applied before it).
+    saved = rank.state()
+    rank.apply(full, fl.batch.lr_scale)
+    after = rank.params
+    rank.load(saved)
+    return after

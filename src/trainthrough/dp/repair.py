@@ -15,15 +15,16 @@ calls exactly one of these (the same one on every member, as collectives must ma
 
 from __future__ import annotations
 
+import safetensors.torch
 import torch
 
 from trainthrough.dp.allreduce import Bucket
 from trainthrough.dp.collective import Collective, PeerLost
-from trainthrough.dp.rank import Rank
+from trainthrough.dp.rank import Replica
 from trainthrough.dp.step import InFlight, StepSpec
 
 
-def undo(rank: Rank, fl: InFlight) -> None:
+def undo(rank: Replica, fl: InFlight) -> None:
     """Mini-batch rollback: put back the replica as it was before ``fl``'s update.
 
     A rank that never applied it has nothing to undo. The snapshot exists whenever
@@ -35,7 +36,7 @@ def undo(rank: Rank, fl: InFlight) -> None:
         rank.load(fl.snapshot)
 
 
-async def complete(rank: Rank, fl: InFlight, coll: Collective, spec: StepSpec,
+async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec,
                    done: int) -> int:
     """Lossy forward: finish ``fl`` with the survivors' shares and apply it.
 
@@ -74,15 +75,17 @@ async def complete(rank: Rank, fl: InFlight, coll: Collective, spec: StepSpec,
     return dropped
 
 
-async def share_state(rank: Rank, coll: Collective, counters: list[int],
+async def share_state(rank: Replica, coll: Collective, counters: list[int],
                       holder: bool = True) -> list[int]:
     """Every member takes the replica and ``counters`` of the first member that holds
     state (a joiner, ``holder=False``, receives; it may have the lowest slot).
 
-    Two collectives: who holds state (a sum of one-hot flags, so every member picks
-    the same donor), then the broadcast. Parameters, optimizer state, the replica's
-    step count and the host's counters (executed steps, cursor, ...) travel as
-    tensors, never pickled.
+    Three collectives: who holds state (a sum of one-hot flags, so every member picks
+    the same donor), the size of the donor's state, then the state itself as
+    safetensors bytes (:meth:`~trainthrough.dp.rank.Rank.state`: parameters, optimizer
+    state, buffers, the step count) with the host's counters (executed steps, cursor,
+    ...): any replica's state, whatever its shapes (a joiner's optimizer may hold none
+    yet), and never a pickle.
 
     Returns:
         The donor's ``counters`` (every member passes the same length).
@@ -92,13 +95,26 @@ async def share_state(rank: Rank, coll: Collective, counters: list[int],
         RuntimeError: no member holds state.
     """
     n = len(coll.members)
+    me = coll.members.index(rank.rank_id)
     flags = torch.zeros(n)
-    flags[coll.members.index(rank.rank_id)] = 1.0
+    flags[me] = 1.0
     held = await coll.allreduce([(0, flags)] if holder else [], Bucket(0, 0, n))
     donors = torch.nonzero(held).flatten().tolist()
     if not donors:
         raise RuntimeError("a group of joiners only: nobody to copy the replica from")
-    meta = torch.tensor([rank.steps, *counters], dtype=torch.int64)
-    await coll.broadcast([*rank.params.values(), *rank.opt.values(), meta], src=donors[0])
-    rank.steps = int(meta[0])
-    return [int(x) for x in meta[1:]]
+    donor = int(donors[0])
+    blob = b""
+    if me == donor:
+        state = rank.state()
+        state["meta/counters"] = torch.tensor(counters, dtype=torch.int64)
+        blob = safetensors.torch.save(state)
+    size = torch.tensor([len(blob)], dtype=torch.int64)
+    await coll.broadcast([size], src=donor)
+    buf = (torch.frombuffer(bytearray(blob), dtype=torch.uint8) if me == donor
+           else torch.zeros(int(size[0]), dtype=torch.uint8))
+    await coll.broadcast([buf], src=donor)
+    if me == donor:
+        return list(counters)
+    received = safetensors.torch.load(buf.numpy().tobytes())
+    rank.load(received)
+    return [int(x) for x in received["meta/counters"]]

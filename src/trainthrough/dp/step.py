@@ -28,7 +28,7 @@ import torch
 from trainthrough.dp.allreduce import Bucket, Contribution
 from trainthrough.dp.batching import StepBatch
 from trainthrough.dp.collective import Collective, Injector, PeerLost
-from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.dp.rank import Replica, Tensors
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 
@@ -67,7 +67,7 @@ class InFlight:
         self.reduced[bucket.start:bucket.stop] = total / count if mean else total
 
 
-async def train_step(rank: Rank, fl: InFlight, coll: Collective, inj: Injector,
+async def train_step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector,
                      spec: StepSpec, step: int,
                      ballot: Callable[[], float] = lambda: 0.0) -> float:
     """Run one step of ``rank`` on ``fl.batch`` (see the module docstring for the order).
@@ -91,7 +91,7 @@ async def train_step(rank: Rank, fl: InFlight, coll: Collective, inj: Injector,
         raise e.located(fl.phase, fl.buckets_done, fl.applied) from None
 
 
-async def _step(rank: Rank, fl: InFlight, coll: Collective, inj: Injector, spec: StepSpec,
+async def _step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector, spec: StepSpec,
                 step: int, ballot: Callable[[], float]) -> float:
     await inj.at("boundary", step)
     mine = fl.batch.share[rank.rank_id]

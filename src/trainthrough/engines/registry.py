@@ -27,7 +27,11 @@ class EngineEntry:
     name: str
     description: str
     capabilities: dict[str, Capabilities]  # paradigm -> claims
-    factory: str  # "module:Class", imported only to run
+    factory: str | dict[str, str]  # "module:Class" (or one per paradigm), imported only to run
+
+    def factory_for(self, paradigm: str) -> str:
+        """The engine class that runs ``paradigm`` (``module:Class``)."""
+        return self.factory if isinstance(self.factory, str) else self.factory[paradigm]
 
 
 def _module(name: str) -> ModuleType:
@@ -79,6 +83,25 @@ def check_supported(engine: str, paradigm: str, consistency: str, strategy: Stra
     shown = f"{what} {value!r}" if value else f"{what} between steps"
     raise UserError(f"the {e.name} engine does not support {shown} for --paradigm {paradigm} "
                     f"(strategy {strategy.name}){_where(can, 'this run')}")
+
+
+def check_resumable(engine: str, paradigm: str, strategy: Strategy) -> None:
+    """Refuse ``--resume`` of a run its engine cannot start from a checkpoint.
+
+    Raises:
+        UserError: one line: the engine does not claim ``resume`` for the paradigm
+            (naming the engines that do), or the strategy keeps no checkpoints.
+    """
+    e = entry(engine)
+    c = e.capabilities.get(paradigm)
+    if c is None or not c.resume:
+        can = [n for n in names() if (o := entry(n).capabilities.get(paradigm)) and o.resume]
+        where = f"; only {' and '.join(can)} can" if can else ""
+        raise UserError(f"--resume: the {e.name} engine cannot resume a --paradigm {paradigm} "
+                        f"run from its checkpoint{where}; add --overwrite to run it again")
+    if strategy.checkpoint == "none":
+        raise UserError(f"--resume: strategy {strategy.name} keeps no checkpoints, so there "
+                        "is nothing to resume from; add --overwrite to run it again")
 
 
 def _unmet(e: EngineEntry, paradigm: str, consistency: str, strategy: Strategy,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trainthrough.dp.batching import Cursor
-from trainthrough.dp.rank import Rank
+from trainthrough.dp.rank import Replica
 from trainthrough.ft.checkpoint import CheckpointInfo, CheckpointStore, require_ints
 
 Tensors = dict[str, torch.Tensor]
@@ -66,18 +66,20 @@ class Restored:
 class ReplicaCheckpoint:
     """Saves of one data-parallel run under tag ``ckpt``, and their restore."""
 
-    def __init__(self, store: CheckpointStore, template: Rank) -> None:
+    def __init__(self, store: CheckpointStore, template: Replica | None) -> None:
         """``template``: any replica of the run; a checkpoint must hold exactly its keys,
-        dtypes and shapes (the values do not matter), or it is corrupt."""
+        dtypes and shapes (the values do not matter), or it is corrupt. None (a process
+        that holds no replica, the controller of a user's own loop): the checkpoint's
+        own checksums are verified here and its keys by the ranks that load it."""
         self.store = store
-        self._like = template.state()
+        self._like = template.state() if template is not None else None
 
     # -- saving -----------------------------------------------------------------
-    def plan(self, rank: Rank, iteration: int, cursor: Cursor, ranks: list[int]) -> Planned:
+    def plan(self, rank: Replica, iteration: int, cursor: Cursor, ranks: list[int]) -> Planned:
         """Copy ``rank``'s replica and the cursor as the save of logical ``iteration``."""
         tensors = rank.state()
         meta = {"iteration": iteration, "epoch": cursor.epoch, "offset": cursor.offset,
-                "ranks": ranks, "workload": rank.workload.name}
+                "ranks": ranks, "workload": rank.label}
         return Planned(iteration, tensors, meta,
                        sum(t.numel() * t.element_size() for t in tensors.values()))
 

@@ -68,9 +68,16 @@ def make_workload(name: str, seed: int = 0, **options: Any) -> Workload:
         UserError: unknown name, unknown option, an option of the wrong type or out of
             range (see :mod:`trainthrough.workloads.options`), or data it cannot use.
     """
+    from trainthrough.loop.api import TrainingLoop
     from trainthrough.workloads.options import check_options
 
     factory = workload_factory(name)
+    if isinstance(factory, TrainingLoop):  # a user's own loop (trainthrough.loop)
+        from trainthrough.loop.workload import LoopWorkload
+
+        if options:
+            raise UserError(f"workload {name} is a training loop: it takes no workload options")
+        return LoopWorkload(name, factory)
     check_options(name, options)
     try:
         return factory(seed=seed, **options)

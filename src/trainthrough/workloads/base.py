@@ -113,6 +113,12 @@ class Workload(ABC):
         shape); parameters it leaves out get no update.
         """
 
+    def rank_program(self) -> str | None:
+        """The reference of a user's own training loop that data-parallel ranks run
+        instead of this workload's step (:mod:`trainthrough.loop`); None for workloads
+        whose model the driver holds."""
+        return None
+
     def sample_count(self) -> int | None:
         """Training samples :meth:`compute_update_on` addresses (rows ``0..n-1``).
 

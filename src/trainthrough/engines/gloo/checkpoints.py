@@ -20,7 +20,7 @@ from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.dp.batching import Cursor
-from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.dp.rank import Replica, Tensors
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, SaveReport
@@ -33,7 +33,7 @@ LOAD_TRIES = 3  # a read error on the chosen checkpoint is retried, never worked
 
 
 def _saver(cfg: RunConfig, strategy: Strategy, url: str,
-           template: Rank) -> ReplicaCheckpoint | None:
+           template: Replica | None) -> ReplicaCheckpoint | None:
     if strategy.checkpoint == "none":
         return None
     return ReplicaCheckpoint(CheckpointStore(url, keep_last=cfg.checkpoint_keep), template)
@@ -42,13 +42,13 @@ def _saver(cfg: RunConfig, strategy: Strategy, url: str,
 class RankSaves:
     """A rank process's side: save when the policy says so, load what the controller chose."""
 
-    def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, replica: Rank,
-                 post: Callable[[dict[str, Any]], None]) -> None:
-        every = cfg.checkpoint_every or replica.workload.default_checkpoint_every
+    def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, replica: Replica,
+                 every: int, post: Callable[[dict[str, Any]], None]) -> None:
+        """``every``: the checkpoint interval (``cfg.checkpoint_every`` resolved)."""
         self.policy, self.post = strategy.checkpoint_policy(every), post
         self.saver = _saver(cfg, strategy, url, replica)
 
-    def after_commit(self, rank: Rank, logical: int, cursor: Cursor, members: list[int]) -> None:
+    def after_commit(self, rank: Replica, logical: int, cursor: Cursor, members: list[int]) -> None:
         """The first member committed ``logical``: save now if the policy asks, and report."""
         if self.saver is None or self.policy.decide(logical) is None:
             return
@@ -85,10 +85,12 @@ class ControllerSaves:
     """The controller's side: the run's Checkpointer (this is its backend), and the
     checkpoint a restart loads."""
 
-    def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, template: Rank,
-                 emit: Callable[[dict[str, Any]], None]) -> None:
-        self.saver, self.x0 = _saver(cfg, strategy, url, template), template.params
-        every = cfg.checkpoint_every or template.workload.default_checkpoint_every
+    def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, template: Replica | None,
+                 every: int, emit: Callable[[dict[str, Any]], None]) -> None:
+        """``template``: a replica as the ranks build theirs (None: the controller of a
+        user's own loop holds none; a restart from x0 then has no perturbation)."""
+        self.saver = _saver(cfg, strategy, url, template)
+        self.x0 = template.params if template is not None else None
         self.checkpointer = Checkpointer(strategy.checkpoint_policy(every), self, emit)
         self._reports: dict[int, SaveReport] = {}
         self.before: Tensors | None = None  # a survivor's replica before the failed step

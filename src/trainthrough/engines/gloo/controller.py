@@ -24,42 +24,39 @@ from trainthrough.dp.batching import Cursor, SampleStream
 from trainthrough.dp.rank import Rank
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
+from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
-from trainthrough.engines.gloo.procs import Procs
+from trainthrough.engines.gloo.procs import Launch, LocalProcess, Procs
 from trainthrough.engines.gloo.protocol import EventReader, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.ft.dp_policies import ElasticPolicy
+from trainthrough.workloads.base import Evaluation
 
 TICK = 0.01
 START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded 2-core machine
 
 
 class GlooEngine:
-    """Runs one data-parallel configuration on ``cfg.ranks`` gloo processes."""
+    """Runs one data-parallel configuration on ``cfg.ranks`` gloo processes.
+
+    ``launch`` starts one rank process from its spec (:class:`~.procs.LocalProcess`
+    here; the ray engine hosts ranks on actors with the same controller).
+    """
+
+    launch: Launch = LocalProcess
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         cfg, workload = ctx.cfg, ctx.workload
         self.cfg, self.w, self.cb, self.url = cfg, workload, ctx.callback, ctx.checkpoint_url
         ctx.strategy.require("dp")
-        # Everything a rank would trip over is checked here, before any process starts.
-        n = workload.sample_count()
-        if n is None:
-            raise UserError(f"workload {workload.name} does not support data-parallel training; "
-                            "use mlr, cnn or a TorchWorkload")
-        spec = workload.default_optimizer if cfg.lr is None else replace(
-            workload.default_optimizer, lr=cfg.lr)
-        # A replica as the ranks build theirs: what a checkpoint must hold, and x0.
-        template = Rank(0, workload, spec,
-                        workload.init_params(torch.Generator().manual_seed(cfg.seed)), cfg.seed)
-        numel = template.layout.numel
-        if not 1 <= cfg.allreduce_buckets <= numel:
-            raise UserError(f"allreduce-buckets must be between 1 and the {numel} parameters "
-                            f"of {workload.name} (got {cfg.allreduce_buckets})")
-        elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
-        SampleStream(n, cfg.seed).take(Cursor(), elastic.decide(cfg.ranks).global_batch)
+        # A user's own loop (trainthrough.loop): its model exists in the ranks only, so
+        # the ranks check it; otherwise everything a rank would trip over is checked
+        # here, before any process starts.
+        self.program = workload.rank_program()
+        template = None if self.program is not None else self._check_workload()
         schedule = ctx.schedule({"rank": cfg.ranks})
         check_specs(ctx.specs, cfg.allreduce_buckets)
         if cfg.cost.timeout_seconds <= 0:
@@ -71,7 +68,31 @@ class GlooEngine:
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
         self.hashes: dict[int, str] = {}
-        self.saves = ControllerSaves(cfg, ctx.strategy, self.url, template, self.emit)
+        self.histories: dict[int, list[list[Any]]] = {}  # slot -> committed (logical, attempt, members)
+        self.returned: dict[int, Any] = {}  # a user's loop: what train() returned, by slot
+        self.saves = ControllerSaves(cfg, ctx.strategy, self.url, template,
+                                     cfg.checkpoint_every or workload.default_checkpoint_every,
+                                     self.emit)
+
+    def _check_workload(self) -> Rank:
+        """Refuse what the ranks would trip over; a replica as they build theirs (what a
+        checkpoint must hold, and x0)."""
+        cfg, workload = self.cfg, self.w
+        n = workload.sample_count()
+        if n is None:
+            raise UserError(f"workload {workload.name} does not support data-parallel training; "
+                            "use mlr, cnn or a TorchWorkload")
+        spec = workload.default_optimizer if cfg.lr is None else replace(
+            workload.default_optimizer, lr=cfg.lr)
+        template = Rank(0, workload, spec,
+                        workload.init_params(torch.Generator().manual_seed(cfg.seed)), cfg.seed)
+        numel = template.layout.numel
+        if not 1 <= cfg.allreduce_buckets <= numel:
+            raise UserError(f"allreduce-buckets must be between 1 and the {numel} parameters "
+                            f"of {workload.name} (got {cfg.allreduce_buckets})")
+        elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
+        SampleStream(n, cfg.seed).take(Cursor(), elastic.decide(cfg.ranks).global_batch)
+        return template
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
@@ -86,9 +107,11 @@ class GlooEngine:
         store = serve(timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
         base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
-                "checkpoint_url": self.url}
+                "checkpoint_url": self.url, "loop": self.program}
         self.store, self.events = store, EventReader(store)
-        self.procs = Procs(store, base)
+        self.evals = ControllerEvals(self)
+        self.evals.start()
+        self.procs = Procs(store, base, self.launch)
         self.rec = DistRecovery(self, order_dicts(self.orders))
         try:
             self.cb.before_run(self.cfg.to_dict())
@@ -99,6 +122,7 @@ class GlooEngine:
                 self.procs.kill(p)
             self.procs.shutdown()
         self.pump()  # the last words of the last ranks
+        self.evals.close()  # an evaluation still waiting for copies: score it with what came
         return self._finish()
 
     def _loop(self) -> None:
@@ -145,14 +169,29 @@ class GlooEngine:
                                f"{event['traceback']}")
         if kind == "params":
             assert blob is not None
-            self.logical = int(event["logical"])  # goes back on a restart
+            if "lookback" not in event:  # a copy of an earlier step says nothing new
+                self.logical = int(event["logical"])  # goes back on a restart
+                self.iteration = max(self.iteration, int(event["iteration"]))
+                self.result.updates_applied = int(event["applied"])
+            self.evals.on_params(event, safetensors.torch.load(blob))
+            return
+        if kind == "lookback":  # the first member sent the copies asked for
+            self.evals.on_lookback(event)
+            return
+        if kind == "metrics":  # a user's loop evaluated its own model on its first rank
+            self.logical = int(event["logical"])
             self.iteration = max(self.iteration, int(event["iteration"]))
             self.result.updates_applied = int(event["applied"])
             if event["iteration"] != self.last_eval or not event["final"]:
-                self._evaluate(event, safetensors.torch.load(blob))
+                self._evaluate(event, {}, Evaluation(float(event["metric"]),
+                                                     float(event["loss"])))
+            return
+        if kind == "returned":
+            self.returned[int(event["slot"])] = event["value"]
             return
         if kind == "exit":
             self.hashes[int(event["slot"])] = event["params_sha256"]
+            self.histories.setdefault(int(event["slot"]), []).extend(event.get("history", []))
             self.result.iterations = max(self.result.iterations, int(event["executed"]))
             return
         if kind == "saved":  # a report to the Checkpointer, which emits the event
@@ -165,10 +204,12 @@ class GlooEngine:
         self.rec.on_event(event)
         self.emit({k: v for k, v in event.items() if k != "t"})  # rec keeps the original
 
-    def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor]) -> None:
+    def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor],
+                  scored: Evaluation, look_back: bool = False) -> None:
         it = int(event["iteration"])
         self.last_eval = it
-        done = self.ctx.evaluate(params, it, logical_iteration=int(event["logical"]),
+        done = self.ctx.evaluate(params, it, scored=scored, look_back=look_back,
+                                 logical_iteration=int(event["logical"]),
                                  ranks=len(self.rec.members))
         self.cb.after_step(it, self.ctx.wall())
         if done:
@@ -189,5 +230,17 @@ class GlooEngine:
             restart_seconds=rec.restart_times,
             replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
             time_to_target=r.sim_seconds_to_target)
+        if self.program is not None:
+            r.extras.update(returned=self.returned.get(min(self.returned, default=0)),
+                            committed=_lineage(self.histories))
         return r
+
+
+def _lineage(histories: dict[int, list[list[Any]]]) -> list[list[Any]]:
+    """The committed steps of the run as every process recorded them: ``[logical,
+    attempt, members]``, one per (logical, attempt), in order (a restart's lost steps
+    appear twice, with the attempt that redid them)."""
+    seen = {(int(h[0]), int(h[1])): [int(h[0]), int(h[1]), list(h[2])]
+            for hs in histories.values() for h in hs}
+    return [seen[k] for k in sorted(seen)]
 

@@ -19,13 +19,38 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import torch.distributed as dist
 
 from trainthrough.engines.gloo.protocol import RankSpec, has
 from trainthrough.engines.signals import ProcessIdentity, identify, send
+
+
+class Child(Protocol):
+    """A started rank process, however it is hosted."""
+
+    pid: int | None  # None until known (an actor reports it once it is up)
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; else its exit code (-N: killed by signal N)."""
+        ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def kill(self) -> None:
+        """Stop it for good, only if it is the process this run started (and alive)."""
+        ...
+
+    def close(self) -> None:
+        """Release what hosted it, once it ended (an actor)."""
+        ...
+
+
+Launch = Callable[[RankSpec], Child]
 
 
 @dataclass
@@ -35,22 +60,17 @@ class Proc:
     slot: int
     inc: int
     mode: str
-    process: Any  # _Child: a rank_main process
+    process: Child
     started: float = field(default_factory=time.time)
     died_at: float | None = None
-    ident: ProcessIdentity | None = None  # None: it ended before it was identified
-
-    @property
-    def pid(self) -> int:
-        return int(self.process.pid)
 
     @property
     def exitcode(self) -> int | None:
-        return self.process.exitcode  # type: ignore[no-any-return]
+        return self.process.exitcode
 
 
-class _Child:
-    """A rank process started with ``python -m``: the few calls ``Proc`` needs."""
+class LocalProcess:
+    """A rank process started with ``python -m``, identified (pid and start time) at once."""
 
     def __init__(self, spec: RankSpec) -> None:
         self.popen = subprocess.Popen(
@@ -59,23 +79,31 @@ class _Child:
         assert self.popen.stdin is not None
         with self.popen.stdin as pipe:  # the spec is plain values (protocol.RankSpec)
             pipe.write(json.dumps(spec).encode())
-        self.pid = self.popen.pid
+        self.pid: int | None = self.popen.pid
+        # None: it ended before it was identified (then there is nothing to signal).
+        self.ident: ProcessIdentity | None = identify(self.popen.pid)
 
     @property
     def exitcode(self) -> int | None:
-        """None while it runs; else its exit code (-N: killed by signal N)."""
         return self.popen.poll()
 
     def join(self, timeout: float | None = None) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout)
 
+    def kill(self) -> None:
+        if self.exitcode is None and self.ident is not None:
+            send(self.ident)
+
+    def close(self) -> None:
+        self.join(timeout=0)  # reaped: nothing else holds it
+
 
 class Procs:
     """Every rank process of one run; ``current[slot]`` is the incarnation in use."""
 
-    def __init__(self, store: dist.Store, base: RankSpec) -> None:
-        self.store, self.base = store, base
+    def __init__(self, store: dist.Store, base: RankSpec, launch: Launch) -> None:
+        self.store, self.base, self.launch = store, base, launch
         self.current: dict[int, Proc] = {}
         self.started: list[Proc] = []
         self._inc: dict[int, int] = {}
@@ -93,8 +121,7 @@ class Procs:
         spec = {**self.base, "slot": slot, "inc": inc, "mode": mode, "attempt": attempt,
                 "executed": executed, "ctl": ctl, "orders": orders, "applied": applied,
                 "restore": restore}
-        proc = _Child(spec)
-        p = Proc(slot, inc, mode, proc, ident=identify(proc.pid))
+        p = Proc(slot, inc, mode, self.launch(spec))
         self.current[slot] = p
         self.started.append(p)
         return p
@@ -117,8 +144,7 @@ class Procs:
 
     def kill(self, p: Proc) -> None:
         """SIGKILL one process this controller started (a stopped one dies too)."""
-        if p.exitcode is None and p.ident is not None:
-            send(p.ident)
+        p.process.kill()
         p.process.join(timeout=5)
         if p.died_at is None:
             p.died_at = time.time()
@@ -134,3 +160,5 @@ class Procs:
     def shutdown(self, timeout: float = 5.0) -> None:
         """End every process this run started (normally all have exited already)."""
         self.wait_exit([p for p in self.started if p.exitcode is None], timeout)
+        for p in self.started:
+            p.process.close()

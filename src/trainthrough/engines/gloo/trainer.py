@@ -19,6 +19,7 @@ as ``sim`` does) and saves checkpoints (:class:`~.checkpoints.RankSaves`).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,13 +29,14 @@ import torch.distributed as dist
 
 from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import make_buckets
-from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
+from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
-from trainthrough.dp.rank import Rank, Tensors
+from trainthrough.dp.rank import Rank, Replica, Tensors
 from trainthrough.dp.reference import before_step, failure_free
 from trainthrough.dp.repair import complete, share_state, undo
 from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.gloo.checkpoints import RankSaves
+from trainthrough.engines.gloo.evals import RankEvals
 from trainthrough.engines.gloo.faults import Injector
 from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.protocol import Plan, post
@@ -45,32 +47,55 @@ from trainthrough.workloads import make_workload
 
 
 class Trainer:
-    """One replica and the run's counters, as this process sees them."""
+    """One replica and the run's counters, as this process sees them.
+
+    The replica is a trainthrough workload's :class:`~trainthrough.dp.rank.Rank`
+    (:meth:`for_workload`) or the user's own model
+    (:class:`~trainthrough.dp.module_replica.ModuleReplica`, :mod:`trainthrough.loop`);
+    ``samples`` is the training set's size, ``batch_size`` the per-rank batch.
+    """
 
     def __init__(self, cfg: RunConfig, slot: int, store: dist.Store,
                  orders: list[dict[str, object]], t0: float, checkpoint_url: str,
-                 joining: bool = False) -> None:
+                 replica: Replica, samples: int, batch_size: int, checkpoint_every: int,
+                 mean: bool = True, joining: bool = False) -> None:
         self.cfg, self.slot, self.store = cfg, slot, store
         self.inj = Injector(orders, store, t0, logical=lambda: self.logical)
-        w = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
-        spec = w.default_optimizer if cfg.lr is None else replace(w.default_optimizer, lr=cfg.lr)
-        x0 = w.init_params(torch.Generator().manual_seed(cfg.seed))
-        self.replica = Rank(slot, w, spec, x0, cfg.seed)
-        self.stream = SampleStream(w.sample_count() or 0, cfg.seed)
-        self.micro = micro_size(w.batch_size)
-        self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, w.batch_size)
+        self.replica = replica
+        self.stream = SampleStream(samples, cfg.seed)
+        self.micro = micro_size(batch_size)
+        self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
         strategy = resolve(cfg.strategy)
-        self.spec = StepSpec(make_buckets(self.replica.layout.numel, cfg.allreduce_buckets),
-                             w.aggregate == "mean",
+        self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets),
+                             mean,
                              group_recovery_policy(strategy.recovery).needs_step_snapshot)
-        self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica,
+        self.saves = RankSaves(cfg, strategy, checkpoint_url, replica, checkpoint_every,
                                lambda event: post(store, event))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
+        self.limit_epochs: int | None = None  # a user's loop ends after so many epochs
+        self.last_share: list[MicroBatch] = []  # this rank's part of the last commit
         self.ctl_seen = 0.0  # the last control counter acted on (same on every member)
         self.applied = 0  # replica updates of committed steps (first member's count)
         self.flight: InFlight | None = None
         self.joining = joining  # a replacement: holds no state until a peer shares it
         self.resumed = False  # a recovery waits for its first committed step
+        self.history: list[tuple[int, int, list[int]]] = []  # (logical, attempt, members)
+        self.attempt = -1  # the group incarnation this process is in
+        self.evaluate_here: Callable[[], dict[str, float]] | None = None
+        self.evals = RankEvals(cfg.eval_every or 1, store)  # as the first member
+
+    @classmethod
+    def for_workload(cls, cfg: RunConfig, slot: int, store: dist.Store,
+                     orders: list[dict[str, object]], t0: float, checkpoint_url: str,
+                     joining: bool = False) -> Trainer:
+        """A trainer of the run's trainthrough workload (``cfg.workload``)."""
+        w = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
+        spec = w.default_optimizer if cfg.lr is None else replace(w.default_optimizer, lr=cfg.lr)
+        x0 = w.init_params(torch.Generator().manual_seed(cfg.seed))
+        return cls(cfg, slot, store, orders, t0, checkpoint_url,
+                   Rank(slot, w, spec, x0, cfg.seed), w.sample_count() or 0, w.batch_size,
+                   cfg.checkpoint_every or w.default_checkpoint_every,
+                   mean=w.aggregate == "mean", joining=joining)
 
     # -- around failures ----------------------------------------------------------
     def restore(self, step: int | None) -> None:
@@ -84,6 +109,7 @@ class Trainer:
     def recover(self, g: Group, plan: Plan) -> None:
         """Carry out the first part of attempt ``plan.n`` on the formed group."""
         fl, self.flight = self.flight, None
+        self.attempt = plan.n
         # What the failure-free group would hold once this recovery is done.
         reference = before_step(self.replica, fl)
         if plan.action == "join":
@@ -117,6 +143,7 @@ class Trainer:
         before = before_step(self.replica, self.flight)
         if before is not None:
             post(self.store, {"type": "before"}, _blob(before))
+        self.evals.leave()
 
     def _share_state(self, g: Group) -> None:
         """A replacement joins: every member takes a holder's replica and counters."""
@@ -127,16 +154,23 @@ class Trainer:
         self.ctl_seen, self.applied, self.joining = float(m[4]), m[5], False
 
     # -- the step -----------------------------------------------------------------
-    def train(self, g: Group) -> str:
-        """Step until the run ends (``done``) or the controller asks for a change (``ctl``)."""
-        while self.executed < (self.cfg.max_iterations or 0):
-            ctl = self._step(g)
-            if ctl != self.ctl_seen:
-                self.ctl_seen = ctl
-                return "ctl"
-        return "done"
+    def finished(self, size: int) -> bool:
+        """The run's budget is spent: attempts (``max_iterations``) or, for a user's
+        loop, epochs: the next global batch of a group of ``size`` would begin epoch
+        ``limit_epochs`` (the cursor is the same on every member: all stop together)."""
+        if self.limit_epochs is not None:
+            c, batch = self.cursor, self.elastic.decide(size).global_batch
+            epoch = c.epoch + (c.offset + batch > self.stream.n)
+            if epoch >= self.limit_epochs:
+                return True
+        return self.executed >= (self.cfg.max_iterations or 0)
 
-    def _step(self, g: Group) -> float:
+    def step(self, g: Group) -> float:
+        """Run and commit one step on ``g``; the commit vote's control counter.
+
+        Raises:
+            PeerLost: the group broke (the step stays in :attr:`flight`).
+        """
         # Failure triggers count attempts made *before* this one, as sim does.
         before = self.executed
         self.executed += 1
@@ -154,19 +188,32 @@ class Trainer:
 
     def _commit(self, g: Group, fl: InFlight) -> None:
         self.cursor, self.flight = fl.batch.next_cursor, None
+        self.history.append((self.logical, self.attempt, list(g.members)))
+        self.last_share = fl.batch.share.get(self.slot, [])
         self.logical += 1
         self.applied += g.size
         if g.rank != 0:
             return
         if self.resumed:
             post(self.store, {"type": "resumed", "iteration": self.executed})
-        self.resumed = False
+        recovered, self.resumed = self.resumed, False
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
-        if self.executed % (self.cfg.eval_every or 1) == 0:
+        if self.evals.after_commit(self.executed, self.logical, self.applied,
+                                   self.replica.params, recovered,
+                                   keep=self.evaluate_here is None):
             self.post_params()
 
     def post_params(self, final: bool = False) -> None:
-        """Send the parameters to the controller, which evaluates them."""
+        """Send the parameters to the controller, which evaluates them (a user's loop
+        evaluates its own model here, :attr:`evaluate_here`, and sends the metrics).
+        The last one (``final``) first leaves the copies kept for look-backs."""
+        if final:
+            self.evals.leave()
+        if self.evaluate_here is not None:
+            post(self.store, {"type": "metrics", "iteration": self.executed,
+                              "logical": self.logical, "final": final,
+                              "applied": self.applied, **self.evaluate_here()})
+            return
         post(self.store, {"type": "params", "iteration": self.executed, "logical": self.logical,
                           "final": final, "applied": self.applied}, _blob(self.replica.params))
 

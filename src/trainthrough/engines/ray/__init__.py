@@ -17,7 +17,10 @@ for _k, _v in LOOPBACK_ENV.items():
     os.environ.setdefault(_k, _v)
 
 DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIGKILLs"
-ENGINE = "trainthrough.engines.ray.engine:RayEngine"
+# The parameter server is Ray's own engine; data parallel is the gloo engine's
+# controller with every rank a Ray actor (dp.py), so it runs what gloo runs.
+ENGINE = {"ps": "trainthrough.engines.ray.engine:RayEngine",
+          "dp": "trainthrough.engines.ray.dp:RayDataParallel"}
 CAPABILITIES = {
     # Workers run asynchronously, each at its own pace. Saves and restores are the
     # shared ShardCheckpoint (full and prioritized) inside each shard's actor; a
@@ -28,6 +31,12 @@ CAPABILITIES = {
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
                phases=("",), replica_position=True),
+    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
+               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
+               replication=("none",), outage=("wait",), targets=("rank",),
+               triggers=("iter", "time", "mtbf"),
+               phases=("", "forward", "backward", "allreduce", "update"),
+               modes=("crash", "hang")),
 }
 
 

@@ -1,0 +1,228 @@
+"""A user's own ``nn.Module`` and optimizer as a data-parallel replica.
+
+The step routine (:mod:`trainthrough.dp.step`) works on a replica that computes one
+flat gradient per micro-batch, applies a reduced one and saves or loads its state
+(:class:`~trainthrough.dp.rank.Rank` does it for a :class:`~trainthrough.workloads.base.Workload`).
+:class:`ModuleReplica` does the same for a model, an optimizer and a loss function
+that stay the user's: the gradient is ``torch.autograd.grad`` of their loss, the update
+is their optimizer's ``step()``, so every recovery, checkpoint and injection point of
+the project applies to their loop unchanged.
+
+Model buffers (BatchNorm's running statistics) are synchronized, not refused: each
+micro-batch runs from the buffers of the last committed step, the floating buffers it
+leaves behind travel in the allreduce after the gradient, and every rank sets them to
+their mean over the global batch (the running statistics of one update with the mean
+batch statistics; integer counters advance by one per step). So replicas stay
+identical, and a rollback or a joining rank finds the buffers of the committed step.
+
+State travels as flat tensors (``params/``, ``buffers/``, ``optim/state/<i>/<key>``,
+``optim/group/<g>/<key>``, ``meta/steps``): safetensors on disk and over the network,
+never a pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainthrough.dp.allreduce import Contribution
+from trainthrough.dp.batching import MicroBatch
+from trainthrough.dp.rank import Tensors, micro_seed
+from trainthrough.errors import UserError
+
+LossFn = Callable[[Any], torch.Tensor]
+Fetch = Callable[[torch.Tensor], Any]
+_NUM = "#num"  # suffix of optimizer state entries that were plain numbers
+
+
+@dataclass(frozen=True)
+class Flat:
+    """The length of the flat vector the allreduce carries (gradient, then buffers)."""
+
+    numel: int
+
+
+class ModuleReplica:
+    """One rank's view of the user's model: gradients, updates and state as the step needs.
+
+    Call order per step (as for :class:`~trainthrough.dp.rank.Rank`): :meth:`gradients`
+    with the loss function set by the host (:attr:`loss_fn`), the allreduce outside,
+    then :meth:`apply`. ``gradients`` leaves the model as it found it, so a step that
+    fails before its update needs no undo.
+    """
+
+    def __init__(self, rank_id: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 fetch: Fetch, run_seed: int) -> None:
+        self.rank_id, self.model, self.opt = rank_id, model, opt
+        self.fetch, self.run_seed = fetch, run_seed
+        self.loss_fn: LossFn | None = None
+        self._params = dict(model.named_parameters())
+        trained = [p for p in self._params.values() if p.requires_grad]
+        in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+        if not trained or any(id(p) not in in_opt for p in trained):
+            raise UserError("the optimizer must hold every trainable parameter of the model "
+                            "(build it from model.parameters())")
+        bufs = dict(model.named_buffers())
+        self._float_bufs = {n: b for n, b in bufs.items() if b.is_floating_point()}
+        self._int_bufs = {n: b for n, b in bufs.items() if not b.is_floating_point()}
+        self._grad_numel = sum(p.numel() for p in self._params.values())
+        self.layout = Flat(self._grad_numel + sum(b.numel() for b in self._float_bufs.values()))
+        self.steps = 0
+        self.losses: list[float] = []  # this rank's micro-batch losses since last read
+        self.label = type(model).__name__
+
+    # -- training ---------------------------------------------------------------
+    def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]:
+        """One flat vector per micro-batch: the gradient of the user's loss, then the
+        floating buffers as that micro-batch left them (each starts from the same ones)."""
+        if self.loss_fn is None:
+            raise RuntimeError("no loss function: the host sets loss_fn before a step")
+        params = list(self._params.values())
+        base = {n: b.clone() for n, b in self._float_bufs.items()}
+        ints = {n: b.clone() for n, b in self._int_bufs.items()}
+        out = []
+        try:
+            for mb in micro:
+                batch = self.fetch(mb.rows)
+                # The same dropout masks whichever rank computes it (a rollback redoes it).
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(micro_seed(self.run_seed, step, mb.index))
+                    loss = self.loss_fn(batch)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise UserError("the loss function must return a scalar tensor")
+                grads = torch.autograd.grad(loss, [p for p in params if p.requires_grad],
+                                            allow_unused=True)
+                it = iter(grads)
+                flat = [(next(it) if p.requires_grad else None) for p in params]
+                parts = [(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                         for g, p in zip(flat, params)]
+                parts += [b.detach().reshape(-1) for b in self._float_bufs.values()]
+                out.append((mb.index, torch.cat(parts).detach().to(torch.float32).clone()))
+                self.losses.append(float(loss.detach()))
+                self._set(self._float_bufs, base)
+        finally:
+            self._set(self._float_bufs, base)
+            self._set(self._int_bufs, ints)
+        return out
+
+    def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
+        """Apply a fully reduced vector: the gradient through the user's optimizer (its
+        learning rate times ``lr_scale`` for this step), the buffers as they are."""
+        if torch.isnan(flat).any():
+            raise ValueError("refusing to apply a gradient with unreduced (NaN) buckets")
+        at = 0
+        for p in self._params.values():
+            n = p.numel()
+            p.grad = flat[at:at + n].view_as(p).to(p.dtype).clone() if p.requires_grad else None
+            at += n
+        with torch.no_grad():
+            for b in self._float_bufs.values():
+                n = b.numel()
+                b.copy_(flat[at:at + n].view_as(b))
+                at += n
+            for b in self._int_bufs.values():
+                b.add_(1)  # counters (num_batches_tracked) advance once per step
+        saved = [g["lr"] for g in self.opt.param_groups]
+        for g in self.opt.param_groups:
+            g["lr"] = g["lr"] * lr_scale
+        try:
+            self.opt.step()
+        finally:
+            for g, lr in zip(self.opt.param_groups, saved):
+                g["lr"] = lr
+            self.opt.zero_grad(set_to_none=True)
+        self.steps += 1
+
+    @staticmethod
+    def _set(bufs: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for n, b in bufs.items():
+                b.copy_(values[n])
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def params(self) -> Tensors:
+        """Copies of the parameters by name (what is evaluated and compared)."""
+        return {n: p.detach().clone() for n, p in self._params.items()}
+
+    def state(self) -> Tensors:
+        """Copies of the model's parameters and buffers, the optimizer state and its
+        numeric hyperparameters, and the step count, as flat string keys."""
+        out = {f"params/{n}": p.detach().clone() for n, p in self._params.items()}
+        out.update({f"buffers/{n}": b.detach().clone()
+                    for n, b in self.model.named_buffers()})
+        sd = self.opt.state_dict()
+        for i, entry in sd["state"].items():
+            for k, v in entry.items():
+                if isinstance(v, torch.Tensor):
+                    out[f"optim/state/{i}/{k}"] = v.detach().clone()
+                elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[f"optim/state/{i}/{k}{_NUM}"] = torch.tensor(float(v),
+                                                                     dtype=torch.float64)
+        for gi, group in enumerate(sd["param_groups"]):
+            for k, v in group.items():
+                num = _numbers(v)
+                if k != "params" and num is not None:
+                    out[f"optim/group/{gi}/{k}"] = num
+        out["meta/steps"] = torch.tensor([self.steps], dtype=torch.int64)
+        return out
+
+    def load(self, tensors: Tensors) -> None:
+        """Take the state :meth:`state` produced on any replica of the same model.
+
+        Raises:
+            KeyError: a parameter or buffer is missing.
+        """
+        with torch.no_grad():
+            for n, p in self._params.items():
+                p.copy_(tensors[f"params/{n}"])
+            for n, b in self.model.named_buffers():
+                b.copy_(tensors[f"buffers/{n}"])
+        sd = self.opt.state_dict()
+        state: dict[int, dict[str, Any]] = {}
+        for key, v in tensors.items():
+            if key.startswith("optim/state/"):
+                i, k = key[len("optim/state/"):].split("/", 1)
+                if k.endswith(_NUM):
+                    state.setdefault(int(i), {})[k[:-len(_NUM)]] = float(v)
+                else:
+                    state.setdefault(int(i), {})[k] = v.clone()
+        for gi, group in enumerate(sd["param_groups"]):
+            for k, v in list(group.items()):
+                t = tensors.get(f"optim/group/{gi}/{k}")
+                if t is not None:
+                    group[k] = _restore(v, t)
+        sd["state"] = state
+        self.opt.load_state_dict(sd)
+        steps = tensors.get("meta/steps")
+        self.steps = int(steps[0]) if steps is not None else 0
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state().values())
+
+
+def _numbers(v: object) -> torch.Tensor | None:
+    """A hyperparameter as a tensor if it is a number or a tuple of numbers."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return torch.tensor(v, dtype=torch.int64)
+    if isinstance(v, float):
+        return torch.tensor(v, dtype=torch.float64)
+    if isinstance(v, tuple) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                          for x in v):
+        return torch.tensor([float(x) for x in v], dtype=torch.float64)
+    return None
+
+
+def _restore(like: object, t: torch.Tensor) -> object:
+    """The hyperparameter ``t`` carries, in the type of the local value ``like``."""
+    if isinstance(like, tuple):
+        return tuple(float(x) for x in t.tolist())
+    if isinstance(like, int) and not isinstance(like, bool):
+        return int(t)
+    return float(t)

@@ -1,0 +1,175 @@
+"""What a user's loop sees: the :func:`training_loop` marker and the :class:`Loop` handle.
+
+Call order inside ``train(loop)`` (on every rank): build the model, optimizer and
+``DataLoader``; :meth:`Loop.attach` once; then ``while loop.running(epochs=E):
+loop.step(loss_fn)``; return a JSON-able value (the first rank's is reported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from trainthrough.errors import UserError
+
+if TYPE_CHECKING:
+    from trainthrough.engines.gloo.session import RankSession
+
+TrainFn = Callable[["Loop"], Any]
+
+
+@dataclass(frozen=True)
+class TrainingLoop:
+    """A user's training function, marked by :func:`training_loop`.
+
+    ``metric``/``direction``/``target`` describe what ``evaluate`` (given to
+    :meth:`Loop.attach`) returns; without ``evaluate`` the metric is the first rank's
+    training loss on its share of the step.
+    """
+
+    fn: TrainFn
+    metric: str = "loss"
+    direction: Literal["max", "min"] = "min"
+    target: float | None = None
+    eval_every: int = 10
+    checkpoint_every: int = 50
+
+    def __call__(self, loop: Loop) -> Any:
+        return self.fn(loop)
+
+    @property
+    def __name__(self) -> str:  # noqa: A003 - what references and messages name
+        return self.fn.__name__
+
+
+def training_loop(fn: TrainFn | None = None, *, metric: str = "loss",
+                  direction: Literal["max", "min"] = "min", target: float | None = None,
+                  eval_every: int = 10, checkpoint_every: int = 50) -> Any:
+    """Mark ``fn(loop)`` as a training loop trainthrough can run on every rank.
+
+    Usable bare (``@training_loop``) or with the metric its ``evaluate`` returns
+    (``@training_loop(metric="accuracy", direction="max", target=0.9)``). A marked
+    loop is also a workload reference: ``trainthrough run --paradigm dp --engine ray
+    --workload file.py:train``.
+    """
+    if direction not in ("max", "min"):
+        raise UserError(f"training_loop direction must be max or min (got {direction!r})")
+
+    def mark(f: TrainFn) -> TrainingLoop:
+        return TrainingLoop(f, metric, direction, target, eval_every, checkpoint_every)
+
+    return mark(fn) if fn is not None else mark
+
+
+class Loop:
+    """A rank's handle on the run, given to ``train(loop)``.
+
+    Attributes read in a loss function or a print: :attr:`rank` (this rank's slot),
+    :attr:`ranks` (the group's size now), :attr:`step_index` (committed steps so far:
+    the step being taken), :attr:`attempt` (the group incarnation), :attr:`epoch`.
+    """
+
+    def __init__(self, attach: Callable[..., RankSession], slot: int) -> None:
+        self._attach, self.rank = attach, slot
+        self._session: RankSession | None = None
+        self._epochs: int | None = None
+
+    # -- set-up -------------------------------------------------------------------
+    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               loader: torch.utils.data.DataLoader,  # type: ignore[type-arg]
+               evaluate: Callable[[], float] | None = None) -> None:
+        """Hand the model, the optimizer and the data over; joins the run.
+
+        The ``DataLoader`` gives the dataset (map-style: indexable, with a length), the
+        per-rank ``batch_size`` and the ``collate_fn``; trainthrough decides which
+        samples each rank takes at each step (its sampler and shuffling are not used:
+        the order is an epoch permutation seeded by the run's seed). ``evaluate``
+        (optional) scores the model, on the first rank, every ``eval_every`` steps.
+
+        A restarted rank (checkpoint-restart) loads the checkpoint here; a joining one
+        receives a live peer's state at its first step.
+
+        Raises:
+            UserError: called twice, a dataset without a length, no batch size.
+        """
+        if self._session is not None:
+            raise UserError("loop.attach was called twice")
+        ds = loader.dataset
+        if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
+            raise UserError("loop.attach needs a map-style dataset (with __getitem__ and "
+                            "__len__): trainthrough picks the samples of every rank")
+        if loader.batch_size is None:
+            raise UserError("loop.attach needs a DataLoader with a batch_size (per rank)")
+        collate = loader.collate_fn
+
+        def fetch(rows: torch.Tensor) -> Any:
+            return collate([ds[i] for i in rows.tolist()])
+
+        self._session = self._attach(model, optimizer, fetch, len(ds), loader.batch_size,
+                                     evaluate)
+        self._session.begin()
+
+    # -- the loop -----------------------------------------------------------------
+    def running(self, epochs: int = 1) -> bool:
+        """Whether to take another step: False once ``epochs`` passes over the data are
+        done, or the run stops (its target, its wall limit)."""
+        s = self._need()
+        if self._epochs is None:
+            if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+                raise UserError(f"loop.running(epochs=...) must be a positive int (got {epochs!r})")
+            self._epochs = epochs
+            s.tr.limit_epochs = epochs
+        elif epochs != self._epochs:
+            raise UserError("loop.running was given a different number of epochs")
+        if not s.over and s.g is not None and s.tr.finished(s.g.size):
+            s.close(final=True)
+        return not s.over
+
+    def step(self, loss_fn: Callable[[Any], torch.Tensor]) -> float:
+        """Take one global step: ``loss_fn(batch)`` on each of this rank's micro-batches
+        (``batch`` is what the ``collate_fn`` made of them), the gradients averaged over
+        the group, your optimizer applied. A lost rank is recovered inside the call.
+
+        Returns:
+            The mean of this rank's micro-batch losses in the committed step (NaN if
+            the run ended before it could commit one).
+        """
+        from trainthrough.engines.gloo.session import Retired
+
+        s = self._need()
+        replica = s.tr.replica
+        replica.loss_fn = loss_fn  # type: ignore[attr-defined]
+        replica.losses.clear()  # type: ignore[attr-defined]
+        if not s.step():
+            if s.retired:
+                raise Retired()
+            return float("nan")
+        # A rolled-back step computes its micro-batches again: the last attempt's count.
+        done = replica.losses[-len(s.tr.last_share):] if s.tr.last_share else []  # type: ignore[attr-defined]
+        return sum(done) / len(done) if done else float("nan")
+
+    # -- what a loop may read -------------------------------------------------------
+    @property
+    def ranks(self) -> int:
+        s = self._need()
+        return s.g.size if s.g is not None else 0
+
+    @property
+    def step_index(self) -> int:
+        return self._need().tr.logical
+
+    @property
+    def attempt(self) -> int:
+        return self._need().tr.attempt
+
+    @property
+    def epoch(self) -> int:
+        return self._need().tr.cursor.epoch
+
+    def _need(self) -> RankSession:
+        if self._session is None:
+            raise UserError("call loop.attach(model, optimizer, loader) first")
+        return self._session

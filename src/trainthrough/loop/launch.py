@@ -1,0 +1,134 @@
+"""Starting a user's loop on ranks: :func:`launch`, the driver's side.
+
+``launch`` is ``trainthrough run --paradigm dp --workload <file.py:train>`` from Python:
+the same config, the same run folder (config, metrics, events, summary), the same
+controller (:mod:`trainthrough.engines.gloo.controller`) with its recovery policies;
+only the program the ranks run is the user's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainthrough.config import CostModel, RunConfig
+from trainthrough.engines.callbacks import Callback
+from trainthrough.errors import UserError
+from trainthrough.loop.api import TrainingLoop
+
+
+@dataclass
+class LoopResult:
+    """What a launched loop did: the first rank's return value and the run's summary.
+
+    ``committed``: every committed step as ``[logical, attempt, members]``, which says
+    which ranks (group members) trained on each global batch.
+    """
+
+    returned: Any
+    summary: dict[str, Any]
+    out: Path
+    committed: list[list[Any]] = field(default_factory=list)
+
+    @property
+    def recoveries(self) -> list[dict[str, Any]]:
+        return list(self.summary.get("recoveries", []))
+
+    def __str__(self) -> str:
+        s = self.summary
+        recs = ", ".join(f"{r['action']} of {'+'.join(r['failed'])} at step {r['at_iteration']} "
+                         f"in {r['recovery_seconds']:.2f} s" for r in self.recoveries)
+        return (f"{s.get('failures', 0)} failure(s), {len(self.committed)} steps committed, "
+                f"{s.get('wall_seconds', 0.0):.1f} s; recoveries: {recs or 'none'}; "
+                f"returned {self.returned!r}; run folder {self.out}")
+
+
+class _Narrator(Callback):
+    """One line on stderr per evaluation and per failure, detection, recovery and join."""
+
+    WORDS = {"failure": "rank {ids} killed at step {iteration} ({phase_kind})",
+             "detection": "  detected in {detection_seconds:.3f} s; survivors {survivors}",
+             "recovery": "  recovered by {action} in {recovery_seconds:.2f} s",
+             "rank-joined": "  rank {slots} joined again in {join_seconds:.2f} s",
+             "restored": "  restarting from checkpoint step {step}"}
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        print(f"step {record['iteration']:>5}  {self.metric} {record['metric']:.4f}  "
+              f"({record['wall_seconds']:.1f} s)", file=sys.stderr, flush=True)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        words = self.WORDS.get(str(event.get("type")))
+        if words is not None:
+            try:
+                print(words.format(**event), file=sys.stderr, flush=True)
+            except (KeyError, ValueError):
+                print(f"  {event['type']}", file=sys.stderr, flush=True)
+
+
+def reference_of(train: TrainingLoop) -> str:
+    """How every rank imports ``train``: its file (a script) or its module.
+
+    Raises:
+        UserError: ``train`` is not marked, not defined at the top level of a module,
+            or has no file (``python -c``, a notebook cell).
+    """
+    if not isinstance(train, TrainingLoop):
+        raise UserError("launch() takes a function marked with @training_loop")
+    fn = train.fn
+    if "<locals>" in fn.__qualname__ or fn.__qualname__ != fn.__name__:
+        raise UserError(f"define {fn.__name__} at the top level of its file: every rank "
+                        "imports it from there")
+    module = sys.modules.get(fn.__module__)
+    if fn.__module__ != "__main__":
+        return f"{fn.__module__}:{fn.__name__}"
+    path = getattr(module, "__file__", None)
+    if not path:
+        raise UserError("the training loop has no file (python -c or a notebook): put it in "
+                        "a .py file, which every rank imports")
+    return f"{Path(path).resolve()}:{fn.__name__}"
+
+
+def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
+           fail: Sequence[str] = (), seed: int = 0, engine: str = "ray",
+           ray_address: str | None = None, out: str | Path | None = None,
+           replace: bool = True, recovery_delay: float = 2.0,
+           checkpoint_every: int | None = None, timeout: float = 5.0,
+           wall_limit: float | None = None, elastic: str = "keep-global",
+           progress: bool = True) -> LoopResult:
+    """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
+
+    Args:
+        ranks: data-parallel ranks (each a Ray actor, or a process with ``engine="gloo"``).
+        strategy: how a lost rank is recovered: ``rollback`` (redo the step on the
+            survivors), ``lossy-forward``, ``checkpoint-restart`` (``trainthrough list``).
+        fail: failures to inject, in the spec language of ``trainthrough run --fail``
+            (``rank=1@iter=30``: rank 1 is SIGKILLed at its 30th step).
+        engine: ``ray`` (local Ray, or the cluster at ``ray_address``) or ``gloo``.
+        replace: start a replacement for a lost rank ``recovery_delay`` seconds later; it
+            joins with a live peer's state (the group shrinks, then grows back).
+        timeout: the collective timeout in seconds (how long a hung rank can stall).
+        out: the run folder (default ``runs/loop-<time>``).
+
+    Raises:
+        UserError: a bad argument (one line says which).
+    """
+    from trainthrough.lab import runner
+
+    ref = reference_of(train)
+    folder = Path(out) if out is not None else Path("runs") / time.strftime("loop-%Y%m%d-%H%M%S")
+    cfg = RunConfig(workload=ref, paradigm="dp", engine=engine, ranks=ranks, strategy=strategy,
+                    failures=list(fail), seed=seed, ray_address=ray_address, replace=replace,
+                    recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
+                    elastic=elastic, wall_limit=wall_limit,
+                    cost=CostModel(timeout_seconds=timeout))
+    callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
+    summary = runner.run(cfg, folder, callbacks=callbacks)
+    extras = summary.get("extras", summary)
+    return LoopResult(extras.get("returned"), summary, folder, list(extras.get("committed", [])))

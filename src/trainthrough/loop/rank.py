@@ -1,0 +1,81 @@
+"""A rank process running a user's loop: import it by reference, hand it a :class:`Loop`.
+
+Started like any rank of the controller (``rank_main`` with ``spec["loop"]`` set: a
+local process, or a Ray actor). The user's function builds its model and calls
+``loop.attach``, which builds the replica (:class:`~trainthrough.dp.module_replica.ModuleReplica`),
+the :class:`~trainthrough.engines.gloo.trainer.Trainer` and the
+:class:`~trainthrough.engines.gloo.session.RankSession` of every rank process, and
+joins the run. The first rank's return value is posted to the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainthrough.config import RunConfig
+from trainthrough.dp.module_replica import Fetch, ModuleReplica
+from trainthrough.engines.gloo.protocol import RankSpec, post
+from trainthrough.engines.gloo.session import RankSession, Retired
+from trainthrough.engines.gloo.trainer import Trainer
+from trainthrough.errors import UserError
+from trainthrough.loop.api import Loop, TrainingLoop
+from trainthrough.workloads import reference
+
+
+def run_loop(spec: RankSpec, store: dist.Store) -> None:
+    """Run the user's ``train(loop)`` as rank ``spec["slot"]`` to its end."""
+    cfg = RunConfig.from_dict(spec["config"])
+    marked = reference.load(spec["loop"])
+    if not isinstance(marked, TrainingLoop):
+        raise UserError(f"{spec['loop']} is not marked with @training_loop")
+    slot = int(spec["slot"])
+
+    def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, fetch: Fetch,
+               samples: int, batch_size: int,
+               evaluate: Callable[[], float] | None) -> RankSession:
+        replica = ModuleReplica(slot, model, opt, fetch, cfg.seed)
+        tr = Trainer(cfg, slot, store, spec["orders"], spec["t0"], spec["checkpoint_url"],
+                     replica, samples, batch_size,
+                     cfg.checkpoint_every or marked.checkpoint_every,
+                     joining=spec["mode"] == "join")
+        tr.evaluate_here = _metrics(marked, replica, evaluate)
+        return RankSession(spec, store, tr)
+
+    loop = Loop(attach, slot)
+    try:
+        value = marked(loop)
+    except Retired:
+        value = None
+    if loop._session is None:
+        raise UserError(f"{spec['loop']} returned without calling loop.attach(...)")
+    session = loop._session
+    if not session.over and session.g is not None:
+        session.close(final=True)  # the loop ended on its own before its epochs were done
+    retired = session.retired
+    session.end()
+    if not retired and value is not None:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError):
+            raise UserError("train(loop) must return a JSON value (numbers, strings, "
+                            f"lists, dicts), not {type(value).__name__}") from None
+        post(store, {"type": "returned", "slot": slot, "value": json.loads(text)})
+
+
+def _metrics(marked: TrainingLoop, replica: ModuleReplica,
+             evaluate: Callable[[], float] | None) -> Callable[[], dict[str, float]]:
+    """What the first rank reports at an evaluation: the user's metric, or the mean
+    of its latest micro-batch losses."""
+    def metrics() -> dict[str, Any]:
+        recent = replica.losses[-8:]
+        loss = sum(recent) / len(recent) if recent else math.nan
+        metric = float(evaluate()) if evaluate is not None else loss
+        return {"metric": metric, "loss": loss}
+
+    return metrics
