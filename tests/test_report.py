@@ -69,6 +69,7 @@ def _write_run(suite: Path, run_id: str, rework: int | None, fail: bool = True) 
                    {"type": "recovery", "at_iteration": 20, "sim_seconds": 3.5,
                     "recovery_seconds": 1.5, "perturbation_norm": 3.0}]
     (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (d / "summary.json").write_text("{}\n")  # a complete run (readers skip the others)
 
 
 def _write_csv(suite: Path, rows: list[dict[str, Any]], fields: list[str] = FIELDS) -> None:

@@ -11,10 +11,13 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainthrough.config import FLOAT_TEXT, INT_TEXT, field_choices
-from trainthrough.errors import UserError
+from trainthrough.errors import Terminated, UserError, terminated
+
+if TYPE_CHECKING:
+    from trainthrough.config import RunConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,6 +99,14 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--baseline", action="store_true", default=None,
                    help="also run failure-free with the same seed and report rework cost")
     p.add_argument("--out", type=Path, help="run folder (default runs/<time>-<name>)")
+    reuse = p.add_mutually_exclusive_group()
+    reuse.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in --out: only the files a run writes "
+                            "and that run's own checkpoints go; other files stay")
+    reuse.add_argument("--resume", action="store_true",
+                       help="continue the interrupted or failed run in --out from its newest "
+                            "checkpoint, as recorded in its config.toml (other options must "
+                            "match it; engines: sim)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -122,13 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from trainthrough.config import FLAG_FIELDS, RunConfig
-    from trainthrough.lab.progress import RunProgress, console, make_progress
-    from trainthrough.lab.runner import run
+def _overrides(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
+    """The config fields the command line sets, on top of ``cfg``."""
+    from trainthrough.config import FLAG_FIELDS
     from trainthrough.workloads.options import parse_option
 
-    cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
     over = {k: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
     if args.fail is not None:
         over["failures"] = args.fail
@@ -136,12 +145,66 @@ def _cmd_run(args: argparse.Namespace) -> int:
         workload = over.get("workload", cfg.workload)
         over["workload_options"] = {**cfg.workload_options, **{
             k: parse_option(workload, k, v) for k, v in args.option}}
-    cfg = replace(cfg, **over)
+    return over
+
+
+def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
+    """The recorded config and id of the run ``--resume`` continues.
+
+    Raises:
+        UserError: no ``--out``, a ``--config``, an option that differs from the
+            recorded config, or nothing to resume in ``--out`` (lab/run_folder.py).
+    """
+    from trainthrough.config import flag_label
+    from trainthrough.lab.run_folder import resume_point
+    from trainthrough.lab.runner import resolve_defaults
+
+    if args.out is None:
+        raise UserError("--resume needs --out, the folder of the run to continue")
+    if args.config is not None:
+        raise UserError(f"--resume reads {args.out / 'config.toml'}; drop --config")
+    point = resume_point(args.out)
+    recorded = point.config
+    over = _overrides(args, recorded)
+    if over:
+        asked = replace(resolve_defaults(replace(recorded, **over))[0],
+                        checkpoint_dir=over.get("checkpoint_dir", recorded.checkpoint_dir))
+        mine, theirs = asked.to_dict(), recorded.to_dict()
+        for k in sorted(set(mine) | set(theirs)):
+            if mine.get(k) != theirs.get(k):
+                raise UserError(
+                    f"--resume continues the run as recorded in {args.out / 'config.toml'}, "
+                    f"where {flag_label(k)} is {theirs.get(k)!r}, not {mine.get(k)!r}; drop "
+                    "the option, or start a new run (--overwrite)")
+    return recorded, point.run_id
+
+
+def _slug(name: str) -> str:
+    """``name`` as one folder-name part: a reference by its file or module name
+    (``examples/my_model.py:build`` -> ``my_model``), path separators replaced."""
+    where, colon, _ = name.rpartition(":")
+    if colon and where:
+        name = Path(where).stem if where.endswith(".py") else where.rpartition(".")[2]
+    return name.replace("/", "-").replace(":", "-").replace(" ", "-") or "run"
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from trainthrough.config import RunConfig
+    from trainthrough.lab.progress import RunProgress, console, make_progress
+    from trainthrough.lab.runner import run
+
+    run_id = None
+    if args.resume:
+        cfg, run_id = _resume_config(args)
+    else:
+        cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
+        cfg = replace(cfg, **_overrides(args, cfg))
     cfg.validate()
-    out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.workload}-{cfg.strategy}"
+    out = args.out = args.out or Path("runs") / (
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(cfg.workload)}-{_slug(cfg.strategy)}")
     with make_progress(args.quiet) as progress:
         bar = RunProgress(progress, f"{cfg.workload}/{cfg.strategy}", cfg.max_iterations or 1000)
-        s = run(cfg, out, [bar])
+        s = run(cfg, out, [bar], run_id=run_id, overwrite=args.overwrite, resume=args.resume)
     if not args.quiet:
         rework = s.get("rework_iterations")
         console.print(
@@ -198,17 +261,31 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so every ``finally`` (actors, Ray, rank
-    processes, the run folder) runs as it does for Ctrl-C."""
-
-
 _TERMINATED: list[bool] = []  # set by the handler: Ray may re-raise it as KeyboardInterrupt
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     _TERMINATED.append(True)
-    raise _Terminated()
+    raise Terminated()
+
+
+def _left_behind(args: argparse.Namespace | None) -> str:
+    """What an interrupted command left on disk, as its folder says."""
+    if args is None or args.command == "list":
+        return "nothing was written"
+    if args.command == "compare":
+        return "the suite folder has no report"
+    import json
+
+    out = args.out
+    try:  # plain reading: the interruption may have come in the middle of an import
+        state = json.loads((out / "status.json").read_text()).get("state") if out else None
+    except (OSError, ValueError, AttributeError):
+        state = None
+    if state != "interrupted":
+        return "no run folder was written"
+    return (f"{out} is marked interrupted (no summary.json); "
+            f"`trainthrough run --out {out} --resume` continues it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+    args = None
     try:
         args = build_parser().parse_args(argv)
         if args.command == "run":
@@ -237,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt as e:
-        term = isinstance(e, _Terminated) or bool(_TERMINATED)
+        term = terminated(e) or bool(_TERMINATED)
         how = "terminated" if term else "interrupted"
-        print(f"trainthrough: {how}; the run folder has no summary.json", file=sys.stderr)
+        print(f"trainthrough: {how}; {_left_behind(args)}", file=sys.stderr)
         return 143 if term else 130
 
 

@@ -17,3 +17,22 @@ class UserError(Exception):
 
 class CheckpointCorrupt(UserError):
     """A checkpoint failed verification (missing file, bad checksum, truncated)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by the CLI's handler so that every ``finally``
+    (actors, Ray, rank processes, the run folder) runs as it does for Ctrl-C; the run
+    folder records which of the two ended the run."""
+
+
+def terminated(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised while handling, a :class:`Terminated` (Ray may
+    re-raise it as a plain ``KeyboardInterrupt``)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, Terminated):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False

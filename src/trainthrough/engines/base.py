@@ -16,8 +16,12 @@ Call order for one run (as torch DCP's ``StorageWriter`` numbers its calls):
 3. ``factory(ctx)`` builds the engine (the ``ENGINE`` entry of its package). It may
    raise :class:`~trainthrough.errors.UserError` for sizes it cannot host; it starts
    no process yet.
-4. ``engine.run()`` starts what it needs, calls ``ctx.callback.before_run`` once,
-   trains, delivers the failures of ``ctx.schedule(sizes)``, recovers through the
+4. ``engine.run()`` starts what it needs, calls ``ctx.callback.before_run`` once;
+   if ``ctx.resume`` (``--resume``), it then loads the newest valid checkpoint of
+   ``ctx.checkpoint_url`` through its own restore path (the one recovery uses) instead
+   of starting from ``x0``, and calls :meth:`RunContext.resumed` once with its step
+   (an engine that cannot resume does not claim ``resume`` in its capabilities and is
+   refused at 1); it then trains, delivers the failures of ``ctx.schedule(sizes)``, recovers through the
    strategy's policies, evaluates only through ``ctx.evaluate`` (which also applies
    the target test), emits events through ``ctx.emit``, and returns ``ctx.result``
    filled in. Everything it started is released before ``run`` returns or raises.
@@ -33,8 +37,10 @@ from typing import Any, Protocol
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.result import Limits, RunResult
+from trainthrough.errors import UserError
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import FailureSpec, validate
+from trainthrough.ft.checkpointer import Checkpointer
 from trainthrough.ft.strategy import Strategy
 from trainthrough.workloads.base import Params, Workload
 
@@ -58,6 +64,9 @@ class RunContext:
     checkpoint_url: str
     result: RunResult
     engine: str
+    #: start from the newest valid checkpoint in ``checkpoint_url``, not from ``x0``
+    #: (the run's earlier, interrupted part wrote it; see :meth:`resumed`)
+    resume: bool = False
     clock: Callable[[], float] = field(default=time.perf_counter)
     _t0: float = field(default_factory=time.perf_counter)
 
@@ -69,6 +78,33 @@ class RunContext:
         """
         validate(self.specs, sizes)
         return FailureSchedule(self.specs, sizes, self.cfg.seed)
+
+    def resumed(self, step: int | None, schedule: FailureSchedule, checkpointer: Checkpointer,
+                sim_seconds: float | None = None) -> int:
+        """The engine restored checkpoint ``step`` to resume the run (``self.resume``).
+
+        The run goes on from logical (and executed) iteration ``step``: failures whose
+        iteration trigger is at or before it were delivered in the earlier part and do
+        not fire again (time triggers count from the resumption, as the clock does);
+        the checkpoint policy is not asked again about iterations up to ``step``. A
+        ``resumed`` event marks the point in ``events.jsonl``; the summary records it
+        (``resumed_from``).
+
+        Returns:
+            ``step``.
+
+        Raises:
+            UserError: ``step`` is None: no checkpoint of the run could be loaded.
+        """
+        if step is None:
+            raise UserError(f"--resume: no valid checkpoint in {self.checkpoint_url} "
+                            "(each was missing or corrupt); add --overwrite to run it again")
+        schedule.skip_through(step)
+        checkpointer.resume_at(step)
+        self.result.extras["resumed_from"] = step
+        self.emit({"type": "resumed", "iteration": step, "logical_iteration": step},
+                  sim_seconds=sim_seconds)
+        return step
 
     def start_clock(self) -> None:
         """Wall seconds count from now (real engines: when training starts, after

@@ -33,12 +33,15 @@ class Capabilities:
     phases: frozenset[str]  # "" (between steps) and named points; allreduce means allreduce:K
     modes: frozenset[str] = field(default_factory=lambda: frozenset({"crash"}))
     replica_position: bool = False  # failure specs may name a chain position (replica=)
+    resume: bool = False  # starts a run from its newest checkpoint (``--resume``)
 
 
-def caps(replica_position: bool = False, **kw: tuple[str, ...]) -> Capabilities:
+def caps(replica_position: bool = False, resume: bool = False,
+         **kw: tuple[str, ...]) -> Capabilities:
     """Build :class:`Capabilities` from plain tuples (declaration sites stay short)."""
     sets = {k: frozenset(v) for k, v in kw.items()}
-    return Capabilities(replica_position=replica_position, **sets)  # type: ignore[arg-type]
+    return Capabilities(replica_position=replica_position, resume=resume,  # type: ignore[arg-type]
+                        **sets)
 
 
 def _phase_key(phase: str | None) -> str:

@@ -139,6 +139,15 @@ class FailureSchedule:
         self.fired.extend(fire)
         return fire
 
+    def skip_through(self, iteration: int) -> list[FailureEvent]:
+        """Drop (and return) every event whose iteration trigger is at or before
+        ``iteration``, whatever its phase: a resumed run delivered them before."""
+        skipped = []
+        for st in self._streams:
+            while (e := st.head) is not None and e.at_iter is not None and e.at_iter <= iteration:
+                skipped.append(st.pop())
+        return skipped
+
     def next_time(self) -> float | None:
         """The earliest pending time trigger (engines use it to cut idle waits)."""
         times = [st.head.at_time for st in self._streams

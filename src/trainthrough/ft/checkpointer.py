@@ -7,7 +7,8 @@ save itself (blocking, or a snapshot plus a background write). The bytes, the pa
 (tensor data), the seconds training was blocked, and one ``checkpoint`` event per save
 are counted here and nowhere else.
 
-Call order: :meth:`Checkpointer.after_iteration` after every (logical) iteration, and
+Call order: :meth:`Checkpointer.resume_at` once if the run resumes from a checkpoint,
+then :meth:`Checkpointer.after_iteration` after every (logical) iteration, and
 :meth:`Checkpointer.rewind` when recovery rolls the iteration back; the backend calls
 ``done`` once the save exists (at once, or later for a background write).
 """
@@ -55,6 +56,11 @@ class Checkpointer:
         """Recovery rolled the run back to ``iteration``: iterations after it are run
         (and decided about) again."""
         self._last = min(self._last, iteration)
+
+    def resume_at(self, iteration: int) -> None:
+        """The run resumes from its checkpoint of ``iteration``: the policy was asked
+        about every iteration up to it before the run was interrupted."""
+        self._last = iteration
 
     def after_iteration(self, iteration: int) -> None:
         """Ask the policy about every iteration since the last call (real engines observe

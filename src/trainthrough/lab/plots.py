@@ -31,6 +31,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from trainthrough.lab.recorder import complete  # noqa: E402
+
 FIGSIZE = (8.0, 4.5)
 DPI = 110
 _X_LABELS = {"iteration": "iteration (executed)", "sim_seconds": "simulated seconds",
@@ -100,10 +102,12 @@ def read_jsonl_tolerant(path: Path) -> list[dict[str, Any]] | None:
 
 def _pick_run(suite_dir: Path, runs: list[dict[str, Any]]
               ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """The run to draw for one strategy: the median-rework seed among those with a
-    metrics file, or the lowest seed when none reached the target."""
+    """The run to draw for one strategy: the median-rework seed among the complete runs
+    (a folder without summary.json is half a run), or the lowest seed when none
+    reached the target."""
     have = [(r, m) for r in runs
-            if (m := read_jsonl_tolerant(suite_dir / "runs" / str(r.get("run_id")) / "metrics.jsonl"))]
+            if complete(folder := suite_dir / "runs" / str(r.get("run_id")))
+            and (m := read_jsonl_tolerant(folder / "metrics.jsonl"))]
     reworked = sorted((p for p in have if _num(p[0].get("rework_iterations")) is not None),
                       key=lambda p: (p[0]["rework_iterations"], str(p[0].get("seed"))))
     if reworked:

@@ -9,6 +9,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from trainthrough.lab.plots import DPI, FIGSIZE, strategy_colors
+from trainthrough.lab.recorder import complete
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -31,10 +32,10 @@ def plot_accuracy_vs_time(suite_dir: Path, rows: list[dict[str, Any]], out: Path
         ax = fig.subplots()
         drawn: set[str] = set()
         for r in [r for r in rows if r["scenario"] == scen]:
-            if r["strategy"] in drawn:
+            run = suite_dir / "runs" / r["run_id"]
+            if r["strategy"] in drawn or not complete(run):  # half a run is not drawn
                 continue
             drawn.add(r["strategy"])
-            run = suite_dir / "runs" / r["run_id"]
             m = _jsonl(run / "metrics.jsonl")
             ax.plot([x["wall_seconds"] for x in m], [x["metric"] for x in m],
                     color=colors[r["strategy"]], label=r["strategy"], lw=1.4)

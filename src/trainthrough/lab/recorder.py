@@ -1,7 +1,17 @@
-"""The run folder: ``config.toml``, ``metrics.jsonl``, ``events.jsonl``, ``summary.json``.
+"""The run folder as a run writes it: ``status.json``, ``config.toml``, ``metrics.jsonl``,
+``events.jsonl``, ``summary.json``.
 
-``summary.json`` is written last and atomically, so its presence means the run
-finished; a folder without it is an interrupted run and tools treat it so.
+``status.json`` is written first (``running``) and again when the run ends
+(``complete``, ``failed`` or ``interrupted``, with the reason), each time atomically
+(temp file, then rename), so a reader never sees half of it. ``summary.json`` is written
+only for a run that finished, last and atomically, and before the status says
+``complete``: its presence is what makes a folder a complete run, whatever the status
+says (a run killed between the two renames is still complete). A run killed with
+SIGKILL cannot update its status: it stays ``running``, with the pid of a process that
+is gone (:mod:`trainthrough.lab.run_folder` reads it so).
+
+A resumed run (``--resume``) appends to the logs it finds; the engine's ``resumed``
+event marks where the second part begins.
 """
 
 from __future__ import annotations
@@ -9,10 +19,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from trainthrough.engines.callbacks import Callback
+
+STATUS = "status.json"
+SUMMARY = "summary.json"
+#: Every name a run writes in its folder (``--overwrite`` removes these and no other).
+RUN_FILES = ("config.toml", "metrics.jsonl", "events.jsonl", SUMMARY, STATUS)
+#: The temp names the atomic writes go through (left behind by a kill mid-write).
+TEMP_FILES = (f"{SUMMARY}.tmp", f"{STATUS}.tmp")
 
 
 def _clean(v: Any) -> Any:
@@ -26,18 +45,68 @@ def _clean(v: Any) -> Any:
     return v
 
 
-class RunRecorder(Callback):
-    """Writes one run folder as the run goes."""
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
-    def __init__(self, out: Path, config_toml: str) -> None:
-        self.out = out
+
+def write_status(out: Path, state: str, run_id: str, reason: str | None = None) -> None:
+    """Write ``out/status.json`` atomically.
+
+    Args:
+        state: ``running``, ``complete``, ``failed`` or ``interrupted``.
+        run_id: the run's id (its checkpoints live under ``<checkpoint dir>/run-<id>/``).
+        reason: why a run failed or was interrupted (one line).
+    """
+    doc = {"state": state, "reason": reason, "run_id": run_id,
+           "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "pid": os.getpid(), "host": socket.gethostname()}
+    _write_atomic(out / STATUS, json.dumps(doc, indent=2) + "\n")
+
+
+def _open_log(path: Path, append: bool) -> TextIO:
+    """A log opened for writing; appending after a line torn by a kill starts a new line,
+    so the torn one stays a single unreadable line that tolerant readers skip."""
+    if append and path.is_file() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
+        log = open(path, "a")  # noqa: SIM115
+        if torn:
+            log.write("\n")
+        return log
+    return open(path, "a" if append else "w")  # noqa: SIM115
+
+
+class RunRecorder(Callback):
+    """Writes one run folder as the run goes.
+
+    Call order: construct (status ``running``, then the config and empty logs), the
+    hooks as the run goes, then either :meth:`write_summary` (the run finished) or
+    :meth:`mark` (it failed or was interrupted), then :meth:`close`.
+    """
+
+    def __init__(self, out: Path, config_toml: str, run_id: str, append: bool = False) -> None:
+        """Args:
+            out: the run folder (created if missing).
+            config_toml: the resolved configuration; a resumed run (``append``) keeps
+                the recorded one.
+            run_id: the run's id, recorded in ``status.json``.
+            append: continue the logs of an earlier, incomplete run of this folder.
+        """
+        self.out, self.run_id = out, run_id
+        self.finished = False  # summary.json is written: the run is complete
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.toml").write_text(config_toml)
-        self._metrics: TextIO = open(out / "metrics.jsonl", "w")  # noqa: SIM115
-        self._events: TextIO = open(out / "events.jsonl", "w")  # noqa: SIM115
+        write_status(out, "running", run_id)  # first: nothing here looks finished
+        if not append:
+            (out / "config.toml").write_text(config_toml)
+        self._metrics = _open_log(out / "metrics.jsonl", append)
+        self._events = _open_log(out / "events.jsonl", append)
 
     def after_eval(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(_clean(record)) + "\n")
+        self._metrics.flush()  # a run killed later keeps its curve up to here
 
     def on_event(self, event: dict[str, Any]) -> None:
         self._events.write(json.dumps(_clean(event)) + "\n")
@@ -48,11 +117,23 @@ class RunRecorder(Callback):
         self._events.close()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        """Close the logs, then write ``summary.json`` atomically (last)."""
+        """Close the logs, write ``summary.json`` atomically (last of the run's files),
+        then mark the status ``complete``."""
         self.close()
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.out / "summary.json")
+        _write_atomic(self.out / SUMMARY,
+                      json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n")
+        self.finished = True
+        write_status(self.out, "complete", self.run_id)
+
+    def mark(self, state: str, reason: str) -> None:
+        """The run ended without a summary: close the logs, record ``state`` and why."""
+        self.close()
+        write_status(self.out, state, self.run_id, reason)
+
+
+def complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished run; readers leave the others out, or say so."""
+    return (folder / SUMMARY).is_file()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from trainthrough.errors import UserError
 from trainthrough.lab.plots import curves_filename, plot_metric_curves, plot_rework_bars
+from trainthrough.lab.recorder import complete
 
 _TEXT = frozenset({"run_id", "workload", "strategy", "fail", "metric_name", "direction",
                    "engine", "spec"})
@@ -216,9 +217,9 @@ def _auto_notes(suite_dir: Path, rows: list[dict[str, Any]], baseline: str) -> l
     if not rows:
         notes.append("results.csv holds no runs.")
     missing = [str(r.get("run_id")) for r in rows
-               if not (suite_dir / "runs" / str(r.get("run_id")) / "metrics.jsonl").is_file()]
+               if not complete(suite_dir / "runs" / str(r.get("run_id")))]
     if missing:
-        notes.append(f"{len(missing)} run folder(s) missing or without metrics.jsonl, "
+        notes.append(f"{len(missing)} run folder(s) missing or incomplete (no summary.json), "
                      f"left out of the curves: {', '.join(missing)}.")
     failed = sum(r.get("rework_iterations") is None for r in rows)
     if failed:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,14 +18,15 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.engines.base import Engine, RunContext
 from trainthrough.engines.callbacks import Callback, Callbacks
-from trainthrough.engines.registry import canonical, entry
+from trainthrough.engines.registry import canonical, check_resumable, entry
 from trainthrough.engines.result import limits, new_result
-from trainthrough.errors import UserError
+from trainthrough.errors import UserError, terminated
 from trainthrough.faults.spec import parse
 from trainthrough.ft.checkpoint import new_run_id, run_location
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
+from trainthrough.lab.run_folder import check_out, clear, require_checkpoint
 from trainthrough.workloads import Workload, make_workload
 from trainthrough.workloads.reference import absolute
 
@@ -45,18 +45,21 @@ def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
 
 
 def build_engine(cfg: RunConfig, workload: Workload, callback: Callback,
-                 checkpoint_url: str) -> Engine:
+                 checkpoint_url: str, resume: bool = False) -> Engine:
     """Build the run context once and hand it to the configured engine.
 
     ``cfg`` must already be resolved (:func:`resolve_defaults`): nothing downstream
-    re-resolves the strategy or re-parses the failure specs.
+    re-resolves the strategy or re-parses the failure specs. With ``resume`` the engine
+    starts from the newest valid checkpoint in ``checkpoint_url`` instead of ``x0``
+    (the engine must claim it: :func:`~trainthrough.engines.registry.check_resumable`).
     """
     engine, lim = canonical(cfg.engine), limits(cfg, workload)
     ctx = RunContext(cfg=cfg, workload=workload, strategy=resolve(cfg.strategy),
                      specs=parse(cfg.failures), limits=lim, callback=callback,
                      checkpoint_url=checkpoint_url,
-                     result=new_result(cfg, workload, engine, lim.target), engine=engine)
-    module, _, name = entry(engine).factory.partition(":")
+                     result=new_result(cfg, workload, engine, lim.target), engine=engine,
+                     resume=resume)
+    module, _, name = entry(engine).factory_for(cfg.paradigm).partition(":")
     factory = getattr(importlib.import_module(module), name)
     return factory(ctx)  # type: ignore[no-any-return]
 
@@ -124,57 +127,57 @@ def run_baseline(cfg: RunConfig) -> dict[str, Any]:
             "fit_points": fit.points if fit else 0, "fit_r2": fit.r2 if fit else None}
 
 
-def _check_out(out: Path) -> None:
-    """``out`` must be a new or empty folder that can be created where it is.
-
-    Raises:
-        UserError: ``out`` is a file, lies under a file, is in use, or cannot be created.
-    """
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a folder; choose another --out")
-    try:
-        if out.is_dir() and any(out.iterdir()):
-            raise UserError(f"run folder {out} already exists and is not empty; "
-                            "choose another --out or remove it")
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot read the folder ({e.strerror})") from None
-    # The nearest existing ancestor decides whether the folder can be made at all.
-    base = next((p for p in out.absolute().parents if p.exists()), None)
-    if base is not None and not base.is_dir():
-        raise UserError(f"--out {out} lies under {base}, which is a file; choose another --out")
-    if base is not None and not out.exists() and not os.access(base, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out}: no permission to create folders in {base}")
-
-
 def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
-        baseline: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
+        baseline: dict[str, Any] | None = None, run_id: str | None = None,
+        overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` and write its folder ``out``; return the summary.
 
     The run's checkpoints go to ``<checkpoint dir>/run-<run id>/``: runs sharing a
     checkpoint folder never list, load or prune each other's checkpoints. The id is
-    in ``summary.json`` (``run_id``, ``checkpoint_url``).
+    in ``summary.json`` (``run_id``, ``checkpoint_url``) and ``status.json``.
+
+    The folder says at every moment what it holds (lab/recorder.py): ``status.json``
+    is ``running`` from the start, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``
+    (any error, with its reason) if the run ends early, and ``summary.json`` exists
+    only once it finished.
 
     Args:
-        cfg: the configuration (validated here).
-        out: the run folder; must not exist or be empty.
+        cfg: the configuration (validated here); with ``resume``, the recorded one.
+        out: the run folder; must not exist or be empty, unless ``overwrite`` or
+            ``resume`` (rules: :mod:`trainthrough.lab.run_folder`).
         callbacks: extra hooks (progress bars, live plots).
         baseline: what :func:`run_baseline` returned for this config, when the caller
             already has it (suites share one per seed); otherwise computed here if
             ``cfg.baseline`` is set.
         run_id: the run's identity; a fresh one by default. A resumed run passes the
             id it had, to find its own checkpoints again.
+        overwrite: replace the run already in ``out`` (only the files a run writes).
+        resume: continue the incomplete run in ``out`` from its newest valid
+            checkpoint (its id: ``run_id``, else the one ``out`` records); its logs
+            are appended to.
 
     Raises:
-        UserError: invalid configuration or an ``out`` folder already in use.
+        UserError: invalid configuration, an ``out`` folder already in use, or a run
+            that cannot be resumed (see :func:`~trainthrough.lab.run_folder.check_out`
+            and :func:`~trainthrough.engines.registry.check_resumable`).
     """
     cfg.validate()
-    _check_out(out)
+    if overwrite and resume:
+        raise UserError("--overwrite and --resume exclude each other: replace the run, "
+                        "or continue it")
+    if resume:
+        check_resumable(cfg.engine, cfg.paradigm, resolve(cfg.strategy))
+    previous = check_out(out, overwrite=overwrite, resume=resume)
+    if resume and previous is not None:
+        run_id = run_id or previous.run_id
     base = cfg.checkpoint_dir or str(out / "checkpoints")
     run_id = run_id or new_run_id()
     try:
         url = run_location(base, run_id)
     except ValueError as e:
         raise UserError(str(e)) from None
+    if resume:
+        require_checkpoint(out, url)
     # In memory, checkpoints outlive the run only as a leak (suites run hundreds): what
     # the run created goes when it ends (the folder if new, else its own location).
     drop = None
@@ -187,8 +190,10 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     try:
         # Build before touching the disk: bad sizes or ids fail without a folder.
         holder = Callbacks(list(callbacks or []))
-        engine = build_engine(resolved, workload, holder, url)
-        recorder = RunRecorder(out, resolved.to_toml())
+        engine = build_engine(resolved, workload, holder, url, resume=resume)
+        if previous is not None and overwrite:
+            clear(previous)
+        recorder = RunRecorder(out, resolved.to_toml(), run_id, append=resume)
         holder.items.insert(0, recorder)
         summary = engine.run().to_dict()
         summary.update(run_id=run_id, checkpoint_url=url)
@@ -198,11 +203,25 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         recorder.write_summary(summary)
         holder.after_run(summary)
         return summary
+    except KeyboardInterrupt as e:
+        if recorder is not None and not recorder.finished:
+            recorder.mark("interrupted", "terminated (SIGTERM)" if terminated(e)
+                          else "interrupted (SIGINT, Ctrl-C)")
+        raise
+    except BaseException as e:
+        if recorder is not None and not recorder.finished:
+            recorder.mark("failed", _reason(e))
+        raise
     finally:
         if recorder is not None:
             recorder.close()
         if drop is not None:
             _drop_memory_location(drop)
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def add_rework(summary: dict[str, Any], baseline: dict[str, Any] | None) -> None:

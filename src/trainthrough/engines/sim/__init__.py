@@ -12,10 +12,10 @@ CAPABILITIES = {
     "ps": caps(consistency=("bsp", "ssp"), checkpoint=("none", "full", "prioritized"),
                persist=("sync", "async"), recovery=("reinit", "rollback-all", "restore-lost"),
                replication=("none",), outage=("wait",), targets=("shard", "worker"),
-               triggers=_TRIGGERS, phases=("", "recovery")),
+               triggers=_TRIGGERS, phases=("", "recovery"), resume=True),
     "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync", "async"),
                recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
                replication=("none",), outage=("wait",), targets=("rank",), triggers=_TRIGGERS,
                phases=("", "forward", "backward", "allreduce", "update", "recovery"),
-               modes=("crash", "hang")),
+               modes=("crash", "hang"), resume=True),
 }

@@ -62,7 +62,7 @@ class SimDPEngine:
         x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
         self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic)
-        schedule = ctx.schedule({"rank": cfg.ranks})
+        self.schedule = schedule = ctx.schedule({"rank": cfg.ranks})
         check_points(ctx.specs, len(self.g.buckets), CAPABILITIES["dp"].phases, "sim")
         self.clock = VirtualClock()
         self.costs = Costs(cfg.cost, workload.step_seconds)
@@ -102,6 +102,8 @@ class SimDPEngine:
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
         self.cb.before_run(self.cfg.to_dict())
+        if self.ctx.resume:
+            self._resume()
         done = self._evaluate()
         while not done and self.executed < self.max_iter:
             self.ckpt.persist.flush_due()
@@ -119,6 +121,17 @@ class SimDPEngine:
         if self.executed % self.eval_every and not done:
             self._evaluate()
         return self._finish()
+
+    def _resume(self) -> None:
+        """Start from the run's newest checkpoint, as a checkpoint-restart does: every
+        rank relaunched from the save, at its data cursor."""
+        r = self.ckpt.restore(lambda msg: self._emit({"type": "checkpoint-corrupt",
+                                                      "message": msg}))
+        if r is not None:
+            self.g.reset(r.tensors, r.cursor)
+        self.executed = self.logical = self.ctx.resumed(
+            r.step if r is not None else None, self.schedule, self.ckpt.checkpointer,
+            sim_seconds=self.clock.now)
 
     def _attempt(self) -> bool | None:
         """One step on the live group: whether it was committed, None if a failure

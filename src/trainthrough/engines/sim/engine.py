@@ -8,6 +8,8 @@ slowest. Either way the iteration count is the number of completed clocks.
 
 Failures are delivered at iteration boundaries (``@iter``) or when the virtual
 clock passes their time (``@time``); recovery is delegated to :class:`SimRecovery`.
+A resumed run (``ctx.resume``) starts from the checkpoint that recovery's restore
+finds, with every worker restarted.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ class SimEngine:
         self.cb.before_run(self.cfg.to_dict())
         step: Callable[[int], int] = self._bsp_step if self.cfg.consistency == "bsp" \
             else self._ssp_step
-        executed, logical = 0, 0
-        done = self._evaluate(0, 0)
+        executed = logical = self._resume() if self.ctx.resume else 0
+        done = self._evaluate(executed, logical)
         while not done and executed < self.max_iter:
             self.checkpointer.flush_due()
             logical, rec, undone = self.recovery.deliver(executed, logical)
@@ -118,6 +120,18 @@ class SimEngine:
         r.sim_seconds = self.clock.now
         r.wall_seconds = time.perf_counter() - self._wall0
         return r
+
+    def _resume(self) -> int:
+        """Start from the run's newest checkpoint: the recovery path's restore of every
+        shard (onto one common step), and every worker restarted from it."""
+        c = self.cluster
+        step = self.checkpointer.restore(
+            list(range(len(c.shards))),
+            lambda msg: self._emit({"type": "checkpoint-corrupt", "message": msg}))
+        for i in range(len(c.workers)):
+            c.restart_worker(i)
+        return self.ctx.resumed(step, self.schedule, self.checkpointer.checkpointer,
+                                sim_seconds=self.clock.now)
 
     def _bsp_step(self, logical: int) -> int:
         """The shared parameter-server round (ps/round.py), hosted in process."""

@@ -14,13 +14,16 @@ from typing import Any
 
 from trainthrough.lab import perf_model as pm
 from trainthrough.lab.plots import read_jsonl_tolerant
+from trainthrough.lab.recorder import complete
 
 Row = dict[str, Any]
 
 
 def _accuracy(suite_dir: Path, row: Row) -> float | None:
-    """Test accuracy at the run's last evaluation (mlr: its test_accuracy extra)."""
-    recs = read_jsonl_tolerant(suite_dir / "runs" / str(row["run_id"]) / "metrics.jsonl")
+    """Test accuracy at the run's last evaluation (mlr: its test_accuracy extra); None
+    for an incomplete run (no summary.json: its last evaluation is not the run's)."""
+    folder = suite_dir / "runs" / str(row["run_id"])
+    recs = read_jsonl_tolerant(folder / "metrics.jsonl") if complete(folder) else None
     if not recs:
         return None
     last = recs[-1]

@@ -1,0 +1,264 @@
+"""Reading a run folder: is there a run in it, in what state, and may it be reused.
+
+A folder holds a run if the project wrote one there: ``status.json``, or (folders from
+before it existed) ``config.toml`` with a log or a summary. The run is complete if and
+only if ``summary.json`` exists (written last, atomically: lab/recorder.py); otherwise
+``status.json`` says how far it got. A ``running`` status whose process is gone (same
+host, pid no longer alive) is a run that was killed without a word (SIGKILL, power).
+
+Reuse rules, for ``trainthrough run --out DIR``:
+
+- an empty or missing folder is used as is;
+- a folder holding a run is refused unless ``--overwrite`` (replace it) or ``--resume``
+  (continue it) is given; a run still running is refused either way;
+- a non-empty folder that holds no run is refused, even with ``--overwrite``: its files
+  are not the project's to delete.
+
+``--overwrite`` removes only what a run writes: the names in
+:data:`~trainthrough.lab.recorder.RUN_FILES` and their temp files, and the old run's
+checkpoints in its own location ``<checkpoint dir>/run-<id>/`` (checkpoint folders
+only; the location and a default ``checkpoints/`` folder go if that leaves them empty).
+Any other file in the folder, or in the checkpoint folder, stays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainthrough.config import RunConfig
+from trainthrough.errors import UserError
+from trainthrough.ft.checkpoint import run_location
+from trainthrough.ft.checkpoint.manifest import MANIFEST
+from trainthrough.lab.recorder import RUN_FILES, STATUS, SUMMARY, TEMP_FILES
+
+# A checkpoint folder as the store names it (``<tag>-<step>``) or its writer's temp folder.
+_CHECKPOINT_DIR = re.compile(r"^[A-Za-z0-9_-]+-[0-9]+(\.tmp-[0-9a-f]+)?$")
+
+
+@dataclass(frozen=True)
+class FolderRun:
+    """The run a folder holds, as far as its files tell."""
+
+    folder: Path
+    state: str  # complete, running, failed, interrupted, or unknown (no status.json)
+    reason: str | None
+    run_id: str | None
+    alive: bool  # a ``running`` status whose process still exists on this host
+    pid: int | None = None  # the process that wrote the status
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "complete"
+
+    def describe(self) -> str:
+        """The run's state in a few words (for one-line messages)."""
+        if self.complete:
+            return "a complete run"
+        if self.alive:
+            return (f"a run that is still running (pid {self.pid}; if that process is not "
+                    f"trainthrough, delete {self.folder / STATUS})")
+        if self.state == "running":
+            return "an incomplete run (its process ended without a word: killed?)"
+        why = f" ({self.reason})" if self.reason else ""
+        return {"failed": f"a failed run{why}", "interrupted": f"an interrupted run{why}"}.get(
+            self.state, "an incomplete run (no summary.json)")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _alive(status: dict[str, Any]) -> bool:
+    pid = status.get("pid")
+    if status.get("state") != "running" or status.get("host") != socket.gethostname() \
+            or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def inspect(folder: Path) -> FolderRun | None:
+    """The run ``folder`` holds, or None if it holds none (missing, empty, or not a run)."""
+    status = _read_json(folder / STATUS)
+    summary = folder / SUMMARY
+    if not status and not ((folder / "config.toml").is_file() and any(
+            (folder / n).is_file() for n in ("metrics.jsonl", "events.jsonl", SUMMARY))):
+        return None
+    run_id = status.get("run_id")
+    if summary.is_file():
+        run_id = run_id or _read_json(summary).get("run_id")
+        return FolderRun(folder, "complete", None, run_id, False)
+    recorded = status.get("state")
+    state = recorded if recorded in ("running", "failed", "interrupted") else "unknown"
+    pid = status.get("pid")
+    return FolderRun(folder, state, status.get("reason"), run_id, _alive(status),
+                     pid if isinstance(pid, int) else None)
+
+
+def check_out(out: Path, overwrite: bool = False, resume: bool = False) -> FolderRun | None:
+    """Check that a run may write ``out``; return the run already there, if any.
+
+    Raises:
+        UserError: ``out`` cannot be a run folder (a file, under a file, unreadable,
+            not writable), holds files that are not a run, holds a run and neither
+            ``overwrite`` nor ``resume`` is set, holds a run still running, or (with
+            ``resume``) holds no incomplete run.
+    """
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder; choose another --out")
+    try:
+        used = out.is_dir() and any(out.iterdir())
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot read the folder ({e.strerror})") from None
+    previous = inspect(out) if used else None
+    if resume:
+        _check_resumable(out, previous)
+    elif used and previous is None:
+        raise UserError(f"run folder {out} already exists and holds files that are not a "
+                        "trainthrough run; choose another --out")
+    elif previous is not None and previous.alive:
+        raise UserError(f"run folder {out} holds {previous.describe()}; choose another --out")
+    elif previous is not None and not overwrite:
+        more = "" if previous.complete else ", or --resume to continue it"
+        raise UserError(f"run folder {out} already exists and holds {previous.describe()}; "
+                        f"add --overwrite to replace it{more}")
+    # The nearest existing ancestor decides whether the folder can be made at all.
+    base = next((p for p in out.absolute().parents if p.exists()), None)
+    if base is not None and not base.is_dir():
+        raise UserError(f"--out {out} lies under {base}, which is a file; choose another --out")
+    if base is not None and not out.exists() and not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: no permission to create folders in {base}")
+    return previous
+
+
+def _check_resumable(out: Path, run: FolderRun | None) -> None:
+    if run is None:
+        raise UserError(f"--resume: {out} holds no trainthrough run to continue; "
+                        "drop --resume to start one")
+    if run.complete:
+        raise UserError(f"--resume: the run in {out} is complete (it has a summary.json); "
+                        "nothing to continue (add --overwrite instead to run it again)")
+    if run.alive:
+        raise UserError(f"--resume: {out} holds {run.describe()}; wait for it or stop it")
+    if not run.run_id:
+        raise UserError(f"--resume: {out} records no run id (no status.json), so its "
+                        "checkpoints cannot be found; use --overwrite to run it again")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What ``--resume`` continues: the recorded config and the run's id."""
+
+    config: RunConfig
+    run_id: str
+
+
+def resume_point(out: Path) -> ResumePoint:
+    """The incomplete run in ``out`` and where its checkpoints are.
+
+    Raises:
+        UserError: no incomplete run in ``out`` (see :func:`check_out`), an unreadable
+            ``config.toml``, or no complete checkpoint in the run's location.
+    """
+    run = check_out(out, resume=True)
+    assert run is not None and run.run_id is not None
+    cfg = RunConfig.from_toml(out / "config.toml")
+    url = _location(out, cfg.checkpoint_dir, run.run_id)
+    require_checkpoint(out, url)
+    return ResumePoint(cfg, run.run_id)
+
+
+def require_checkpoint(out: Path, url: str) -> None:
+    """Refuse to resume the run in ``out`` if its location ``url`` holds no complete
+    checkpoint (a folder with its manifest, which is written last).
+
+    Raises:
+        UserError: naming the location.
+    """
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, root = url_to_fs(url)
+        found = bool(fs.glob(f"{root.rstrip('/')}/*/{MANIFEST}"))
+    except (OSError, ValueError):
+        found = False
+    if not found:
+        raise UserError(f"--resume: the run in {out} saved no checkpoint (none in {url}); "
+                        "add --overwrite instead to run it again")
+
+
+def _location(out: Path, checkpoint_dir: str | None, run_id: str) -> str:
+    try:
+        return run_location(checkpoint_dir or str(out / "checkpoints"), run_id)
+    except ValueError as e:
+        raise UserError(f"{out}/{STATUS}: {e}") from None
+
+
+def clear(run: FolderRun) -> None:
+    """Remove what the run in ``run.folder`` wrote, and nothing else (``--overwrite``).
+
+    Raises:
+        UserError: a file cannot be removed.
+    """
+    folder = run.folder
+    try:
+        for name in (*RUN_FILES, *TEMP_FILES):
+            p = folder / name
+            if p.is_file() or p.is_symlink():
+                p.unlink()
+    except OSError as e:
+        raise UserError(f"--overwrite: cannot remove {e.filename} ({e.strerror})") from None
+    if run.run_id:
+        recorded = _recorded_checkpoint_dir(folder)
+        default = str(folder / "checkpoints")
+        _remove_checkpoints(_location(folder, recorded or default, run.run_id))
+        if recorded in (None, default):
+            _remove_if_empty(Path(default))
+
+
+def _recorded_checkpoint_dir(folder: Path) -> str | None:
+    try:
+        return RunConfig.from_toml(folder / "config.toml").checkpoint_dir
+    except UserError:
+        return None
+
+
+def _remove_checkpoints(url: str) -> None:
+    """Delete the checkpoint folders in one run's location, then the location if empty."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, root = url_to_fs(url)
+        if not fs.isdir(root):
+            return
+        for entry in fs.ls(root, detail=False):
+            if _CHECKPOINT_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1]) and fs.isdir(entry):
+                fs.rm(entry, recursive=True)
+        if not fs.ls(root, detail=False):
+            fs.rmdir(root)
+    except OSError as e:
+        raise UserError(f"--overwrite: cannot remove the old run's checkpoints in {url} "
+                        f"({e.strerror or e})") from None
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    except OSError:
+        pass  # not ours to insist on
