@@ -87,8 +87,8 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
     strategy, url = resolve(cfg.strategy), str(tmp_path)
     posted: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
-    rank = RankSaves(cfg, strategy, url, _rank(), posted.append)
-    ctl = ControllerSaves(cfg, strategy, url, _rank(), events.append)
+    rank = RankSaves(cfg, strategy, url, _rank(), 5, posted.append)
+    ctl = ControllerSaves(cfg, strategy, url, _rank(), 5, events.append)
 
     def commit(replica: Rank, logical: int) -> None:
         rank.after_commit(replica, logical, Cursor(0, logical), [0, 1])
@@ -137,7 +137,8 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
 def test_a_run_without_checkpoints_restarts_from_x0() -> None:
     cfg = RunConfig(paradigm="dp", strategy="rollback")
     template = _rank()
-    ctl = ControllerSaves(cfg, resolve(cfg.strategy), "memory://dp-none", template, pytest.fail)
+    ctl = ControllerSaves(cfg, resolve(cfg.strategy), "memory://dp-none", template, 5,
+                          pytest.fail)
     ctl.before = template.params
     assert ctl.choose(pytest.fail) == (None, 0.0)  # back to x0, from x0
 

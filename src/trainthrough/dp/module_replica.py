@@ -170,6 +170,11 @@ class ModuleReplica:
         out["meta/steps"] = torch.tensor([self.steps], dtype=torch.int64)
         return out
 
+    def state_like(self) -> Tensors | None:
+        """None: a torch optimizer creates its state at its first step, so a fresh
+        replica's keys are not a checkpoint's (:meth:`load` checks what it needs)."""
+        return None
+
     def load(self, tensors: Tensors) -> None:
         """Take the state :meth:`state` produced on any replica of the same model.
 

@@ -46,6 +46,7 @@ class Replica(Protocol):
     def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]: ...
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None: ...
     def state(self) -> Tensors: ...
+    def state_like(self) -> Tensors | None: ...
     def load(self, tensors: Tensors) -> None: ...
     @property
     def state_bytes(self) -> int: ...
@@ -100,6 +101,11 @@ class Rank:
         out.update({f"optim/{k}": v.clone() for k, v in self.opt.items()})
         out["meta/steps"] = torch.tensor([self.steps], dtype=torch.int64)
         return out
+
+    def state_like(self) -> Tensors | None:
+        """What every state of this run holds (keys, dtypes, shapes): a checkpoint with
+        anything else is corrupt."""
+        return self.state()
 
     def load(self, tensors: Tensors) -> None:
         """Replace this replica's parameters and optimizer state with ``tensors``.

@@ -69,10 +69,11 @@ class ReplicaCheckpoint:
     def __init__(self, store: CheckpointStore, template: Replica | None) -> None:
         """``template``: any replica of the run; a checkpoint must hold exactly its keys,
         dtypes and shapes (the values do not matter), or it is corrupt. None (a process
-        that holds no replica, the controller of a user's own loop): the checkpoint's
-        own checksums are verified here and its keys by the ranks that load it."""
+        that holds no replica, the controller of a user's own loop) or a replica whose
+        keys are not fixed in advance (``state_like`` None): the checkpoint's own
+        checksums are verified here and its keys by the replica that loads it."""
         self.store = store
-        self._like = template.state() if template is not None else None
+        self._like = template.state_like() if template is not None else None
 
     # -- saving -----------------------------------------------------------------
     def plan(self, rank: Replica, iteration: int, cursor: Cursor, ranks: list[int]) -> Planned:

@@ -1,0 +1,198 @@
+"""A user's own loop (trainthrough.loop): exactly-once samples through failures, the
+example, the replica of a user's module, and a two-node Ray cluster losing a node."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.loops.ledger_loop import SAMPLES
+from tests.loops.ledger_loop import train as ledger_train
+from trainthrough.dp.batching import MicroBatch
+from trainthrough.dp.module_replica import ModuleReplica
+from trainthrough.errors import UserError
+from trainthrough.loop.launch import reference_of
+
+ROOT = Path(__file__).resolve().parents[1]
+LEDGER = ROOT / "tests" / "loops" / "ledger_loop.py"
+GLOBAL_BATCH = 3 * 16  # ledger_loop: 3 ranks of 16
+
+
+def _ledger_run(tmp: Path, engine: str, strategy: str, fail: str,
+                address: str | None = None, timeout: float = 240) -> tuple[dict[str, Any], Path]:
+    ledger = tmp / "ledger"
+    ledger.mkdir(parents=True)
+    env = {**os.environ, "TT_LEDGER": str(ledger), "PYTHONPATH": str(ROOT / "src")}
+    args = [sys.executable, str(LEDGER), engine, strategy, fail, str(tmp / "run")]
+    out = subprocess.run(args + ([address] if address else []), capture_output=True, text=True,
+                         timeout=timeout, env=env, cwd=tmp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), ledger
+
+
+def _consumed(ledger: Path) -> dict[tuple[int, int, int], list[int]]:
+    """(step, attempt, rank) -> the sample indices its loss function saw."""
+    seen: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for f in ledger.iterdir():
+        for line in f.read_text().splitlines():
+            step, attempt, rank, *idx = (int(x) for x in line.split())
+            seen[(step, attempt, rank)] += idx
+    return seen
+
+
+def _check_exactly_once(result: dict[str, Any], ledger: Path, epochs: int = 2) -> None:
+    """Every sample of every epoch was consumed exactly once by the ranks that
+    committed it (a restart's redone steps count in the attempt that committed last)."""
+    final: dict[int, tuple[int, list[int]]] = {}
+    for logical, attempt, members in result["committed"]:
+        if logical not in final or attempt > final[logical][0]:
+            final[logical] = (attempt, members)
+    steps_per_epoch = SAMPLES // GLOBAL_BATCH
+    assert sorted(final) == list(range(epochs * steps_per_epoch))
+    seen = _consumed(ledger)
+    for epoch in range(epochs):
+        samples: list[int] = []
+        for logical in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
+            attempt, members = final[logical]
+            step = [seen.get((logical, attempt, r), []) for r in members]
+            assert all(step), f"a committing rank consumed nothing at step {logical}"
+            assert sum(map(len, step)) == GLOBAL_BATCH, (logical, attempt, members)
+            samples += [i for part in step for i in part]
+        assert sorted(samples) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+
+
+def test_rollback_consumes_every_sample_once_and_matches_the_failure_free_loop(
+        tmp_path: Path) -> None:
+    clean, _ = _ledger_run(tmp_path / "a", "gloo", "rollback", "-")
+    hit, ledger = _ledger_run(tmp_path / "b", "gloo", "rollback", "rank=1@iter=12,phase=backward")
+    s = hit["summary"]
+    assert s["failures"] == 1 and s["recoveries"][0]["action"] == "mini-batch-rollback"
+    assert s["replicas_identical"]
+    _check_exactly_once(hit, ledger)
+    # Rollback redoes the global batch: the same model up to float summation order.
+    a, b = clean["returned"]["sum"], hit["returned"]["sum"]
+    assert abs(a - b) <= 1e-3 * max(1.0, abs(a)), (a, b)
+
+
+def test_checkpoint_restart_replays_from_the_checkpoint_cursor(tmp_path: Path) -> None:
+    hit, ledger = _ledger_run(tmp_path, "gloo", "checkpoint-restart", "rank=2@iter=25")
+    s = hit["summary"]
+    assert s["failures"] == 1 and s["recoveries"][0]["action"] == "rollback-all"
+    assert s["recoveries"][0]["restored_from"] == 20  # checkpoint_every=10
+    _check_exactly_once(hit, ledger)
+
+
+def test_byo_loop_example_survives_a_sigkill_within_half_a_point(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "byo_loop.py"),
+                          "--out", str(tmp_path / "runs")], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"without failures ([\d.]+), with rank 1 killed ([\d.]+)", out.stdout)
+    assert m, out.stdout
+    assert abs(float(m[1]) - float(m[2])) <= 0.005
+    assert "1 failure(s)" in out.stdout and "mini-batch-rollback of rank1" in out.stdout
+
+
+def test_module_replica_state_round_trips_and_buffers_average() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    data = torch.randn(8, 3)
+    r = ModuleReplica(0, model, opt, lambda rows: data[rows], run_seed=1)
+    r.loss_fn = lambda x: model(x).pow(2).mean()
+    before = r.state()
+    contribs = r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))])
+    assert all(torch.equal(before[k], v) for k, v in r.state().items()), "gradients moved it"
+    flat = (contribs[0][1] + contribs[1][1]) / 2
+    r.apply(flat)
+    mean_of_stats = model[1].running_mean.clone()
+    assert torch.allclose(mean_of_stats, flat[-8:-4])  # the buffers' mean, as reduced
+    # A fresh replica of the same model takes the state, Adam moments included.
+    model2 = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    r2 = ModuleReplica(1, model2, torch.optim.Adam(model2.parameters(), lr=0.1),
+                       lambda rows: data[rows], run_seed=1)
+    r2.load(r.state())
+    s1, s2 = r.state(), r2.state()
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+def test_a_loop_that_cannot_travel_is_refused() -> None:
+    with pytest.raises(UserError, match="training_loop"):
+        reference_of(lambda loop: None)  # type: ignore[arg-type]
+    assert reference_of(ledger_train) == "tests.loops.ledger_loop:train"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_node(args: list[str], tmp: Path) -> subprocess.Popen[bytes]:
+    """A Ray node in its own session (``--block``): ours to end, with its processes."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.Popen([ray, "start", "--block", "--node-ip-address=127.0.0.1",
+                             "--disable-usage-stats", *args], env=env, cwd=tmp,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _end(node: subprocess.Popen[bytes], sig: int) -> None:
+    if node.poll() is None:
+        os.killpg(node.pid, sig)  # its own session: the node's processes only
+    node.wait(timeout=60)
+
+
+@pytest.mark.timeout(420)
+def test_two_local_nodes_ranks_on_both_and_a_whole_node_lost(tmp_path: Path) -> None:
+    port = _free_port()
+    head = _ray_node(["--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                      f"--temp-dir={tmp_path / 'ray'}"], tmp_path)
+    worker = None
+    try:
+        address = f"127.0.0.1:{port}"
+        time.sleep(8)
+        worker = _ray_node([f"--address={address}", "--num-cpus=1"], tmp_path)
+        time.sleep(8)
+        ledger = tmp_path / "ledger"
+        ledger.mkdir()
+        env = {**os.environ, "TT_LEDGER": str(ledger), "PYTHONPATH": str(ROOT / "src")}
+        run = subprocess.Popen([sys.executable, str(LEDGER), "ray", "rollback", "-",
+                                str(tmp_path / "run"), address], env=env, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Once training is under way (step 8 committed), the second node goes down.
+        events = tmp_path / "run" / "events.jsonl"
+        deadline = time.time() + 180
+        while time.time() < deadline and run.poll() is None:
+            if any(int(k[0]) >= 8 for k in _consumed(ledger)):
+                break
+            time.sleep(0.2)
+        _end(worker, signal.SIGKILL)
+        stdout, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr[-3000:]
+        result = json.loads(stdout.strip().splitlines()[-1])
+        s = result["summary"]
+        nodes = {n for ns in s["rank_nodes"].values() for n in ns if n}
+        assert len(nodes) == 2, s["rank_nodes"]  # ranks were placed on both nodes
+        assert s["failures"] >= 1 or any(e.get("type") == "detection" for e in
+                                         map(json.loads, events.read_text().splitlines()))
+        assert s["recoveries"], "the lost node's ranks were never recovered"
+        _check_exactly_once(result, ledger)
+    finally:
+        if worker is not None:
+            _end(worker, signal.SIGKILL)
+        _end(head, signal.SIGTERM)
