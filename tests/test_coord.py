@@ -260,3 +260,30 @@ def test_coord_imports_neither_torch_nor_ray() -> None:
             "trainthrough.coord.zkserver; print(sorted({'torch', 'ray'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_python_m_coord_runs_a_command_beside_a_server(zk_server: Any) -> None:
+    """``python -m trainthrough.coord --port N -- COMMAND``: COMMAND sees a serving
+    server, its exit status is the module's, and the server is gone afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = ("import socket, sys; s = socket.create_connection(('127.0.0.1', %d)); "
+             "s.sendall(b'srvr'); sys.exit(7 if b'Zookeeper version' in s.recv(64) else 1)")
+    r = subprocess.run([sys.executable, "-m", "trainthrough.coord", "--port", str(port), "--",
+                        sys.executable, "-c", probe % port], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 7, r.stderr
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_python_m_coord_refuses_a_busy_port_in_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "trainthrough.coord", "--port", str(port),
+                            "--", "true"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"port {port}" in r.stderr and "--port" in r.stderr

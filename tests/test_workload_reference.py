@@ -3,6 +3,7 @@ on every engine (the driver, Ray actors and gloo ranks each import it themselves
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -104,12 +105,71 @@ def test_bad_references_are_one_line(ref: str, words: str, tmp_path: Path,
     assert len(err) == 1 and words in err[0], err
 
 
-def test_the_example_model_runs_as_the_readme_says(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    out = tmp_path / "example"
-    assert main(["run", "--workload", "examples/my_model.py:build", "--option", "hidden=32",
-                 "--fail", "shards=1@iter=20", "--baseline", "--quiet",
-                 "--out", str(out)]) == 0
-    s = _summary(out)
-    assert s["converged"] and s["failures"] == 1 and s["rework_iterations"] is not None
+def test_the_default_folder_is_named_after_the_file(user_file: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --out, ``runs/<time>-my_model-none``: not the reference's path, whose
+    slashes and colon would nest folders."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--workload", user_file, "--strategy", "none",
+                 "--max-iterations", "5", "--quiet"]) == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.endswith("-my_model-none") and (folder / "summary.json").exists()
+
+
+SUITE_CODE = '''
+from pathlib import Path
+
+from trainthrough.config import RunConfig
+from trainthrough.lab.suite import SuiteRun, SuiteSpec
+
+
+def suite(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
+    model = f"{Path(__file__).with_name('my_model.py')}:build"
+    fail = "shards=1@iter=20"
+    runs = [SuiteRun(f"{s}-s{seed}", RunConfig(workload=model, strategy=s, failures=[fail],
+                                               seed=seed, checkpoint_every=10, eval_every=1,
+                                               checkpoint_dir=f"memory://mine/{s}-{seed}"),
+                     {"fail": fail})
+            for s in ("none", "checkpoint-restart") for seed in range(seeds or 2)]
+    return SuiteSpec(name="mine", title="My model, compared", runs=runs)
+
+
+def not_a_suite(quick: bool = False, seeds: int | None = None) -> int:
+    return 3
+'''
+
+
+def test_compare_runs_a_suite_by_reference_on_a_model_by_reference(
+        user_file: str, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """``trainthrough compare --suite file.py:function``: the suite and the model it
+    names both live outside the package; the runs (in other processes) import them."""
+    suite_file = Path(user_file.split(":")[0]).with_name("my_suite.py")
+    suite_file.write_text(SUITE_CODE)
+    out = tmp_path / "cmp"
+    code = main(["compare", "--suite", f"{suite_file}:suite", "--seeds", "1", "--quiet",
+                 "--out", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "mine" in printed.out and "checkpoint-restart" in printed.out
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    assert sorted(r["strategy"] for r in rows) == ["checkpoint-restart", "none"]
+    for r in rows:
+        assert r["workload"] == "mine" and r["failures"] == "1", r
+        assert int(r["iterations_to_target"]) > 0 and r["rework_iterations"] != "", r
+    report = (out / "report.md").read_text()
+    assert "My model, compared" in report and "| mine |" in report
+
+
+@pytest.mark.parametrize("suite,words", [
+    ("no-such-suite", "unknown suite"),
+    ("nowhere/missing.py:suite", "suite file nowhere/missing.py does not exist"),
+    ("MY_SUITE:not_a_suite", "must return a SuiteSpec"),
+])
+def test_bad_suites_are_one_line(suite: str, words: str, user_file: str, tmp_path: Path,
+                                 capsys) -> None:  # noqa: ANN001
+    suite_file = Path(user_file.split(":")[0]).with_name("my_suite.py")
+    suite_file.write_text(SUITE_CODE)
+    suite = suite.replace("MY_SUITE", str(suite_file))
+    assert main(["compare", "--suite", suite, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err

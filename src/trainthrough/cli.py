@@ -114,7 +114,10 @@ def _add_compare(sub: Any) -> None:
     from trainthrough.lab.suites import SUITES
 
     p = sub.add_parser("compare", help="run a suite and write results.csv, reports, plots")
-    p.add_argument("--suite", default="core", help=f"one of: {', '.join(SUITES)}")
+    p.add_argument("--suite", default="core",
+                   help=f"one of: {', '.join(SUITES)}; or your own by reference, "
+                        "path/to/file.py:function or package.module:function returning a "
+                        "SuiteSpec (see examples/my_model.py)")
     p.add_argument("--quick", action="store_true", help="the small form of the suite")
     p.add_argument("--seeds", type=_int, help="seeds per cell (default: the suite's)")
     p.add_argument("--out", type=Path, help="suite folder (default runs/<time>-<suite>)")
@@ -247,14 +250,12 @@ def _cmd_list(engines_matrix: bool = False) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from trainthrough.lab.suite import run_suite
-    from trainthrough.lab.suites import SUITES
+    from trainthrough.lab.suites import build_suite
 
-    if args.suite not in SUITES:
-        raise UserError(f"unknown suite {args.suite!r}; choose one of: {', '.join(SUITES)}")
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds must be at least 1 (got {args.seeds})")
-    spec = SUITES[args.suite].build(quick=args.quick, seeds=args.seeds)
-    out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}"
+    spec = build_suite(args.suite, quick=args.quick, seeds=args.seeds)
+    out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(spec.name)}"
     table = run_suite(spec, out, quiet=args.quiet)
     print(table)
     print(f"\nreport: {out / 'report.md'}  html: {out / 'report.html'}  csv: {out / 'results.csv'}")

@@ -7,6 +7,8 @@ module started::
 
     with ZooKeeperServer() as server:
         coord = ZooKeeperCoordinator(server.hosts)
+
+From a shell: ``python -m trainthrough.coord`` (see ``coord/__main__.py``).
 """
 
 from __future__ import annotations

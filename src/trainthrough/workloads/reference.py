@@ -13,6 +13,9 @@ Three forms, accepted wherever a workload name is (``--workload``, TOML, suites)
 (e.g. a :class:`~trainthrough.workloads.custom.TorchWorkload`). Every process that needs
 the workload (the driver, each actor, each rank) imports it by the reference itself:
 nothing is pickled.
+
+``trainthrough compare --suite`` takes a suite by reference the same way
+(:func:`load_reference`; see ``lab/suites/__init__.py``).
 """
 
 from __future__ import annotations
@@ -60,46 +63,57 @@ def load(name: str) -> Callable[..., Any]:
         if target is None:
             raise UserError(f"unknown workload {name!r}")
         name = target
+    return load_reference(name, "workload")
+
+
+def load_reference(name: str, what: str) -> Callable[..., Any]:
+    """The callable ``path/to/file.py:attr`` or ``package.module:attr`` names; ``what``
+    (``workload``, ``suite``) names it in errors. Workloads and suites both resolve here.
+
+    Raises:
+        UserError: a malformed reference; the file or module is missing, fails to import
+            (its first line), or has no such callable.
+    """
     where, _, attr = name.rpartition(":")
     dotted = all(part.isidentifier() for part in where.split("."))
     if not where or not attr.isidentifier() or not (where.endswith(".py") or dotted):
-        raise UserError(f"workload reference {name!r} must be path/to/file.py:factory or "
-                        "package.module:factory")
-    module = _file(where) if where.endswith(".py") else _module(where)
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UserError(f"workload reference {name!r}: {where} has no callable {attr!r}")
-    return factory  # type: ignore[no-any-return]
+        raise UserError(f"{what} reference {name!r} must be path/to/file.py:function or "
+                        "package.module:function")
+    module = _file(where, what) if where.endswith(".py") else _module(where, what)
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise UserError(f"{what} reference {name!r}: {where} has no callable {attr!r}")
+    return found  # type: ignore[no-any-return]
 
 
-def _file(path: str) -> Any:
+def _file(path: str, what: str) -> Any:
     p = Path(path).expanduser().resolve()
     if not p.is_file():
-        raise UserError(f"workload file {path} does not exist")
+        raise UserError(f"{what} file {path} does not exist")
     # One module per file, named after its path, imported once per process.
     name = f"trainthrough_user_{hashlib.sha1(str(p).encode()).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, p)
     if spec is None or spec.loader is None:
-        raise UserError(f"workload file {path} cannot be imported as Python")
+        raise UserError(f"{what} file {path} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
-        raise UserError(f"workload file {path} failed to import: "
+        raise UserError(f"{what} file {path} failed to import: "
                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                         ) from None
     return module
 
 
-def _module(name: str) -> Any:
+def _module(name: str, what: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise UserError(f"workload module {name} cannot be imported: {e}") from None
+        raise UserError(f"{what} module {name} cannot be imported: {e}") from None
     except Exception as e:
-        raise UserError(f"workload module {name} failed to import: {type(e).__name__}: "
+        raise UserError(f"{what} module {name} failed to import: {type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}") from None

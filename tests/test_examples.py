@@ -1,0 +1,55 @@
+"""Each example's docstring commands run as written, in order, from a fresh clone.
+
+An example is read top to bottom by a newcomer and names the exact commands that run
+it (indented ``.venv/bin/...`` lines of its module docstring; tests/doc_commands.py).
+Here every one of them runs in a copy of the tracked files, and exits 0; commands on
+Ray or gloo start their own cluster, one at a time (timeout 300 s: 15-30 s each on
+2 cores).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.doc_commands import ROOT, Command, docstring_commands, explain, fresh_clone, run
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+CASES = [(path, c) for path in EXAMPLES for c in docstring_commands(path)]
+_REAL = re.compile(r"--engine (ray|gloo|dist)\b")
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no tracked files to copy")
+    return fresh_clone(tmp_path_factory.mktemp("clone"))
+
+
+def test_the_model_example_documents_sim_ray_and_compare() -> None:
+    texts = [c.text for c in docstring_commands(ROOT / "examples" / "my_model.py")]
+    assert any("--fail" in t and "--engine" not in t for t in texts)  # sim
+    assert any("--fail" in t and "--engine ray" in t for t in texts)
+    assert any("compare --suite examples/my_model.py:suite" in t for t in texts)
+
+
+@pytest.mark.parametrize("path,command", [
+    pytest.param(p, c, id=f"{p.stem}-{c.id}",
+                 marks=[pytest.mark.timeout(300 if _REAL.search(c.text) else 120)])
+    for p, c in CASES])
+def test_example_command(path: Path, command: Command, clone: Path) -> None:
+    r = run(command, clone, timeout=280)
+    assert r.returncode == command.exit_code, f"{path.name} " + explain(command, r)
+    if "compare --suite examples/my_model.py:suite" in command.text:
+        # The comparison names the model and has a number for every strategy.
+        folder = clone / re.search(r"csv: (\S+)results\.csv", r.stdout).group(1)  # type: ignore[union-attr]
+        rows = list(csv.DictReader((folder / "results.csv").read_text().splitlines()))
+        assert {row["workload"] for row in rows} == {"my-model"}
+        assert {row["strategy"] for row in rows} == {"none", "checkpoint-restart",
+                                                     "scar-partial", "scar"}
+        assert all(row["failures"] == "1" and float(row["iterations_to_target"]) > 0
+                   and row["rework_iterations"] != "" for row in rows), rows
+        assert "my-model" in (folder / "report.md").read_text()
