@@ -91,7 +91,11 @@ def _add_run(sub: Any) -> None:
                    choices=field_choices("checkpoint_rule"))
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="path or fsspec URL")
     p.add_argument("--max-iterations", type=_int, dest="max_iterations")
-    p.add_argument("--eval-every", type=_int, dest="eval_every")
+    p.add_argument("--eval-every", type=_int, dest="eval_every",
+                   help="evaluate every N executed iterations (the curve), plus the "
+                        "iteration a failure strikes and a few after it; iterations to "
+                        "target (and rework) are exact to one iteration whatever N is: "
+                        "copies kept in between are scored when the target is reached")
     p.add_argument("--target", type=_float, help="convergence target (default: workload's)")
     p.add_argument("--lr", type=_float, help="server step size override")
     p.add_argument("--option", action="append", default=[], type=_kv, metavar="KEY=VALUE",

@@ -215,7 +215,9 @@ class RunConfig:
     failures: list[str] = field(default_factory=list)  #: failure specs
     seed: int = _f(0, ge=0, le=SEED_MAX)  #: one seed for everything random in the run
     max_iterations: int | None = _f(ge=1)  #: stop after this many executed iterations
-    eval_every: int | None = _f(ge=1)  #: evaluate every this many iterations
+    #: evaluate every this many iterations (iterations to target stay exact to one
+    #: iteration: engines/evaluation.py)
+    eval_every: int | None = _f(ge=1)
     target: float | None = None  #: convergence target (default: the workload's)
     stop_at_target: bool = True  #: end the run when the target is reached
     past_target: float = _f(0.0, ge=0)  #: ...after this many more iterations, as a fraction

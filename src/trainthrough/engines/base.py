@@ -22,9 +22,13 @@ Call order for one run (as torch DCP's ``StorageWriter`` numbers its calls):
    of starting from ``x0``, and calls :meth:`RunContext.resumed` once with its step
    (an engine that cannot resume does not claim ``resume`` in its capabilities and is
    refused at 1); it then trains, delivers the failures of ``ctx.schedule(sizes)``, recovers through the
-   strategy's policies, evaluates only through ``ctx.evaluate`` (which also applies
-   the target test), emits events through ``ctx.emit``, and returns ``ctx.result``
-   filled in. Everything it started is released before ``run`` returns or raises.
+   strategy's policies, evaluates only through the context: ``ctx.observe`` after
+   every iteration it finishes (the shared policy of :mod:`.evaluation` decides
+   whether to evaluate, keep a copy or skip), ``ctx.disruption`` when a failure
+   strikes or a recovery ends, and ``ctx.evaluate`` (the one target test, with its
+   look-back) at the start and the end; it emits events through ``ctx.emit``, and
+   returns ``ctx.result`` filled in. Everything it started is released before ``run``
+   returns or raises.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ from typing import Any, Protocol
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.evaluation import EvalAction, EvalPolicy, Evaluations, Kept
 from trainthrough.engines.result import Limits, RunResult
 from trainthrough.errors import UserError
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import FailureSpec, validate
 from trainthrough.ft.checkpointer import Checkpointer
 from trainthrough.ft.strategy import Strategy
-from trainthrough.workloads.base import Params, Workload
+from trainthrough.workloads.base import Evaluation, Params, Workload
 
 
 class Engine(Protocol):
@@ -69,6 +74,11 @@ class RunContext:
     resume: bool = False
     clock: Callable[[], float] = field(default=time.perf_counter)
     _t0: float = field(default_factory=time.perf_counter)
+    #: what was evaluated, seen and kept (engines/evaluation.py)
+    evals: Evaluations = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.evals = Evaluations(EvalPolicy(self.limits.eval_every))
 
     def schedule(self, sizes: dict[str, int]) -> FailureSchedule:
         """The run's seeded failure schedule over an engine's component counts.
@@ -126,26 +136,113 @@ class RunContext:
             event.setdefault("sim_seconds", round(sim_seconds, 6))
         self.callback.on_event(event)
 
+    # -- evaluation (engines/evaluation.py: when, and what is guaranteed) ---------------
+    def observe(self, iteration: int, params: Callable[[], Params | None],
+                sim_seconds: float | None = None, **extras: Any) -> bool:
+        """Executed iteration ``iteration`` is done: evaluate it, keep a copy of its
+        parameters for a look-back, or neither, as the evaluation policy decides.
+
+        ``params`` is called only when they are needed (None: nothing to score now, e.g.
+        a shard is down). Returns whether the run should stop (see :meth:`evaluate`).
+        """
+        action = self.evals.decide(iteration, self.result.iterations_to_target is not None)
+        if action is EvalAction.SKIP or (p := params()) is None:
+            return False
+        if action is EvalAction.EVALUATE:
+            return self.evaluate(p, iteration, sim_seconds, **extras)
+        self.keep(iteration, p, sim_seconds, **extras)
+        return False
+
+    def keep(self, iteration: int, params: Params, sim_seconds: float | None = None,
+             **extras: Any) -> None:
+        """Hold a copy of ``params`` (executed iteration ``iteration``) for a look-back."""
+        wall = self.wall()
+        self.evals.keep(Kept(iteration, {n: v.detach().clone() for n, v in params.items()},
+                             wall if sim_seconds is None else sim_seconds, wall, extras))
+
+    def disruption(self, iteration: int, params: Callable[[], Params | None] | None = None,
+                   sim_seconds: float | None = None, **extras: Any) -> None:
+        """A failure struck, or a recovery ended, after executed iteration ``iteration``.
+
+        The state at ``iteration`` is evaluated (the kept copy, else ``params()`` if
+        given: the state just before the failure) unless it was already, and the policy
+        evaluates the next few iterations, so curves show the dip.
+        """
+        self.evals.disrupted = iteration
+        if iteration <= self.evals.scored:
+            return
+        k = self.evals.take(iteration)
+        if k is not None:
+            self.evaluate(k.params, iteration, k.sim_seconds, _wall=k.wall_seconds, **k.extras)
+        elif params is not None and (p := params()) is not None:
+            self.evaluate(p, iteration, sim_seconds, **extras)
+
+    def evaluated(self, iteration: int) -> bool:
+        """Whether ``iteration`` (or a later one) was evaluated already: an engine's
+        last iteration is evaluated unless it just was."""
+        return self.evals.scored >= iteration
+
+    def score(self, params: Params) -> Evaluation:
+        """The workload's evaluation of ``params``, recording nothing."""
+        return self.workload.evaluate(params)
+
+    def look_back(self, iteration: int, ev: Evaluation) -> bool:
+        """Whether the evaluation ``ev`` at ``iteration`` first scores the copies kept since
+        the last evaluation (it reaches the target for the first time, or comes near it;
+        engines/evaluation.py). Asked once per evaluation: :meth:`evaluate` asks itself
+        unless told; an engine whose copies live elsewhere (gloo's first member) asks
+        first, fetches them (:meth:`keep`), then passes the answer on."""
+        return self.result.iterations_to_target is None and self.evals.wants_look_back(
+            iteration, ev.metric, self._reaches(ev), self.limits.target)
+
     def evaluate(self, params: Params, iteration: int, sim_seconds: float | None = None,
-                 **extras: Any) -> bool:
+                 *, scored: Evaluation | None = None, look_back: bool | None = None,
+                 _wall: float | None = None, **extras: Any) -> bool:
         """Score ``params`` at executed iteration ``iteration``; the one target test.
 
-        Records the evaluation (``after_eval``, ``on_params``), updates the result
-        (final metric; iterations and seconds to target the first time it is reached)
-        and says whether the run should stop: the target was reached, the config
-        stops there, and ``past_target`` more iterations (if any) are done.
+        If the target is reached here for the first time (or nearly, see
+        :meth:`look_back`), the copies kept since the last evaluation are scored first,
+        oldest first, until one reaches it. Records every evaluation (``after_eval``, ``on_params``), updates
+        the result (final metric; iterations and seconds to target the first time it is
+        reached) and says whether the run should stop: the target was reached, the
+        config stops there, and ``past_target`` more iterations (if any) are done.
+
+        Args:
+            scored: ``params``' evaluation, when the caller already has it.
+            look_back: what :meth:`look_back` said, when the caller asked it already.
         """
-        wall = self.wall()
-        sim = wall if sim_seconds is None else sim_seconds
+        ev = scored if scored is not None else self.score(params)
+        r = self.result
+        if look_back is None:
+            look_back = self.look_back(iteration, ev)
+        if look_back:
+            for k in self.evals.gap(iteration):
+                self._record(k.params, k.iteration, self.score(k.params), k.sim_seconds,
+                             k.wall_seconds, k.extras)
+                if r.iterations_to_target is not None:
+                    break
+        wall = self.wall() if _wall is None else _wall
+        self._record(params, iteration, ev, wall if sim_seconds is None else sim_seconds,
+                     wall, extras)
+        if not (r.converged and self.cfg.stop_at_target) or r.iterations_to_target is None:
+            return False
+        return iteration >= r.iterations_to_target * (1 + self.cfg.past_target)
+
+    def _reaches(self, ev: Evaluation) -> bool:
+        return self.workload.reached(ev.metric, self.limits.target)
+
+    def _record(self, params: Params, iteration: int, ev: Evaluation, sim: float, wall: float,
+                extras: dict[str, Any]) -> None:
         self.callback.on_params(iteration, params)
-        ev = self.workload.evaluate(params)
         self.callback.after_eval({"iteration": iteration, "sim_seconds": sim,
                                   "wall_seconds": wall, "metric": ev.metric, "loss": ev.loss,
                                   **extras, **ev.extras})
         r = self.result
         r.final_metric = ev.metric
-        if r.iterations_to_target is None and self.workload.reached(ev.metric, self.limits.target):
+        if r.iterations_to_target is None and self._reaches(ev):
             r.iterations_to_target, r.sim_seconds_to_target, r.converged = iteration, sim, True
-        if not (r.converged and self.cfg.stop_at_target) or r.iterations_to_target is None:
-            return False
-        return iteration >= r.iterations_to_target * (1 + self.cfg.past_target)
+            # 1: the iteration before was scored and had not reached it (exact).
+            r.extras["target_resolution"] = (iteration - self.evals.scored
+                                             if self.evals.scored >= 0 else 0)
+        self.evals.scored_at(iteration)
+        r.extras["evaluations"] = self.evals.count

@@ -19,7 +19,9 @@ until they are in. Call order (store key ``evalctl``, JSON, written by the contr
    keeps this step as the policy says;
 3. when the first member leaves the run (the end, or a checkpoint-restart), it posts
    every copy it still holds, unasked (``lookback: 0``), so a look-back asked later
-   still finds them at the controller.
+   still finds them at the controller; on a restart the newest is posted for
+   evaluation instead (the state the failure struck). After a re-formation the first
+   commit posts the copy of the last commit before the failure, likewise.
 
 Copies live in the first member only: a first member that dies takes them along,
 and that look-back scores what the controller has (``target_resolution`` says how
@@ -82,12 +84,14 @@ class RankEvals:
                                    {n: v.detach().clone() for n, v in params.items()})
         return action is EvalAction.EVALUATE
 
-    def leave(self) -> None:
-        """This process leaves the run: answer a pending ask, and post every copy left."""
+    def leave(self, restart: bool = False) -> None:
+        """This process leaves the run: answer a pending ask, and post every copy left
+        (on a ``restart``, the newest for evaluation: the state the failure struck)."""
         ctl = get(self.store, KEY)
         self._answer(ctl)
-        for it in sorted(i for i in self.kept if i > ctl["acked"]):
-            self._post(it, *self.kept[it], lookback=0)
+        left = sorted(i for i in self.kept if i > ctl["acked"])
+        for it in left:
+            self._post(it, *self.kept[it], lookback=None if restart and it == left[-1] else 0)
         self.kept = {}
 
     def _answer(self, ctl: dict[str, Any]) -> None:

@@ -143,7 +143,7 @@ class Trainer:
         before = before_step(self.replica, self.flight)
         if before is not None:
             post(self.store, {"type": "before"}, _blob(before))
-        self.evals.leave()
+        self.evals.leave(restart=True)
 
     def _share_state(self, g: Group) -> None:
         """A replacement joins: every member takes a holder's replica and counters."""

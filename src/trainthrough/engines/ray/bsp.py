@@ -52,9 +52,8 @@ class BulkSynchronous:
             eng.checkpointer.after_iteration(self.logical)
             eng._measure()
             eng.cb.after_step(self.executed, eng.ctx.wall())
-            if self.executed % eng.eval_every == 0:
-                done = eng._evaluate(self.executed, {}, self.logical)
-        if self.executed % eng.eval_every and not done:
+            done = eng.ctx.observe(self.executed, eng.c.pull, **eng._extras({}, self.logical))
+        if not done and not eng.ctx.evaluated(self.executed):
             eng._evaluate(self.executed, {}, self.logical)
         result = eng._finish(self.executed, {})
         result.updates_applied = self.rounds_applied * cfg.workers

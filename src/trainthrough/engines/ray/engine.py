@@ -51,7 +51,7 @@ class RayEngine:
         replicas = cfg.replicas if self.strategy.replication != "none" else 1
         self.sizes = {"shard": cfg.shards, "worker": cfg.workers, "replica": replicas}
         self.schedule = ctx.schedule(self.sizes)  # validates ids before anything starts
-        self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
+        self.max_iter = ctx.limits.max_iterations
         self.every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.recovery_policy = self.strategy.recovery_policy()
         self.saves = RayShardSaves(self)
@@ -96,7 +96,6 @@ class RayEngine:
         self.bsp = None
         runs = {m.name: m.handle.run.remote(self.max_iter)
                 for m in c.members.values() if m.kind == "worker"}
-        last_eval = 0
         iteration, done, progress = 0, False, {}
         departed = self._watch_zookeeper(c)
         self._evaluate(0, {})
@@ -126,9 +125,8 @@ class RayEngine:
                 executed = iteration + self.replayed
             self._measure()
             self.checkpointer.after_iteration(iteration)
-            if executed >= last_eval + self.eval_every:
-                last_eval = executed - executed % self.eval_every
-                done = self._evaluate(executed, progress, iteration)
+            # The driver sees the iteration at its ticks: it keeps or scores what it sees.
+            done = self.ctx.observe(executed, self.c.pull, **self._extras(progress, iteration))
             self.cb.after_step(executed, now)
             done = done or executed >= self.max_iter or (
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
@@ -195,15 +193,24 @@ class RayEngine:
         params = self.c.pull()
         if params is None:
             return False  # a shard is down: nothing to score
-        return self.ctx.evaluate(
-            params, iteration, logical_iteration=iteration if logical is None else logical,
-            updates_applied=sum(p["pushes"] for p in progress.values()),
-            idle_seconds=sum(p["idle"] for p in progress.values()))
+        return self.ctx.evaluate(params, iteration,
+                                 **self._extras(progress, iteration if logical is None else logical))
+
+    @staticmethod
+    def _extras(progress: dict[str, dict[str, Any]], logical: int) -> dict[str, Any]:
+        """What every evaluation records besides the metric."""
+        return {"logical_iteration": logical,
+                "updates_applied": sum(p["pushes"] for p in progress.values()),
+                "idle_seconds": sum(p["idle"] for p in progress.values())}
 
     # -- failures and recovery --------------------------------------------------
     def _strike(self, e: FailureEvent, iteration: int) -> None:
         from trainthrough.engines.ray.recovery import victims
 
+        logical = self.bsp.logical if self.bsp is not None else iteration - self.replayed
+        # The state the failure strikes, scored unless it was (curves show the dip).
+        progress = {} if self.bsp is not None else self._last_progress
+        self.ctx.disruption(iteration, self.c.pull, **self._extras(progress, logical))
         for name in victims(self.c, e):
             m = self.c.members[name]
             before = self.c.pull() if m.kind == "shard" else None
@@ -228,6 +235,9 @@ class RayEngine:
         for p in [p for p in self.pending if p["at"] <= now and self.c.ready(p["member"])]:
             if activate(self, p, iteration, runs):
                 self.pending.remove(p)
+                # A recovery ended: the next iterations are evaluated too.
+                self.ctx.disruption(self.bsp.executed if self.bsp is not None
+                                    else iteration + self.replayed)
 
     def _measure(self) -> None:
         """Close recoveries: the time from the kill to the next update applied."""

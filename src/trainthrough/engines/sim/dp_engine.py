@@ -71,7 +71,7 @@ class SimDPEngine:
         every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.ckpt = SimDPCheckpoints(self.g, store, self.strategy.checkpoint_policy(every),
                                      self.clock, self.costs, self._emit)
-        self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
+        self.max_iter = ctx.limits.max_iterations
         self.result = ctx.result
         self.spec = StepSpec(self.g.buckets, workload.aggregate == "mean",
                              self.policy.needs_step_snapshot)
@@ -116,9 +116,9 @@ class SimDPEngine:
             if committed:
                 self.ckpt.after_step(self.logical)
             self.cb.after_step(self.executed, self.clock.now)
-            if self.executed % self.eval_every == 0:
-                done = self._evaluate()
-        if self.executed % self.eval_every and not done:
+            done = self.ctx.observe(self.executed, self.g.params, sim_seconds=self.clock.now,
+                                    logical_iteration=self.logical, ranks=len(self.g.ranks))
+        if not done and not self.ctx.evaluated(self.executed):
             self._evaluate()
         return self._finish()
 
@@ -148,6 +148,8 @@ class SimDPEngine:
             self.result.updates_applied += len(g.live)
             return True
         hit, point = self._hit
+        # The last committed state is the one the failure struck (evaluated if kept).
+        self.ctx.disruption(self.executed)
         committed, self.logical = self.recovery.recover(hit, point, fls, self.executed,
                                                         self.logical)
         return None if point == "boundary" else committed

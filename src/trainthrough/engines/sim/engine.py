@@ -75,7 +75,7 @@ class SimEngine:
                                             self._emit, cfg.seed)
         self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
                                     self.checkpointer, self.clock, self.costs, self._emit)
-        self.max_iter, self.eval_every = ctx.limits.max_iterations, ctx.limits.eval_every
+        self.max_iter = ctx.limits.max_iterations
         self.result = ctx.result
         self._wall0 = time.perf_counter()
 
@@ -96,8 +96,13 @@ class SimEngine:
         done = self._evaluate(executed, logical)
         while not done and executed < self.max_iter:
             self.checkpointer.flush_due()
+            struck_at = logical
             logical, rec, undone = self.recovery.deliver(executed, logical)
             if rec is not None:
+                # The state just before the failure (the dip starts there).
+                self.ctx.disruption(executed, lambda: self.recovery.before[0],
+                                    sim_seconds=self.recovery.before[1],
+                                    logical_iteration=struck_at)
                 self.result.recoveries.append(rec)
                 self.result.updates_lost += undone
                 self.checkpointer.drop_pending()
@@ -106,9 +111,9 @@ class SimEngine:
             executed += 1
             self.checkpointer.after_iteration(logical)
             self.cb.after_step(executed, self.clock.now)
-            if executed % self.eval_every == 0:
-                done = self._evaluate(executed, logical)
-        if executed % self.eval_every and not done:
+            done = self.ctx.observe(executed, self.cluster.params, sim_seconds=self.clock.now,
+                                    logical_iteration=logical)
+        if not done and not self.ctx.evaluated(executed):
             self._evaluate(executed, logical)
         r = self.result
         r.iterations = executed

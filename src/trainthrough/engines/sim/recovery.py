@@ -17,6 +17,7 @@ from trainthrough.faults.schedule import FailureEvent, FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.recovery import RecoveryPolicy
+from trainthrough.workloads.base import Params
 
 
 class SimRecovery:
@@ -33,6 +34,7 @@ class SimRecovery:
         self.costs = costs
         self.emit = emit
         self.failures = 0
+        self.before: tuple[Params, float] = ({}, 0.0)
 
     def deliver(self, executed: int, logical: int) -> tuple[int, Recovery | None, int]:
         """Fire the failures due now and recover.
@@ -46,6 +48,7 @@ class SimRecovery:
             return logical, None, 0
         t_fail = self.clock.now
         before = self.c.snapshot()
+        self.before = (before, t_fail)  # the state the failure struck, for its evaluation
         lost: set[int] = set()
         failed: list[str] = []
         self._strike(events, executed, lost, failed)
