@@ -179,8 +179,10 @@ class DistRecovery:
         self.fail_events = [e for e in self.fail_events if e not in victims]
         phase = victims[0]["phase_kind"] if victims else "boundary"
         died = [t for s in failed if (t := procs.current[s].died_at) is not None]
-        t_fail = float(victims[0]["t"]) if victims else min(died, default=now)
         t_detect = min((r.t for r in errors), default=now)
+        # An injected failure says when it struck; a loss nobody injected (a node gone)
+        # is dated by its first sign: a death seen, or the first survivor's error.
+        t_fail = float(victims[0]["t"]) if victims else min([*died, t_detect])
         self.t_detect = t_detect
         self.detections.append(t_detect - t_fail)
         # With no survivor, the victims' own last words say how far the run got.

@@ -62,6 +62,10 @@ def check_address(address: str, timeout: float = CONNECT_SECONDS) -> None:
                         f"{e.strerror or e} (is `ray start --head` running there?)") from None
 
 
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rpartition(":")[0].strip("[]")
+
+
 def _loopback_even_if_imported() -> None:
     """Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is imported: a
     caller that imported Ray before us (a notebook, a test module) would otherwise
@@ -91,13 +95,19 @@ def ensure_ray(address: str | None = None) -> bool:
         return False
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
-    if not address:
+    host = _host(address) if address else "127.0.0.1"
+    if host == "127.0.0.1":
+        # Also when joining a cluster on 127.0.0.1: Ray would otherwise rewrite it to
+        # the external address, where its loopback listeners are not.
         _loopback_even_if_imported()
     term = signal.getsignal(signal.SIGTERM)
     try:
         if address:
             check_address(address)
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            # A cluster of nodes on loopback addresses (127.0.0.2, ...: several nodes on
+            # one host): this driver is on its head's address, not the external one.
+            here = {"_node_ip_address": host} if host.startswith("127.") else {}
+            ray.init(address=address, log_to_driver=False, configure_logging=False, **here)
         else:
             logging.getLogger("ray._private.authentication.authentication_token_setup"
                               ).setLevel(logging.ERROR)
