@@ -262,8 +262,15 @@ class RunConfig:
         from trainthrough.workloads.options import check_options
 
         check_fields(self, flag_label)
-        workload_factory(self.workload)  # unknown names and broken references: one line
-        check_options(self.workload, self.workload_options)
+        from trainthrough.loop.api import TrainingLoop
+
+        factory = workload_factory(self.workload)  # unknown names, broken references: one line
+        if isinstance(factory, TrainingLoop):  # a user's loop: only ranks that run it
+            if self.paradigm != "dp" or self.engine not in ("ray", "gloo", "dist"):
+                raise UserError(f"{self.workload} is your own training loop: run it with "
+                                "--paradigm dp --engine ray (or gloo)")
+        else:
+            check_options(self.workload, self.workload_options)
         strategy = resolve(self.strategy)
         strategy.require(self.paradigm)
         specs = parse(self.failures)

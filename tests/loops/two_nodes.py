@@ -14,6 +14,7 @@ is loopback, so nothing listens beyond this test. Steps:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -58,10 +59,8 @@ def session_members(sid: int) -> list[int]:
 def end(p: subprocess.Popen[bytes]) -> None:
     """Lose the node: SIGKILL every process of its session at once."""
     for pid in session_members(p.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     p.wait(timeout=60)
 
 

@@ -106,8 +106,8 @@ def ensure_ray(address: str | None = None) -> bool:
             check_address(address)
             # A cluster of nodes on loopback addresses (127.0.0.2, ...: several nodes on
             # one host): this driver is on its head's address, not the external one.
-            here = {"_node_ip_address": host} if host.startswith("127.") else {}
-            ray.init(address=address, log_to_driver=False, configure_logging=False, **here)
+            ray.init(address=address, log_to_driver=False, configure_logging=False,
+                     _node_ip_address=host if host.startswith("127.") else None)
         else:
             logging.getLogger("ray._private.authentication.authentication_token_setup"
                               ).setLevel(logging.ERROR)
