@@ -63,7 +63,7 @@ AFTER_DISRUPTION = 3
 #: the last one: wider windows spent the look-backs early, on fast initial progress)
 NEAR_WINDOW = 1
 #: look-backs a run may spend on evaluations near, but not at, the target
-NEAR_LOOKS = 3
+NEAR_LOOKS = 2
 
 
 class EvalAction(Enum):
