@@ -4,8 +4,8 @@ Read it top to bottom: a dataset, a model with BatchNorm, an optimizer and a
 DataLoader, all plain PyTorch; the lines marked ``# +`` are all trainthrough adds.
 Run it (CPU, about a minute; one Ray cluster started and stopped for you):
 
-    python examples/byo_loop.py                 # 4 ranks on local Ray, rank 1 SIGKILLed
-    python examples/byo_loop.py --engine gloo   # the same on local processes
+    .venv/bin/python examples/byo_loop.py               # 4 ranks on local Ray, rank 1 killed
+    .venv/bin/python examples/byo_loop.py --engine gloo # the same on local processes
 
 It trains twice, with the same seed: once without failures, once with rank 1
 SIGKILLed at its 40th step and recovered by mini-batch rollback (the step is redone

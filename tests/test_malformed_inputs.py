@@ -79,7 +79,8 @@ CLI.update({
     "checkpoint-dir unknown protocol": _args("--checkpoint-dir", "nosuchproto://x"),
     # Combinations of valid values that no engine runs.
     "dist engine without dp": _args("--engine", "dist"),
-    "dp on the ray engine": _args("--paradigm", "dp", "--engine", "ray", "--strategy", "rollback"),
+    "dp with async consistency on ray": _args("--paradigm", "dp", "--engine", "ray",
+                                              "--consistency", "async", "--strategy", "rollback"),
     "async consistency on sim": _args("--consistency", "async"),
     "ssp on ray": _args("--engine", "ray", "--consistency", "ssp"),
     "zookeeper without hosts": _args("--coordinator", "zookeeper"),

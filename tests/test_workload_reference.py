@@ -92,6 +92,23 @@ def test_reference_runs_on_ray_actors(user_file: str, tmp_path: Path) -> None:
     assert s["workload"] == "mine" and s["failures"] == 1 and s["recoveries"]
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.usefixtures("ray_session")
+def test_reference_runs_data_parallel_on_ray_actors(user_file: str, tmp_path: Path) -> None:
+    """The same file, data parallel: every rank a Ray actor that imports it itself; rank 1
+    is SIGKILLed mid-allreduce and the survivor redoes the step."""
+    pytest.importorskip("ray")
+    out = tmp_path / "raydp"
+    assert main(["run", "--workload", user_file, "--engine", "ray", "--paradigm", "dp",
+                 "--ranks", "2", "--strategy", "rollback",
+                 "--fail", "rank=1@iter=10,phase=allreduce:0", "--recovery-delay", "0.1",
+                 "--quiet", "--out", str(out)]) == 0
+    s = _summary(out)
+    assert s["workload"] == "mine" and s["failures"] == 1
+    assert s["recoveries"][0]["action"] == "mini-batch-rollback" and s["converged"]
+    assert len(s["rank_nodes"]) == 2 and s["replicas_identical"]
+
+
 @pytest.mark.parametrize("ref,words", [
     ("nowhere/missing.py:build", "does not exist"),
     ("json:no_such_factory", "no callable"),

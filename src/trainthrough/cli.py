@@ -220,7 +220,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"failures={s['failures']} rework={rework if rework is not None else 'n/a'} "
             f"{s['metric_name']}={s['final_metric']:.4g} sim={s['sim_seconds']:.1f}s "
             f"wall={s['wall_seconds']:.1f}s -> {out}")
-    if not s["converged"]:
+    if not s["converged"] and s["target"] is not None:
         print(f"trainthrough: run did not reach the target {s['target']} within "
               f"{s['iterations']} iterations (see {out}/metrics.jsonl)", file=sys.stderr)
     return 0

@@ -36,7 +36,7 @@ class RunResult:
     engine: str
     seed: int
     metric_name: str
-    target: float
+    target: float | None  # None: the workload has none (a user's loop without one)
     direction: str
     converged: bool = False
     iterations: int = 0
@@ -82,5 +82,6 @@ def limits(cfg: RunConfig, workload: Workload) -> Limits:
 def new_result(cfg: RunConfig, workload: Workload, engine: str, target: float) -> RunResult:
     """An empty :class:`RunResult` for one run of ``workload`` on ``engine``."""
     return RunResult(workload=workload.name, strategy=cfg.strategy, engine=engine, seed=cfg.seed,
-                     metric_name=workload.metric_name, target=target,
+                     metric_name=workload.metric_name,
+                     target=target if workload.has_target else None,
                      direction=workload.direction)

@@ -69,6 +69,7 @@ class Workload(ABC):
     metric_name: str = "metric"
     direction: Literal["max", "min"] = "max"
     default_target: float = 0.0
+    has_target: bool = True  # False: no target (a user's loop without one); epochs end it
     update_kind: Literal["gradient", "delta"] = "gradient"
     aggregate: Literal["mean", "sum"] = "mean"
     default_optimizer: OptimizerSpec = OptimizerSpec()
