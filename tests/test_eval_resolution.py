@@ -57,10 +57,13 @@ def test_policy_evaluates_multiples_and_after_disruptions_keeps_the_rest() -> No
     assert p.decide(42 + AFTER_DISRUPTION, 41 + AFTER_DISRUPTION, False, 41) is EvalAction.KEEP
 
 
-def test_near_means_closer_to_the_target_than_the_last_move() -> None:
-    assert not near([0.5], 0.16)  # no move yet
-    assert near([0.20, 0.17], 0.16)  # 0.01 away, moved 0.03
-    assert not near([0.30, 0.25], 0.16)
+def test_near_means_closer_to_the_target_than_the_last_steady_move() -> None:
+    assert not near([0.20, 0.17], 0.16)  # two moves are needed
+    assert near([0.23, 0.20, 0.17], 0.16)  # 0.01 away, moving 0.03 per interval
+    assert not near([0.35, 0.30, 0.25], 0.16)  # 0.09 away
+    # Fast geometric progress (the move shrank by more than half): the trend dominates,
+    # and the look-back at the target finds a monotone approach exactly.
+    assert not near([0.50, 0.20, 0.17], 0.16)
 
 
 # -- sim parameter server: ridge (gradient descent, monotone metric) ----------------

@@ -19,8 +19,8 @@ finishes, :class:`EvalPolicy` decides (:class:`EvalAction`):
 evaluation at ``t`` finds the target reached for the first time, the kept iterations
 since the previous evaluation are scored first, oldest first, until one reaches it;
 that one is the iteration to target. A regular evaluation that does not reach the
-target but is *near* it (closer than the metric moved over the last interval,
-:func:`near`) looks back too, at most :data:`NEAR_LOOKS` times a run: noisy metrics
+target but is *near* it (closer than the metric moved over the last interval, while
+progress is steady: :func:`near`) looks back too, at most :data:`NEAR_LOOKS` times a run: noisy metrics
 (mini-batch SGD) touch the target between two evaluations and leave it again.
 Engines and the failure-free baseline share the rule, so rework is a difference of
 two exact numbers.
@@ -59,9 +59,6 @@ from trainthrough.workloads.base import Params
 
 #: iterations evaluated after a disruption (a failure, or the end of a recovery)
 AFTER_DISRUPTION = 3
-#: moves between consecutive regular evaluations that set the margin (:func:`near`;
-#: the last one: wider windows spent the look-backs early, on fast initial progress)
-NEAR_WINDOW = 1
 #: look-backs a run may spend on evaluations near, but not at, the target
 NEAR_LOOKS = 2
 
@@ -103,16 +100,19 @@ class EvalPolicy:
 
 
 def near(recent: list[float], target: float) -> bool:
-    """Whether the last of ``recent`` (regular evaluations' metrics, oldest first) is
-    within the margin of ``target``: the largest move between two consecutive ones.
+    """Whether the last of ``recent`` (the last three regular evaluations' metrics,
+    oldest first) is near ``target``: closer to it than the metric moved over the last
+    interval, while progress is steady (that move at least half the one before).
 
-    A metric that moved that much between two evaluations may have touched the target
-    between the last two and come back (noisy SGD does): the gap is worth scoring.
+    A metric that moves that much between two evaluations may have touched the target
+    in between and come back (noisy SGD does): the interval is worth scoring. While
+    each move is less than half the one before, the trend dominates (a fast, monotone
+    approach), which the look-back at the target already locates exactly.
     """
-    if len(recent) < 2:
+    if len(recent) < 3:
         return False
-    margin = max(abs(b - a) for a, b in zip(recent, recent[1:]))
-    return abs(recent[-1] - target) <= margin
+    before, last = abs(recent[-2] - recent[-3]), abs(recent[-1] - recent[-2])
+    return abs(recent[-1] - target) <= last and last >= before / 2
 
 
 @dataclass
@@ -172,7 +172,7 @@ class Evaluations:
         before recording it."""
         regular = iteration // self.policy.every > self.scored // self.policy.every
         if regular:
-            self.recent = (self.recent + [metric])[-(NEAR_WINDOW + 1):]
+            self.recent = (self.recent + [metric])[-3:]
         if iteration - self.scored <= 1:
             return False
         if reached:
