@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainthrough.errors import UserError
 from trainthrough.loop import Loop, launch, training_loop  # +
 
 
@@ -77,12 +78,18 @@ def main() -> int:
     p.add_argument("--engine", default="ray", choices=("ray", "gloo"))
     p.add_argument("--ray-address", default=None, help="join this Ray cluster")
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--out", default="runs/byo-loop")
+    p.add_argument("--out", default=None, help="folder of the two runs (replaced if there)")
     a = p.parse_args()
-    common = dict(ranks=a.ranks, engine=a.engine, ray_address=a.ray_address, seed=0)
-    clean = launch(train, out=f"{a.out}/no-failure", progress=False, **common)  # +
-    hit = launch(train, out=f"{a.out}/rank1-killed", strategy="rollback",  # +
-                 fail=["rank=1@iter=40"], recovery_delay=2.0, **common)
+    out = a.out or f"runs/byo-loop-{a.engine}"
+    common = dict(ranks=a.ranks, engine=a.engine, ray_address=a.ray_address, seed=0,
+                  overwrite=True)
+    try:
+        clean = launch(train, out=f"{out}/no-failure", progress=False, **common)  # +
+        hit = launch(train, out=f"{out}/rank1-killed", strategy="rollback",  # +
+                     fail=["rank=1@iter=40"], recovery_delay=2.0, **common)
+    except UserError as e:  # a bad argument: one line, exit 2
+        print(f"byo_loop: {e}", file=sys.stderr)
+        return 2
     print(hit)
     gap = 100 * (clean.returned["accuracy"] - hit.returned["accuracy"])
     print(f"accuracy without failures {clean.returned['accuracy']:.4f}, "

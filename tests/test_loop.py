@@ -114,6 +114,16 @@ def test_module_replica_state_round_trips_and_buffers_average() -> None:
     assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
+def test_a_file_travels_to_a_joined_cluster_by_working_dir() -> None:
+    from trainthrough.engines.ray.runtime import shipped
+
+    assert shipped("/u/proj/train.py:main", None) == (None, "/u/proj/train.py:main")
+    assert shipped("pkg.mod:main", "127.0.0.2:6379") == (None, "pkg.mod:main")
+    env, ref = shipped("/u/proj/train.py:main", "127.0.0.2:6379")
+    assert ref == "train.py:main" and env is not None and env["working_dir"] == "/u/proj"
+    assert "runs/" in env["excludes"] and ".venv/" in env["excludes"]
+
+
 def test_a_loop_that_cannot_travel_is_refused() -> None:
     with pytest.raises(UserError, match="training_loop"):
         reference_of(lambda loop: None)  # type: ignore[arg-type]
@@ -143,5 +153,8 @@ def test_two_local_nodes_ranks_on_both_and_a_whole_node_lost(tmp_path: Path) -> 
     nodes = {n for ns in s["rank_nodes"].values() for n in ns if n}
     assert len(nodes) == 2, s["rank_nodes"]  # ranks were placed on both nodes
     assert result["node_killed_after_step"] < 60, "the node was lost too late to matter"
+    # On a cluster it joins, the ranks import the copy of the file Ray shipped them.
+    assert Path(result["returned"]["file"]).resolve() != (ROOT / "tests" / "loops" /
+                                                          "ledger_loop.py").resolve()
     assert s["recoveries"], "the lost node's ranks were never recovered"
     _check_exactly_once(result, tmp_path / "ledger")

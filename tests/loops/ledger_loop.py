@@ -59,7 +59,7 @@ def train(loop: Loop) -> dict[str, object]:
         loop.step(loss_of)
     sd = model.state_dict()
     return {"sum": float(sum(v.double().sum() for v in sd.values() if v.is_floating_point())),
-            "steps": loop.step_index}
+            "steps": loop.step_index, "file": __file__}
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            replace: bool = True, recovery_delay: float = 2.0,
            checkpoint_every: int | None = None, timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
-           progress: bool = True) -> LoopResult:
+           overwrite: bool = False, progress: bool = True) -> LoopResult:
     """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
@@ -114,7 +114,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         replace: start a replacement for a lost rank ``recovery_delay`` seconds later; it
             joins with a live peer's state (the group shrinks, then grows back).
         timeout: the collective timeout in seconds (how long a hung rank can stall).
-        out: the run folder (default ``runs/loop-<time>``).
+        out: the run folder (default ``runs/loop-<time>``); one that holds a run is
+            refused unless ``overwrite`` (only the files a run writes are replaced).
 
     Raises:
         UserError: a bad argument (one line says which).
@@ -129,6 +130,6 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout))
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
-    summary = runner.run(cfg, folder, callbacks=callbacks)
+    summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite)
     extras = summary.get("extras", summary)
     return LoopResult(extras.get("returned"), summary, folder, list(extras.get("committed", [])))

@@ -92,8 +92,12 @@ class DistRecovery:
     def tick(self) -> bool:
         """Advance the state machine; returns whether anything happened."""
         if self.state == "starting":
-            if any(p.exitcode is not None for p in self.waiting):
-                raise RuntimeError("dist engine: a rank process ended while starting")
+            ended = [p for p in self.waiting if p.exitcode is not None]
+            if ended:
+                p = ended[0]
+                why = getattr(p.process, "why", "")
+                raise RuntimeError(f"dist engine: rank {p.slot} ended while starting "
+                                   f"(exit code {p.exitcode}{': ' + why if why else ''})")
             if time.time() - self.started_at > 120:
                 raise RuntimeError("dist engine: rank processes did not start within 120 s")
             if not all(self.e.procs.ready(p) for p in self.waiting):

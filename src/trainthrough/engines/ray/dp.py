@@ -8,7 +8,8 @@ with ranks spread over its nodes, and a node lost takes its ranks with it like a
 other failure. Each actor runs ``rank_main`` with its spec as JSON (a workload's step,
 or a user's loop imported by reference): nothing is pickled but Ray's own call.
 
-Collectives are gloo over TCP on CPU. The controller's store listens on 127.0.0.1
+On a cluster it joined (``--ray-address``), a user's file travels with the actors
+(Ray's ``working_dir``, :func:`~.runtime.shipped`). Collectives are gloo over TCP on CPU. The controller's store listens on 127.0.0.1
 (rank processes on other machines cannot reach it): this engine joins clusters whose
 nodes share this host, such as ``ray start`` nodes started here.
 """
@@ -18,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import replace
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainthrough.engines.gloo.controller import GlooEngine
 from trainthrough.engines.gloo.protocol import RankSpec
-from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+from trainthrough.engines.ray.runtime import ensure_ray, shipped, shutdown_ray
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
 
@@ -43,16 +46,22 @@ class RankActor:
 
 
 class RayRank:
-    """A rank started as a :class:`RankActor`; spread over the cluster's nodes."""
+    """A rank started as a :class:`RankActor`, on the node :func:`_node_for` picks."""
 
     def __init__(self, spec: RankSpec) -> None:
-        self.actor = RankActor.options(scheduling_strategy="SPREAD").remote()  # type: ignore[attr-defined]
+        # The first ranks go exactly where they are put (soft affinity was measured to
+        # leave a node empty now and then); later ones may go anywhere their node is not.
+        place = NodeAffinitySchedulingStrategy(_node_for(int(spec["slot"])),
+                                               soft=spec["mode"] != "fresh")
+        self.actor = RankActor.options(  # type: ignore[attr-defined]
+            scheduling_strategy=place).remote()
         self._who = self.actor.whoami.remote()
         self._done = self.actor.run.remote(json.dumps(spec))
         self.pid: int | None = None
         self.node: str | None = None
         self.ident: ProcessIdentity | None = None
         self._code: int | None = None
+        self.why = ""  # Ray's word on why it ended, if it did not end normally
 
     @property
     def exitcode(self) -> int | None:
@@ -61,10 +70,10 @@ class RayRank:
             if ready:
                 try:
                     self._code = int(ray.get(self._done))
-                except ray.exceptions.RayActorError:
-                    self._code = -9  # the process (or its node) died
-                except ray.exceptions.RayError:
-                    self._code = 1
+                except ray.exceptions.RayActorError as e:
+                    self._code, self.why = -9, _first_line(e)  # the process (or node) died
+                except ray.exceptions.RayError as e:
+                    self._code, self.why = 1, _first_line(e)
         return self._code
 
     def join(self, timeout: float | None = None) -> None:
@@ -100,13 +109,31 @@ class RayRank:
             ray.kill(self.actor, no_restart=True)
 
 
+def _first_line(e: Exception) -> str:
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    return lines[0][:300] if lines else type(e).__name__
+
+
+def _node_for(slot: int) -> str:
+    """Ranks go round the live nodes by slot (slot i on node i mod n, nodes in id
+    order): every node gets ranks, which Ray's best-effort SPREAD did not always do."""
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    return nodes[slot % len(nodes)]
+
+
 class RayDataParallel(GlooEngine):
     """``--engine ray --paradigm dp``: the gloo controller with ranks on Ray actors."""
 
     launch = RayRank
 
     def run(self) -> RunResult:
-        started = ensure_ray(self.cfg.ray_address)
+        env, ref = shipped(self.program or self.cfg.workload, self.cfg.ray_address)
+        started = ensure_ray(self.cfg.ray_address, runtime_env=env)
+        if env is not None and started:  # the job's working_dir holds the user's file
+            if self.program is not None:
+                self.program = ref
+            else:
+                self.cfg = replace(self.cfg, workload=ref)
         try:
             return super().run()
         finally:

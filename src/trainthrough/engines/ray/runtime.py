@@ -25,6 +25,8 @@ import signal
 import socket
 import tempfile
 import threading
+from pathlib import Path
+from typing import Any
 
 from trainthrough.engines.ray import LOOPBACK_ENV
 from trainthrough.errors import UserError
@@ -78,8 +80,11 @@ def _loopback_even_if_imported() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def ensure_ray(address: str | None = None) -> bool:
+def ensure_ray(address: str | None = None,
+               runtime_env: dict[str, Any] | None = None) -> bool:
     """Start a local Ray on 127.0.0.1 (or join ``address``) unless one is already up.
+
+    ``runtime_env``: the job's, when joining (what :func:`shipped` says travels).
 
     Returns:
         True if this call started Ray (and so should shut it down).
@@ -107,7 +112,8 @@ def ensure_ray(address: str | None = None) -> bool:
             # A cluster of nodes on loopback addresses (127.0.0.2, ...: several nodes on
             # one host): this driver is on its head's address, not the external one.
             ray.init(address=address, log_to_driver=False, configure_logging=False,
-                     _node_ip_address=host if host.startswith("127.") else None)
+                     _node_ip_address=host if host.startswith("127.") else None,
+                     runtime_env=runtime_env)
         else:
             logging.getLogger("ray._private.authentication.authentication_token_setup"
                               ).setLevel(logging.ERROR)
@@ -146,3 +152,27 @@ def shutdown_ray() -> None:
 def _remove_temp() -> None:
     while _started_temp:  # only folders this module created itself
         shutil.rmtree(_started_temp.pop(), ignore_errors=True)
+
+
+# What never travels with a user's folder: runs, checkpoints, environments, VCS.
+SHIP_EXCLUDES = ["runs/", "checkpoints/", ".venv/", "venv/", ".git/", "__pycache__/",
+                 "*.safetensors", "*.pt", "*.ckpt"]
+
+
+def shipped(reference: str, address: str | None) -> tuple[dict[str, Any] | None, str]:
+    """How actors of a cluster we joined get a user's file: Ray's ``working_dir``.
+
+    A ``path/file.py:name`` reference on a joined cluster ships the file's folder (Ray
+    uploads it once and unpacks it as each actor's working directory, on every node)
+    and the actors import ``file.py:name`` from there: a node that does not share this
+    machine's disk runs the same code. Module references and local Ray need nothing.
+
+    Returns:
+        The actors' ``runtime_env`` (None: none needed) and the reference they use.
+    """
+    where, _, name = reference.rpartition(":")
+    if not address or not where.endswith(".py"):
+        return None, reference
+    path = Path(where)
+    return ({"working_dir": str(path.parent), "excludes": SHIP_EXCLUDES},
+            f"{path.name}:{name}")
