@@ -169,14 +169,14 @@ class GlooEngine:
                                f"{event['traceback']}")
         if kind == "params":
             assert blob is not None
-            if "lookback" not in event:  # a copy of an earlier step says nothing new
-                self.logical = int(event["logical"])  # goes back on a restart
-                self.iteration = max(self.iteration, int(event["iteration"]))
-                self.result.updates_applied = int(event["applied"])
+            self.logical = int(event["logical"])  # goes back on a restart
+            self.iteration = max(self.iteration, int(event["iteration"]))
+            self.result.updates_applied = int(event["applied"])
             self.evals.on_params(event, safetensors.torch.load(blob))
             return
-        if kind == "lookback":  # the first member sent the copies asked for
-            self.evals.on_lookback(event)
+        if kind == "copies":  # kept by the first member, for a look-back
+            assert blob is not None
+            self.evals.on_copies(event, safetensors.torch.load(blob))
             return
         if kind == "metrics":  # a user's loop evaluated its own model on its first rank
             self.logical = int(event["logical"])

@@ -11,17 +11,17 @@ until they are in. Call order (store key ``evalctl``, JSON, written by the contr
 
 1. the controller sets ``evalctl`` before any rank starts: ``acked`` (the last
    iteration evaluated: copies up to it are dropped), ``reached`` (the target is
-   known: nothing more is kept) and ``ask`` (``[id, after, before]``: post your copies
+   known: nothing more is kept) and ``ask`` (``[id, after, before]``: send your copies
    of the iterations strictly between, or null);
-2. the first member reads it at every commit (one store round trip), answers an
-   ``ask`` it has not answered with ``params`` events marked ``lookback: id`` and a
-   ``lookback`` event closing them (what it had; possibly nothing), then posts or
-   keeps this step as the policy says;
-3. when the first member leaves the run (the end, or a checkpoint-restart), it posts
-   every copy it still holds, unasked (``lookback: 0``), so a look-back asked later
-   still finds them at the controller; on a restart the newest is posted for
-   evaluation instead (the state the failure struck). After a re-formation the first
-   commit posts the copy of the last commit before the failure, likewise.
+2. the first member reads it at its regular evaluations, after a recovery and, while
+   an ask stands, at every commit (one store round trip each); it answers an ask it
+   has not answered with one ``copies`` event (every copy it has in the range, in one
+   safetensors blob; possibly none), then posts or keeps its step as the policy says;
+3. when the first member leaves the run (the end, or a checkpoint-restart), it sends
+   every copy it still holds, unasked (``id`` 0), so a look-back asked later still
+   finds them at the controller; on a restart the newest is posted for evaluation
+   instead (the state the failure struck). After a re-formation the first commit
+   posts the copy of the last commit before the failure, likewise.
 
 Copies live in the first member only: a first member that dies takes them along,
 and that look-back scores what the controller has (``target_resolution`` says how
@@ -60,6 +60,7 @@ class RankEvals:
         self.last: int | None = None  # the executed count of this process's last commit
         self.disrupted: int | None = None
         self.answered = 0  # the last ask answered
+        self.ctl: dict[str, Any] = {"acked": -1, "reached": False, "ask": None}
 
     def after_commit(self, executed: int, logical: int, applied: int, params: Tensors,
                      recovered: bool, keep: bool = True) -> bool:
@@ -69,49 +70,54 @@ class RankEvals:
         commit before the failure, if kept, is posted first: the dip starts there).
         ``keep``: copies are useful (False when the rank scores its own model).
         """
-        ctl = get(self.store, KEY)
-        self._answer(ctl)
-        self.kept = {i: k for i, k in self.kept.items() if i > ctl["acked"]}
         previous = executed - 1 if self.last is None else self.last
+        self.last = executed
+        p = self.policy
+        if recovered or self.ctl["ask"] is not None or executed // p.every > previous // p.every:
+            self._refresh()  # at regular evaluations, after recoveries, while asked
         if recovered:
             self.disrupted = previous
             if previous in self.kept:
-                self._post(previous, *self.kept.pop(previous), lookback=None)
-        self.last = executed
-        action = self.policy.decide(executed, previous, bool(ctl["reached"]), self.disrupted)
+                self._post(previous, *self.kept.pop(previous))
+        action = p.decide(executed, previous, bool(self.ctl["reached"]), self.disrupted)
         if action is EvalAction.KEEP and keep:
             self.kept[executed] = (logical, applied,
                                    {n: v.detach().clone() for n, v in params.items()})
         return action is EvalAction.EVALUATE
 
     def leave(self, restart: bool = False) -> None:
-        """This process leaves the run: answer a pending ask, and post every copy left
-        (on a ``restart``, the newest for evaluation: the state the failure struck)."""
-        ctl = get(self.store, KEY)
-        self._answer(ctl)
-        left = sorted(i for i in self.kept if i > ctl["acked"])
-        for it in left:
-            self._post(it, *self.kept[it], lookback=None if restart and it == left[-1] else 0)
+        """This process leaves the run: answer a pending ask, and send every copy left
+        (on a ``restart``, the newest is posted for evaluation: the state the failure
+        struck)."""
+        self._refresh()
+        left = sorted(i for i in self.kept if i > self.ctl["acked"])
+        if restart and left:
+            self._post(left[-1], *self.kept.pop(left[-1]))
+            left.pop()
+        self._send(left, 0)
         self.kept = {}
 
-    def _answer(self, ctl: dict[str, Any]) -> None:
-        ask = ctl.get("ask")
-        if not ask or ask[0] <= self.answered:
-            return
-        n, after, before = ask
-        sent = sorted(i for i in self.kept if after < i < before)
-        for it in sent:
-            self._post(it, *self.kept[it], lookback=n)
-        post(self.store, {"type": "lookback", "id": n, "iterations": sent})
-        self.answered = n
+    def _refresh(self) -> None:
+        """Read what the controller says; answer its ask; drop what it evaluated."""
+        self.ctl = get(self.store, KEY)
+        self.kept = {i: k for i, k in self.kept.items() if i > self.ctl["acked"]}
+        ask = self.ctl.get("ask")
+        if ask and ask[0] > self.answered:
+            n, after, before = ask
+            self._send([i for i in sorted(self.kept) if after < i < before], n)
+            self.answered = n
 
-    def _post(self, executed: int, logical: int, applied: int, params: Tensors,
-              lookback: int | None) -> None:
-        event: dict[str, Any] = {"type": "params", "iteration": executed, "logical": logical,
-                                 "final": False, "applied": applied}
-        if lookback is not None:
-            event["lookback"] = lookback
-        post(self.store, event, _blob(params))
+    def _send(self, iterations: list[int], ask: int) -> None:
+        """The copies of ``iterations`` in one event (``ask`` 0: unasked)."""
+        if not iterations and not ask:
+            return
+        copies = [[i, *self.kept[i][:2]] for i in iterations]
+        tensors = {f"{i}/{n}": v for i in iterations for n, v in self.kept[i][2].items()}
+        post(self.store, {"type": "copies", "id": ask, "copies": copies}, _blob(tensors))
+
+    def _post(self, executed: int, logical: int, applied: int, params: Tensors) -> None:
+        post(self.store, {"type": "params", "iteration": executed, "logical": logical,
+                          "final": False, "applied": applied}, _blob(params))
 
 
 class ControllerEvals:
@@ -129,13 +135,7 @@ class ControllerEvals:
         self._publish(None)
 
     def on_params(self, event: dict[str, Any], params: Tensors) -> None:
-        """Parameters posted by the first member: a copy (kept) or an evaluation."""
-        if "lookback" in event:  # a copy, asked for or left behind
-            it = int(event["iteration"])
-            if self.ctx.result.iterations_to_target is None and it > self.ctx.evals.scored:
-                self.ctx.keep(it, params, logical_iteration=int(event["logical"]),
-                              ranks=len(self.e.rec.members))
-            return
+        """Parameters the first member posted for evaluation."""
         it = int(event["iteration"])
         if event["final"] and self._seen(it):  # the last step was posted already
             return
@@ -151,8 +151,15 @@ class ControllerEvals:
             return
         self._score(event, params, ev, look_back)
 
-    def on_lookback(self, event: dict[str, Any]) -> None:
-        """The first member answered an ask: score the evaluation held back."""
+    def on_copies(self, event: dict[str, Any], tensors: Tensors) -> None:
+        """Copies the first member sent (asked for, or left behind): keep them; an answer
+        to the ask under way releases the evaluation held back."""
+        for it, logical, _applied in event["copies"]:
+            if self.ctx.result.iterations_to_target is None and it > self.ctx.evals.scored:
+                prefix = f"{it}/"
+                params = {n[len(prefix):]: v for n, v in tensors.items() if n.startswith(prefix)}
+                self.ctx.keep(it, params, logical_iteration=logical,
+                              ranks=len(self.e.rec.members))
         if self.pending is not None and int(event["id"]) == self.asked:
             self.close()
 
