@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainthrough.engines.gloo.controller import GlooEngine
 from trainthrough.engines.gloo.protocol import RankSpec
-from trainthrough.engines.ray.runtime import ensure_ray, shipped, shutdown_ray
+from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
 
@@ -127,13 +127,11 @@ class RayDataParallel(GlooEngine):
     launch = RayRank
 
     def run(self) -> RunResult:
-        env, ref = shipped(self.program or self.cfg.workload, self.cfg.ray_address)
-        started = ensure_ray(self.cfg.ray_address, runtime_env=env)
-        if env is not None and started:  # the job's working_dir holds the user's file
-            if self.program is not None:
-                self.program = ref
-            else:
-                self.cfg = replace(self.cfg, workload=ref)
+        started, ref = ensure_ray_for(self.program or self.cfg.workload, self.cfg.ray_address)
+        if self.program is not None:  # as the actors see it (a cluster we join: shipped)
+            self.program = ref
+        else:
+            self.cfg = replace(self.cfg, workload=ref)
         try:
             return super().run()
         finally:

@@ -25,7 +25,7 @@ import torch
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.ray.checkpoints import RayShardSaves
 from trainthrough.engines.ray.cluster import Member, RayCluster
-from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.checkpointer import Checkpointer
@@ -68,11 +68,11 @@ class RayEngine:
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
-        started = ensure_ray(self.cfg.ray_address)
+        started, ref = ensure_ray_for(self.cfg.workload, self.cfg.ray_address)
         self.ctx.start_clock()
         cluster = None
-        try:
-            cluster = RayCluster(self.cfg, self.strategy, self.layout, self.x0, self.spec,
+        try:  # the actors import the workload as they see it (a cluster we join: shipped)
+            cluster = RayCluster(replace(self.cfg, workload=ref), self.strategy, self.layout, self.x0, self.spec,
                                  self.w.aggregate)
             self.cb.before_run(self.cfg.to_dict())
             return self._loop(cluster)

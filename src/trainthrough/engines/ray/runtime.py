@@ -176,3 +176,15 @@ def shipped(reference: str, address: str | None) -> tuple[dict[str, Any] | None,
     path = Path(where)
     return ({"working_dir": str(path.parent), "excludes": SHIP_EXCLUDES},
             f"{path.name}:{name}")
+
+
+def ensure_ray_for(reference: str, address: str | None) -> tuple[bool, str]:
+    """:func:`ensure_ray` for a run of ``reference``, shipping a user's file to a cluster
+    it joins (:func:`shipped`).
+
+    Returns:
+        Whether this call started Ray, and the reference the run's actors import.
+    """
+    env, ref = shipped(reference, address)
+    started = ensure_ray(address, runtime_env=env)
+    return started, (ref if env is not None and started else reference)
