@@ -201,6 +201,9 @@ class GlooEngine:
             assert blob is not None
             self.saves.before = safetensors.torch.load(blob)
             return
+        if kind == "report":  # a member wrote its report: the recovery reads them now
+            self.rec.reported = self.rec.reported or int(event["n"]) >= self.rec.n
+            return
         self.rec.on_event(event)
         self.emit({k: v for k, v in event.items() if k != "t"})  # rec keeps the original
 

@@ -174,7 +174,10 @@ def wait_plan(store: dist.Store, n: int) -> Plan:
 
 
 def write_report(store: dist.Store, n: int, report: Report) -> None:
+    """Write a member's report, then announce it in the event queue (the controller
+    reads reports only when announced, rather than polling every member's key)."""
     put(store, f"report/{n}/{report.slot}", asdict(report))
+    post(store, {"type": "report", "n": n, "slot": report.slot})
 
 
 def read_reports(store: dist.Store, n: int, slots: list[int]) -> dict[int, Report]:

@@ -50,6 +50,7 @@ class DistRecovery:
         self.joiners: list[tuple[Proc, float]] = []
         self.grow_requested = False
         self.first_sign: float | None = None
+        self.reported = False  # a member announced a report (protocol.write_report)
         self.fail_events: list[dict[str, Any]] = []
         self.open: list[dict[str, Any]] = []  # recoveries waiting for their first commit
         self.failures = self.reforms = self.restarts = self.joined = self.samples_dropped = 0
@@ -110,6 +111,11 @@ class DistRecovery:
         dead = [p for p in self.e.procs.newly_dead() if p.exitcode != 0]
         if any(p.slot not in self.members for p in dead):
             raise RuntimeError("dist engine: a replacement rank process ended before joining")
+        # Reports are read only once a member said it wrote one (a ``report`` event)
+        # or a process ended: not N store round trips every tick.
+        if not (self.reported or dead or self.first_sign is not None):
+            self._maybe_grow()
+            return False
         reports = read_reports(self.e.store, self.n, self.members)
         if (reports or dead) and self.first_sign is None:
             self.first_sign = now
@@ -165,6 +171,7 @@ class DistRecovery:
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
+        self.reported = False  # the next attempt's reports are announced anew
         # A victim posts its failure before it dies, and survivors report after: drain
         # once more, so the failure event is in even if it came within this tick.
         self.e.pump()

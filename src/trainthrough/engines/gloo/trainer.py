@@ -19,6 +19,7 @@ as ``sim`` does) and saves checkpoints (:class:`~.checkpoints.RankSaves`).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -44,6 +45,9 @@ from trainthrough.ft.dp_policies import ElasticPolicy, group_recovery_policy
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import resolve
 from trainthrough.workloads import make_workload
+
+# How often the first member reads the controller's counter (seconds).
+CONTROL_EVERY = 0.05
 
 
 class Trainer:
@@ -82,6 +86,7 @@ class Trainer:
         self.history: list[tuple[int, int, list[int]]] = []  # (logical, attempt, members)
         self.attempt = -1  # the group incarnation this process is in
         self.evaluate_here: Callable[[], dict[str, float]] | None = None
+        self._control_read, self._control_seen = -CONTROL_EVERY, 0.0
         self.evals = RankEvals(cfg.eval_every or 1, store)  # as the first member
 
     @classmethod
@@ -180,11 +185,21 @@ class Trainer:
         fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel)
 
         def ballot() -> float:  # the first member shares the controller's counter
-            return float(self.store.add("ctl", 0)) if g.rank == 0 else 0.0
+            return self._control() if g.rank == 0 else 0.0
 
         ctl = run_blocking(train_step(self.replica, fl, g, self.inj, self.spec, before, ballot))
         self._commit(g, fl)
         return ctl
+
+    def _control(self) -> float:
+        """The controller's counter, read from the store at most every
+        :data:`CONTROL_EVERY` seconds: a store round trip on every step cost as much as
+        an allreduce; a request (stop, grow) now waits up to that long longer."""
+        now = time.monotonic()
+        if now - self._control_read >= CONTROL_EVERY:
+            self._control_seen = float(self.store.add("ctl", 0))
+            self._control_read = now
+        return self._control_seen
 
     def _commit(self, g: Group, fl: InFlight) -> None:
         self.cursor, self.flight = fl.batch.next_cursor, None
