@@ -1,0 +1,336 @@
+"""trainthrough next to torchft: the same training, the same kills, side by side.
+
+The training: trainthrough's ``cnn`` (two convolutions, two dense layers) on the
+bundled 8x8 digits, Adam (lr 1e-3), 32 samples per replica per step, ``--steps``
+committed steps, data parallel on N replicas over gloo on 127.0.0.1. The kills:
+replica 1 SIGKILLs itself at the allreduce of the steps at 1/3 and 2/3 of the run,
+before sending anything (trainthrough's ``phase=allreduce:0``), and is started again
+at once; a kill that falls due while it is still coming back strikes it as soon as
+it is back (on both).
+
+- torchft 0.2.0, written as its ``train_ddp.py``: one process per replica group, a
+  ``Manager`` (``min_replica_size`` 1), ``OptimizerWrapper``, ``ProcessGroupGloo``
+  (timeout 5 s, as train_ddp.py on CPU), healing over ``PGTransport``, data split by
+  its ``DistributedSampler``; its ``torchft_lighthouse`` started here on 127.0.0.1
+  and stopped by PID. The gradients go in one ``manager.allreduce`` a step (what its
+  DDP does with this model's single bucket), because torchft's own
+  ``DistributedDataParallel`` crashes the *survivor* when a peer dies at the
+  allreduce (``assert fut._fut`` in its comm hook after the gloo error); ``--ddp``
+  runs it that way and prints the crash. Measured at a lighthouse heartbeat timeout
+  of ``--heartbeat-ms`` (1 s) and at its default (5 s): with 2 replicas a survivor
+  gets no quorum until the dead one's heartbeat expires (more than half of the
+  heartbeating replicas must join), so that timeout is torchft's stall.
+- trainthrough's gloo engine through ``run_silent(RunConfig(workload="cnn",
+  paradigm="dp", engine="gloo", ...))``, ``--strategy rollback`` and
+  ``lossy-forward``, ``elastic=keep-local`` (32 per replica whatever the group's
+  size, as torchft), collective timeout 5 s, the replacement started at once. The
+  Ray engine (ranks as Ray actors) is not run here: it needs a Ray cluster.
+
+N = 2 replicas: the machine has 2 cores and each replica trains on one thread; a
+third busy process (trainthrough's controller, torchft's lighthouse) already shares
+them, and more replicas would measure the scheduler, not the systems.
+
+1,500 steps by default (kills at 500 and 1,000), about 5 minutes with 3 repeats:
+torchft alone runs ~150 steps/s here and a restarted replica takes ~3 s to come
+back, so with kills 100 steps apart (300 steps) the second kill struck before the
+first one's rejoin and no rejoin time could be measured.
+
+Reported per system, the median [min-max] over ``--repeats`` runs, interleaved (the
+order alternates every repetition), after one short warm-up run of each:
+- free steps/s: committed steps 10 to the first kill over their wall time;
+- steps/s with kills: steps 10 to the last, kills and recoveries included;
+- stall per kill: kill -> the next committed step (any replica);
+- rejoin: kill -> back to N replicas (torchft: the first step committed by N;
+  trainthrough: the group re-formed with the replacement, which commits its next
+  step with N), if before the next kill or the end;
+- accuracy on the held-out digits at the end (replica 0, never killed);
+then each as trainthrough / torchft, with torchft's heartbeat timeout named.
+
+    python benchmarks/vs_torchft.py [--steps 1500] [--repeats 3] [--heartbeat-ms 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _torchft_run import TorchftSettings  # noqa: E402
+from trainthrough.config import CostModel, RunConfig  # noqa: E402
+from trainthrough.engines.callbacks import Callback  # noqa: E402
+from trainthrough.lab.runner import run_silent  # noqa: E402
+
+REPLICAS = 2
+WINDOW_FROM = 10  # steps/s from this committed step (all N in), so start-up is left out
+TIMEOUT = 5.0  # torchft's ProcessGroupGloo timeout and trainthrough's collective timeout
+DEFAULT_HEARTBEAT_MS = 5000  # torchft_lighthouse --heartbeat_timeout_ms default
+
+
+@dataclass
+class Measured:
+    """One run's figures (None: not measurable in that run; ``note`` says why)."""
+
+    free_steps_per_s: float | None  #: before the first kill (the whole window without)
+    steps_per_s: float | None  #: the whole window, kills and recoveries included
+    accuracy: float | None
+    stalls: list[float] = field(default_factory=list)
+    rejoins: list[float | None] = field(default_factory=list)  #: None: not back in time
+    note: str = ""
+
+
+def _rate(times: dict[int, float], last: int) -> float | None:
+    """Committed steps per second from the first step >= WINDOW_FROM to the last one
+    <= ``last`` (``times``: committed step -> wall time)."""
+    inside = [s for s in times if WINDOW_FROM <= s <= last]
+    if len(inside) < 2 or times[max(inside)] <= times[min(inside)]:
+        return None
+    return (max(inside) - min(inside)) / (times[max(inside)] - times[min(inside)])
+
+
+def _rejoins(kills: list[float], back: list[float], end: float) -> list[float | None]:
+    """Kill -> back to N replicas, if before the next kill (or the end of the run)."""
+    bounds = [*kills[1:], end]
+    return [min((t - k for t in back if k < t <= b), default=None) for k, b in zip(kills, bounds)]
+
+
+# -- torchft --------------------------------------------------------------------------
+def torchft_measure(recs: list[dict[str, Any]], steps: int, kills: list[int]) -> Measured:
+    """Figures from the replicas' logs. The run ends at the first ``final`` record: a
+    replica still coming back then is not waited for (nor is trainthrough's)."""
+    ends = [r["t"] for r in recs if r.get("final", -1) >= steps]
+    if not ends:
+        return Measured(None, None, None, note="no replica reached the last step")
+    t_end = min(ends)
+    commits = [r for r in recs if "step" in r and r["t"] <= t_end]
+    times: dict[int, float] = {}  # step -> its first commit, from the first one with all N
+    first_full = min((r["step"] for r in commits if r["n"] == REPLICAS), default=steps + 1)
+    for r in commits:
+        if r["step"] >= first_full:
+            times[r["step"]] = min(times.get(r["step"], r["t"]), r["t"])
+    hit = sorted(r["t"] for r in recs if "kill" in r and r["t"] <= t_end)
+    stalls = [min((r["t"] for r in commits if r["t"] > k), default=t_end) - k for k in hit]
+    back = [r["t"] for r in commits if r["n"] == REPLICAS]
+    acc = [r["accuracy"] for r in recs if r.get("final", -1) >= steps and r["replica"] == 0]
+    return Measured(_rate(times, kills[0] if kills else steps), _rate(times, steps),
+                    acc[0] if acc else None, stalls, _rejoins(hit, back, t_end))
+
+
+def run_torchft(steps: int, kills: list[int], heartbeat_ms: int, data: Path, folder: Path,
+                ddp: bool = False) -> Measured:
+    from _torchft_run import run
+
+    s = TorchftSettings(replicas=REPLICAS, steps=steps, kills=kills,
+                        heartbeat_ms=heartbeat_ms, pg_timeout=TIMEOUT, ddp=ddp)
+    try:
+        return torchft_measure(run(s, data, folder), steps, kills)
+    except RuntimeError as e:
+        return Measured(None, None, None, note=_why(str(e)))
+
+
+def _why(error: str) -> str:
+    """A replica's crash in one line: what exited, the innermost frame, the exception."""
+    lines = [x.strip() for x in error.strip().splitlines() if x.strip()]
+    frame = max((i for i, x in enumerate(lines) if x.startswith("File ")), default=None)
+    inner = [] if frame is None else lines[frame:frame + 2]
+    return "; ".join(dict.fromkeys([lines[0].rstrip(":"), *inner, lines[-1]]))[:300]
+
+
+# -- trainthrough ---------------------------------------------------------------------
+class _Watch(Callback):
+    """Wall times of evaluations (by committed step), failures and rejoins."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, float] = {}
+        self.failures: list[float] = []
+        self.joins: list[float] = []
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        s, t = int(record.get("logical_iteration", -1)), float(record["wall_seconds"])
+        self.times[s] = min(self.times.get(s, t), t)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event["type"] == "failure":
+            self.failures.append(float(event["wall_seconds"]))
+        elif event["type"] == "rank-joined":
+            self.joins.append(float(event["wall_seconds"]))
+
+
+def trainthrough_config(strategy: str, steps: int, kills: list[int]) -> RunConfig:
+    """Kills at committed steps ``kills``: ``@iter=`` counts executed attempts, and
+    rollback executes the interrupted step twice, so later triggers shift by one."""
+    specs, shift = [], 0
+    for k in kills:
+        specs.append(f"rank=1@iter={k + shift},phase=allreduce:0")
+        shift += strategy == "rollback"
+    cfg = RunConfig(workload="cnn", paradigm="dp", engine="gloo", ranks=REPLICAS,
+                    strategy=strategy, elastic="keep-local", stop_at_target=False,
+                    max_iterations=steps + shift, eval_every=10, failures=specs, seed=0,
+                    cost=CostModel(timeout_seconds=TIMEOUT))
+    cfg.validate()
+    return cfg
+
+
+def run_trainthrough(strategy: str, steps: int, kills: list[int]) -> Measured:
+    w = _Watch()
+    s = run_silent(trainthrough_config(strategy, steps, kills), w)
+    done = int(s["logical_iterations"])
+    note = "" if done == steps else f"committed {done} steps, not {steps}"
+    stalls = [float(r["recovery_seconds"]) for r in s["recoveries"]]
+    end = max(w.times.values(), default=0.0)
+    return Measured(_rate(w.times, kills[0] if kills else done), _rate(w.times, done),
+                    s["final_metric"], stalls, _rejoins(w.failures, w.joins, end), note)
+
+
+# -- the comparison -------------------------------------------------------------------
+@dataclass(frozen=True)
+class System:
+    label: str
+    kind: str  # "torchft" or "trainthrough"
+    strategy: str = ""
+    heartbeat_ms: int = 0
+
+
+def _run(system: System, steps: int, kills: list[int], data: Path, tmp: Path,
+         ddp: bool) -> Measured:
+    if system.kind == "torchft":
+        folder = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
+        return run_torchft(steps, kills, system.heartbeat_ms or DEFAULT_HEARTBEAT_MS, data,
+                           folder, ddp)
+    return run_trainthrough(system.strategy, steps, kills)
+
+
+def _digits(tmp: Path) -> Path:
+    """The cnn workload's digits split, for the torchft replicas to load."""
+    import safetensors.torch
+
+    from trainthrough.workloads._data import digits_split
+
+    x, y, xt, yt = digits_split()
+    path = tmp / "digits.safetensors"
+    safetensors.torch.save_file({"x_train": x.view(-1, 1, 8, 8).contiguous(), "y_train": y,
+                                 "x_test": xt.view(-1, 1, 8, 8).contiguous(), "y_test": yt},
+                                str(path))
+    return path
+
+
+def _spread(xs: list[float], unit: str, fmt: str = "{:.2f}") -> str:
+    if not xs:
+        return "-"
+    med = fmt.format(statistics.median(xs))
+    return f"{med}{unit} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def measure(systems: list[System], steps: int, kills: list[int], repeats: int,
+            data: Path, tmp: Path, ddp: bool = False, warmup: bool = True,
+            log: Any = print) -> dict[str, list[Measured]]:
+    """Every system ``repeats`` times, interleaved: the order alternates each
+    repetition. Returns the runs by system label."""
+    if warmup:  # page caches, imports, the first gloo rendezvous: paid before measuring
+        for kind in dict.fromkeys(sy.kind for sy in systems):
+            _run(next(sy for sy in systems if sy.kind == kind), WINDOW_FROM * 3, [], data,
+                 tmp, ddp)
+    out: dict[str, list[Measured]] = {}
+    for rep in range(repeats):
+        for sy in systems if rep % 2 == 0 else systems[::-1]:
+            m = _run(sy, steps, kills, data, tmp, ddp)
+            out.setdefault(sy.label, []).append(m)
+            stalls = " ".join(f"{x:.3f}" for x in m.stalls)
+            rejoins = " ".join("-" if x is None else f"{x:.2f}" for x in m.rejoins)
+            log(f"[{rep}] {sy.label:<32}{m.free_steps_per_s or 0:7.1f} free, "
+                f"{m.steps_per_s or 0:6.1f} steps/s, acc {m.accuracy or 0:.4f}"
+                + (f", stalls {stalls} s, rejoins {rejoins} s" if kills else "")
+                + (f"  ({m.note})" if m.note else ""), flush=True)
+    return out
+
+
+COLUMNS = {"free": "free steps/s", "hit": "steps/s w/ kills", "stall": "stall/kill (s)",
+           "rejoin": "rejoin (s)", "acc": "accuracy"}
+
+
+def _columns(ms: list[Measured]) -> dict[str, list[float]]:
+    pick = {"free": lambda m: [m.free_steps_per_s], "hit": lambda m: [m.steps_per_s],
+            "stall": lambda m: m.stalls, "rejoin": lambda m: m.rejoins,
+            "acc": lambda m: [m.accuracy]}
+    return {k: [x for m in ms for x in f(m) if x is not None] for k, f in pick.items()}
+
+
+def report(systems: list[System], runs: dict[str, list[Measured]], kills: list[int]) -> None:
+    """The table (median [min-max]), what could not be measured, and the ratios."""
+    keys = [k for k in COLUMNS if kills or k in ("free", "acc")]
+    print(f"\n{'system':<34}" + "".join(f"{COLUMNS[k]:>24}" for k in keys))
+    med: dict[str, dict[str, float]] = {}
+    for sy in systems:
+        ms = runs.get(sy.label, [])
+        cols = _columns(ms)
+        med[sy.label] = {k: statistics.median(v) for k, v in cols.items() if v}
+        fmt = {"stall": "{:.3f}", "acc": "{:.4f}"}
+        print(f"{sy.label:<34}" + "".join(f"{_spread(cols[k], '', fmt.get(k, '{:.2f}')):>24}"
+                                          for k in keys))
+        notes = [m.note for m in ms if m.note]
+        lost = sum(m.rejoins.count(None) for m in ms)
+        if lost:
+            notes.append(f"{lost} of {sum(len(m.rejoins) for m in ms)} kills: not back to "
+                         f"{REPLICAS} replicas before the next kill or the end (no rejoin time)")
+        for note in dict.fromkeys(notes):
+            print(f"    not measured: {note}")
+    print("\ntrainthrough / torchft, medians (steps/s, accuracy: higher is better; stall, "
+          "rejoin: lower is better)")
+    for ours in (s for s in systems if s.kind == "trainthrough"):
+        for theirs in (s for s in systems if s.kind == "torchft"):
+            a, b = med[ours.label], med[theirs.label]
+            cells = [f"{COLUMNS[k]} {a[k] / b[k]:.2f}" if k in a and b.get(k) else
+                     f"{COLUMNS[k]} n/a" for k in keys]
+            print(f"  {ours.label.removeprefix('trainthrough ')} / {theirs.label}: "
+                  + ", ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1500,
+                    help="committed steps per run (kills at 1/3 and 2/3)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per system")
+    ap.add_argument("--heartbeat-ms", type=int, default=1000,
+                    help="torchft lighthouse heartbeat timeout (also run at its default 5000)")
+    ap.add_argument("--no-kills", action="store_true", help="failure-free runs only")
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--ddp", action="store_true",
+                    help="torchft through its DistributedDataParallel (crashes on a kill)")
+    a = ap.parse_args(argv)
+    if a.steps < 3 * WINDOW_FROM:
+        ap.error(f"--steps must be at least {3 * WINDOW_FROM}")
+    try:
+        import torchft  # noqa: F401
+    except ImportError:
+        sys.exit("vs_torchft: torchft is not installed: pip install -e '.[bench]'")
+    kills = [] if a.no_kills else [a.steps // 3, 2 * a.steps // 3]
+    hb = sorted({a.heartbeat_ms, DEFAULT_HEARTBEAT_MS}) if kills else [a.heartbeat_ms]
+    systems = [System(f"torchft (heartbeat {h / 1000:g} s)", "torchft", heartbeat_ms=h)
+               for h in hb]
+    systems += [System(f"trainthrough gloo {st}", "trainthrough", st)
+                for st in ("rollback", "lossy-forward")]
+    print(f"{REPLICAS} replicas (2 cores, one training thread each; a third process, the "
+          f"controller or the lighthouse, shares them), cnn on digits, Adam 1e-3, 32 per "
+          f"replica, {a.steps} steps; replica 1 SIGKILLed at the allreduce of steps "
+          f"{', '.join(map(str, kills)) or 'none'} and restarted; gloo timeout {TIMEOUT:g} s "
+          f"on both; torchft lighthouse heartbeat timeout "
+          f"{' and '.join(f'{h} ms' for h in hb)} (its default: {DEFAULT_HEARTBEAT_MS} ms); "
+          f"{a.repeats} repeats, interleaved; free steps/s: steps {WINDOW_FROM}.."
+          f"{kills[0] if kills else a.steps}", flush=True)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="vs-torchft-") as d:
+        tmp = Path(d)
+        runs = measure(systems, a.steps, kills, a.repeats, _digits(tmp), tmp, a.ddp,
+                       warmup=not a.no_warmup)
+    report(systems, runs, kills)
+    print(f"\n{time.time() - t0:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
