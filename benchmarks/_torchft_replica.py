@@ -34,7 +34,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -49,6 +48,7 @@ from torchft import (
 )
 from torchft.checkpointing.pg_transport import PGTransport
 
+from trainthrough.workloads._data import digits_split
 from trainthrough.workloads.cnn import SmallConvNet
 
 Record = Callable[..., None]
@@ -112,8 +112,8 @@ def train(spec: dict[str, Any], record: Record) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)  # one core per replica, as trainthrough's ranks
     _manager_on_loopback()
-    data = safetensors.torch.load_file(spec["data"])
-    train_set = TensorDataset(data["x_train"], data["y_train"])
+    x_train, y_train, x_test, y_test = digits_split()  # cnn's loader: the same split
+    train_set = TensorDataset(x_train.view(-1, 1, 8, 8), y_train)
     sampler = DistributedSampler(train_set, replica_rank=spec["replica"],
                                  num_replica_groups=spec["replicas"], group_rank=0,
                                  num_replicas=1, shuffle=True, seed=spec["seed"])
@@ -165,7 +165,7 @@ def train(spec: dict[str, Any], record: Record) -> None:
                 break
     model.eval()
     with torch.no_grad():
-        acc = (model(data["x_test"]).argmax(1) == data["y_test"]).float().mean().item()
+        acc = (model(x_test.view(-1, 1, 8, 8)).argmax(1) == y_test).float().mean().item()
     record(final=manager.current_step(), accuracy=acc)
     manager.shutdown(wait=False)
     del store

@@ -109,7 +109,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run(s: TorchftSettings, data: Path, folder: Path) -> list[dict[str, Any]]:
+def run(s: TorchftSettings, folder: Path) -> list[dict[str, Any]]:
     """Train to ``s.steps`` committed steps; returns every replica's log records, each
     with its ``replica`` index.
 
@@ -130,7 +130,7 @@ def run(s: TorchftSettings, data: Path, folder: Path) -> list[dict[str, Any]]:
         log, err = folder / f"r{i}-{starts}.jsonl", folder / f"r{i}-{starts}.err"
         spec = {"replica": i, "replicas": s.replicas, "lighthouse": address,
                 "steps": s.steps, "kills": kills, "log": str(log), "go": str(go),
-                "data": str(data), "batch": s.batch, "lr": s.lr, "seed": s.seed,
+                "batch": s.batch, "lr": s.lr, "seed": s.seed,
                 "pg_timeout": s.pg_timeout, "ddp": s.ddp}
         with err.open("wb") as e:
             p = subprocess.Popen([sys.executable, str(HERE / "_torchft_replica.py"),

@@ -2,11 +2,12 @@
 
 The training: trainthrough's ``cnn`` (two convolutions, two dense layers) on the
 bundled 8x8 digits, Adam (lr 1e-3), 32 samples per replica per step, ``--steps``
-committed steps, data parallel on N replicas over gloo on 127.0.0.1. The kills:
-replica 1 SIGKILLs itself at the allreduce of the steps at 1/3 and 2/3 of the run,
-before sending anything (trainthrough's ``phase=allreduce:0``), and is started again
-at once; a kill that falls due while it is still coming back strikes it as soon as
-it is back (on both).
+committed steps, data parallel on N replicas over gloo on 127.0.0.1; both load the
+digits with ``digits_split`` (the cnn workload's loader), so a restarted process pays
+the same. The kills: replica 1 SIGKILLs itself at the allreduce of the steps at 1/5
+and 3/5 of the run, before sending anything (trainthrough's ``phase=allreduce:0``),
+and is started again at once; a kill that falls due while it is still coming back
+strikes it as soon as it is back (on both).
 
 - torchft 0.2.0, written as its ``train_ddp.py``: one process per replica group, a
   ``Manager`` (``min_replica_size`` 1), ``OptimizerWrapper``, ``ProcessGroupGloo``
@@ -30,15 +31,18 @@ N = 2 replicas: the machine has 2 cores and each replica trains on one thread; a
 third busy process (trainthrough's controller, torchft's lighthouse) already shares
 them, and more replicas would measure the scheduler, not the systems.
 
-1,500 steps by default (kills at 500 and 1,000), about 5 minutes with 3 repeats:
-torchft alone runs ~150 steps/s here and a restarted replica takes ~3 s to come
-back, so with kills 100 steps apart (300 steps) the second kill struck before the
-first one's rejoin and no rejoin time could be measured.
+1,500 steps by default (kills at 300 and 900), about 6 minutes with 3 repeats:
+torchft's survivor alone runs ~175 steps/s here and a restarted process takes 3 s or
+more to come back (more while the machine is busy), so the kills are 600 steps
+apart, and 600 steps before the end; at 300 steps with kills at 100 and 200, the
+second kill struck before the first one's rejoin and no rejoin time was measured.
 
 Reported per system, the median [min-max] over ``--repeats`` runs, interleaved (the
 order alternates every repetition), after one short warm-up run of each:
 - free steps/s: committed steps 10 to the first kill over their wall time;
-- steps/s with kills: steps 10 to the last, kills and recoveries included;
+- steps/s with kills: steps 10 to the last, kills and recoveries included (a step
+  committed by fewer replicas carries fewer samples: 32 each), and the share of
+  steps committed by all N;
 - stall per kill: kill -> the next committed step (any replica);
 - rejoin: kill -> back to N replicas (torchft: the first step committed by N;
   trainthrough: the group re-formed with the replacement, which commits its next
@@ -82,6 +86,9 @@ class Measured:
     accuracy: float | None
     stalls: list[float] = field(default_factory=list)
     rejoins: list[float | None] = field(default_factory=list)  #: None: not back in time
+    #: share of the committed steps taken by all N replicas (a step by fewer is cheaper:
+    #: 32 samples per replica, so it carries fewer samples)
+    full: float | None = None
     note: str = ""
 
 
@@ -118,18 +125,20 @@ def torchft_measure(recs: list[dict[str, Any]], steps: int, kills: list[int]) ->
     stalls = [min((r["t"] for r in commits if r["t"] > k), default=t_end) - k for k in hit]
     back = [r["t"] for r in commits if r["n"] == REPLICAS]
     acc = [r["accuracy"] for r in recs if r.get("final", -1) >= steps and r["replica"] == 0]
+    by_all = {r["step"] for r in commits if r["n"] == REPLICAS}
     return Measured(_rate(times, kills[0] if kills else steps), _rate(times, steps),
-                    acc[0] if acc else None, stalls, _rejoins(hit, back, t_end))
+                    acc[0] if acc else None, stalls, _rejoins(hit, back, t_end),
+                    full=len(by_all) / steps)
 
 
-def run_torchft(steps: int, kills: list[int], heartbeat_ms: int, data: Path, folder: Path,
+def run_torchft(steps: int, kills: list[int], heartbeat_ms: int, folder: Path,
                 ddp: bool = False) -> Measured:
     from _torchft_run import run
 
     s = TorchftSettings(replicas=REPLICAS, steps=steps, kills=kills,
                         heartbeat_ms=heartbeat_ms, pg_timeout=TIMEOUT, ddp=ddp)
     try:
-        return torchft_measure(run(s, data, folder), steps, kills)
+        return torchft_measure(run(s, folder), steps, kills)
     except RuntimeError as e:
         return Measured(None, None, None, note=_why(str(e)))
 
@@ -184,8 +193,11 @@ def run_trainthrough(strategy: str, steps: int, kills: list[int]) -> Measured:
     note = "" if done == steps else f"committed {done} steps, not {steps}"
     stalls = [float(r["recovery_seconds"]) for r in s["recoveries"]]
     end = max(w.times.values(), default=0.0)
+    # One rank is down at a time: every committed step applied N or N-1 replicas' updates.
+    full = (int(s["updates_applied"]) - (REPLICAS - 1) * done) / done
     return Measured(_rate(w.times, kills[0] if kills else done), _rate(w.times, done),
-                    s["final_metric"], stalls, _rejoins(w.failures, w.joins, end), note)
+                    s["final_metric"], stalls, _rejoins(w.failures, w.joins, end), full=full,
+                    note=note)
 
 
 # -- the comparison -------------------------------------------------------------------
@@ -197,27 +209,12 @@ class System:
     heartbeat_ms: int = 0
 
 
-def _run(system: System, steps: int, kills: list[int], data: Path, tmp: Path,
-         ddp: bool) -> Measured:
+def _run(system: System, steps: int, kills: list[int], tmp: Path, ddp: bool) -> Measured:
     if system.kind == "torchft":
         folder = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
-        return run_torchft(steps, kills, system.heartbeat_ms or DEFAULT_HEARTBEAT_MS, data,
+        return run_torchft(steps, kills, system.heartbeat_ms or DEFAULT_HEARTBEAT_MS,
                            folder, ddp)
     return run_trainthrough(system.strategy, steps, kills)
-
-
-def _digits(tmp: Path) -> Path:
-    """The cnn workload's digits split, for the torchft replicas to load."""
-    import safetensors.torch
-
-    from trainthrough.workloads._data import digits_split
-
-    x, y, xt, yt = digits_split()
-    path = tmp / "digits.safetensors"
-    safetensors.torch.save_file({"x_train": x.view(-1, 1, 8, 8).contiguous(), "y_train": y,
-                                 "x_test": xt.view(-1, 1, 8, 8).contiguous(), "y_test": yt},
-                                str(path))
-    return path
 
 
 def _spread(xs: list[float], unit: str, fmt: str = "{:.2f}") -> str:
@@ -228,34 +225,36 @@ def _spread(xs: list[float], unit: str, fmt: str = "{:.2f}") -> str:
 
 
 def measure(systems: list[System], steps: int, kills: list[int], repeats: int,
-            data: Path, tmp: Path, ddp: bool = False, warmup: bool = True,
+            tmp: Path, ddp: bool = False, warmup: bool = True,
             log: Any = print) -> dict[str, list[Measured]]:
     """Every system ``repeats`` times, interleaved: the order alternates each
     repetition. Returns the runs by system label."""
     if warmup:  # page caches, imports, the first gloo rendezvous: paid before measuring
         for kind in dict.fromkeys(sy.kind for sy in systems):
-            _run(next(sy for sy in systems if sy.kind == kind), WINDOW_FROM * 3, [], data,
-                 tmp, ddp)
+            _run(next(sy for sy in systems if sy.kind == kind), WINDOW_FROM * 3, [], tmp,
+                 ddp)
     out: dict[str, list[Measured]] = {}
     for rep in range(repeats):
         for sy in systems if rep % 2 == 0 else systems[::-1]:
-            m = _run(sy, steps, kills, data, tmp, ddp)
+            m = _run(sy, steps, kills, tmp, ddp)
             out.setdefault(sy.label, []).append(m)
             stalls = " ".join(f"{x:.3f}" for x in m.stalls)
             rejoins = " ".join("-" if x is None else f"{x:.2f}" for x in m.rejoins)
             log(f"[{rep}] {sy.label:<32}{m.free_steps_per_s or 0:7.1f} free, "
                 f"{m.steps_per_s or 0:6.1f} steps/s, acc {m.accuracy or 0:.4f}"
-                + (f", stalls {stalls} s, rejoins {rejoins} s" if kills else "")
+                + (f", {m.full or 0:.1%} by all, stalls {stalls} s, rejoins {rejoins} s"
+                   if kills else "")
                 + (f"  ({m.note})" if m.note else ""), flush=True)
     return out
 
 
-COLUMNS = {"free": "free steps/s", "hit": "steps/s w/ kills", "stall": "stall/kill (s)",
-           "rejoin": "rejoin (s)", "acc": "accuracy"}
+COLUMNS = {"free": "free steps/s", "hit": "steps/s w/ kills", "full": "steps by all N",
+           "stall": "stall/kill (s)", "rejoin": "rejoin (s)", "acc": "accuracy"}
 
 
 def _columns(ms: list[Measured]) -> dict[str, list[float]]:
     pick = {"free": lambda m: [m.free_steps_per_s], "hit": lambda m: [m.steps_per_s],
+            "full": lambda m: [m.full],
             "stall": lambda m: m.stalls, "rejoin": lambda m: m.rejoins,
             "acc": lambda m: [m.accuracy]}
     return {k: [x for m in ms for x in f(m) if x is not None] for k, f in pick.items()}
@@ -270,7 +269,7 @@ def report(systems: list[System], runs: dict[str, list[Measured]], kills: list[i
         ms = runs.get(sy.label, [])
         cols = _columns(ms)
         med[sy.label] = {k: statistics.median(v) for k, v in cols.items() if v}
-        fmt = {"stall": "{:.3f}", "acc": "{:.4f}"}
+        fmt = {"stall": "{:.3f}", "acc": "{:.4f}", "full": "{:.1%}"}
         print(f"{sy.label:<34}" + "".join(f"{_spread(cols[k], '', fmt.get(k, '{:.2f}')):>24}"
                                           for k in keys))
         notes = [m.note for m in ms if m.note]
@@ -286,7 +285,7 @@ def report(systems: list[System], runs: dict[str, list[Measured]], kills: list[i
         for theirs in (s for s in systems if s.kind == "torchft"):
             a, b = med[ours.label], med[theirs.label]
             cells = [f"{COLUMNS[k]} {a[k] / b[k]:.2f}" if k in a and b.get(k) else
-                     f"{COLUMNS[k]} n/a" for k in keys]
+                     f"{COLUMNS[k]} n/a" for k in keys if k != "full"]
             print(f"  {ours.label.removeprefix('trainthrough ')} / {theirs.label}: "
                   + ", ".join(cells))
 
@@ -294,7 +293,7 @@ def report(systems: list[System], runs: dict[str, list[Measured]], kills: list[i
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1500,
-                    help="committed steps per run (kills at 1/3 and 2/3)")
+                    help="committed steps per run (kills at 1/5 and 3/5)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per system")
     ap.add_argument("--heartbeat-ms", type=int, default=1000,
                     help="torchft lighthouse heartbeat timeout (also run at its default 5000)")
@@ -309,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         import torchft  # noqa: F401
     except ImportError:
         sys.exit("vs_torchft: torchft is not installed: pip install -e '.[bench]'")
-    kills = [] if a.no_kills else [a.steps // 3, 2 * a.steps // 3]
+    kills = [] if a.no_kills else [a.steps // 5, 3 * a.steps // 5]
     hb = sorted({a.heartbeat_ms, DEFAULT_HEARTBEAT_MS}) if kills else [a.heartbeat_ms]
     systems = [System(f"torchft (heartbeat {h / 1000:g} s)", "torchft", heartbeat_ms=h)
                for h in hb]
@@ -326,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="vs-torchft-") as d:
         tmp = Path(d)
-        runs = measure(systems, a.steps, kills, a.repeats, _digits(tmp), tmp, a.ddp,
+        runs = measure(systems, a.steps, kills, a.repeats, tmp, a.ddp,
                        warmup=not a.no_warmup)
     report(systems, runs, kills)
     print(f"\n{time.time() - t0:.0f} s in all")

@@ -38,6 +38,7 @@ def test_torchft_figures_from_logs() -> None:
     assert m.stalls == [pytest.approx(1.0)]  # kill -> step 16
     assert m.rejoins == [pytest.approx(2.0)]  # kill -> step 18, both replicas again
     assert m.accuracy == pytest.approx(0.9)
+    assert m.full == pytest.approx(18 / 20)  # steps 16 and 17 by one replica
 
 
 def test_rejoin_only_before_the_next_kill() -> None:
