@@ -148,7 +148,7 @@ def matrix_lines() -> list[str]:
     width = 14
     lines = ["what each engine claims: its consistency modes per strategy, 'yes' per failure",
              "form; '-' is refused before the run starts; '*': run by tests/conformance",
-             "(sim and gloo in bsp, Ray in async; Ray bsp against sim in tests/test_ray_bsp.py)",
+             "(sim and gloo in bsp, Ray ps in async, Ray dp in bsp; Ray ps bsp against sim in tests/test_ray_bsp.py)",
              f"  {'strategy / failure form':<34}{'paradigm':<10}"
              + "".join(f"{n:<{width}}" for n in engines)]
     for name, strategy in PRESETS.items():

@@ -8,6 +8,7 @@ module also declares what the engine runs; importing it does not import Ray.
 import os
 
 from trainthrough.engines.capabilities import caps
+from trainthrough.engines.gloo import CAPABILITIES as GLOO_CAPABILITIES
 
 # Loopback listeners, no usage reporting, every log line kept (runtime.py sets them
 # again before starting Ray, for callers that imported Ray first).
@@ -31,12 +32,8 @@ CAPABILITIES = {
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
                phases=("",), replica_position=True),
-    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
-               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
-               replication=("none",), outage=("wait",), targets=("rank",),
-               triggers=("iter", "time", "mtbf"),
-               phases=("", "forward", "backward", "allreduce", "update"),
-               modes=("crash", "hang")),
+    # Data parallel is the gloo engine's controller with ranks on actors: its claims.
+    "dp": GLOO_CAPABILITIES["dp"],
 }
 
 

@@ -135,6 +135,9 @@ class RayEngine:
             if m.kind == "worker" and m.killed_at is None:
                 m.handle.stop.remote()
         ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
+        # The tick that ended the run may have come between a restored shard's first
+        # update and the measurement of it (the target reached right after a recovery).
+        self._measure()
         progress = self._progress()  # after the last pushes: what workers saw acknowledged
         return self._finish(iteration + self.replayed, progress)
 
