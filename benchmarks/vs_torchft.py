@@ -4,10 +4,10 @@ The training: trainthrough's ``cnn`` (two convolutions, two dense layers) on the
 bundled 8x8 digits, Adam (lr 1e-3), 32 samples per replica per step, ``--steps``
 committed steps, data parallel on N replicas over gloo on 127.0.0.1; both load the
 digits with ``digits_split`` (the cnn workload's loader), so a restarted process pays
-the same. The kills: replica 1 SIGKILLs itself at the allreduce of the steps at 1/5
-and 3/5 of the run, before sending anything (trainthrough's ``phase=allreduce:0``),
-and is started again at once; a kill that falls due while it is still coming back
-strikes it as soon as it is back (on both).
+the same. The kills: replica 1 SIGKILLs itself at the allreduce of the steps
+``--kills`` (one, at 1/5 of the run, by default), before sending anything
+(trainthrough's ``phase=allreduce:0``), and is started again at once; a kill that
+falls due while it is still coming back strikes it as soon as it is back (on both).
 
 - torchft 0.2.0, written as its ``train_ddp.py``: one process per replica group, a
   ``Manager`` (``min_replica_size`` 1), ``OptimizerWrapper``, ``ProcessGroupGloo``
@@ -31,11 +31,12 @@ N = 2 replicas: the machine has 2 cores and each replica trains on one thread; a
 third busy process (trainthrough's controller, torchft's lighthouse) already shares
 them, and more replicas would measure the scheduler, not the systems.
 
-1,500 steps by default (kills at 300 and 900), about 6 minutes with 3 repeats:
-torchft's survivor alone runs ~175 steps/s here and a restarted process takes 3 s or
-more to come back (more while the machine is busy), so the kills are 600 steps
-apart, and 600 steps before the end; at 300 steps with kills at 100 and 200, the
-second kill struck before the first one's rejoin and no rejoin time was measured.
+1,500 steps and one kill at step 300 by default, about 5 minutes with 3 repeats.
+One kill, far from the end, because torchft's survivor alone runs ~200 steps/s here
+while a restarted process takes 3-5 s to come back (more while the machine is
+busy): at 300 steps with kills at 100 and 200, and still at 1,500 with kills at 300
+and 900, the next kill (or the end) came before its rejoin, so most rejoin times
+were not measurable. ``--kills 300,900`` gives two kills a run.
 
 Reported per system, the median [min-max] over ``--repeats`` runs, interleaved (the
 order alternates every repetition), after one short warm-up run of each:
@@ -50,7 +51,8 @@ order alternates every repetition), after one short warm-up run of each:
 - accuracy on the held-out digits at the end (replica 0, never killed);
 then each as trainthrough / torchft, with torchft's heartbeat timeout named.
 
-    python benchmarks/vs_torchft.py [--steps 1500] [--repeats 3] [--heartbeat-ms 1000]
+    python benchmarks/vs_torchft.py [--steps 1500] [--kills 300] [--repeats 3]
+                                    [--heartbeat-ms 1000] [--no-default-heartbeat]
 """
 
 from __future__ import annotations
@@ -290,13 +292,30 @@ def report(systems: list[System], runs: dict[str, list[Measured]], kills: list[i
                   + ", ".join(cells))
 
 
+def _kills(ap: argparse.ArgumentParser, text: str | None, steps: int) -> list[int]:
+    if text is None:
+        return [steps // 5]
+    try:
+        kills = [int(x) for x in text.split(",")]
+    except ValueError:
+        ap.error(f"--kills takes committed steps separated by commas (got {text!r})")
+    if kills != sorted(set(kills)) or not WINDOW_FROM < kills[0] <= kills[-1] < steps:
+        ap.error(f"--kills must increase, from {WINDOW_FROM + 1} to --steps - 1 (got {text!r})")
+    return kills
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=1500,
-                    help="committed steps per run (kills at 1/5 and 3/5)")
+    ap.add_argument("--steps", type=int, default=1500, help="committed steps per run")
+    ap.add_argument("--kills", default=None,
+                    help="committed steps at which replica 1 is killed, comma-separated "
+                         "(default: one, at 1/5 of --steps)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per system")
     ap.add_argument("--heartbeat-ms", type=int, default=1000,
-                    help="torchft lighthouse heartbeat timeout (also run at its default 5000)")
+                    help="torchft lighthouse heartbeat timeout (also run at its default 5000 "
+                         "unless --no-default-heartbeat)")
+    ap.add_argument("--no-default-heartbeat", action="store_true",
+                    help="skip the torchft runs at its default heartbeat timeout")
     ap.add_argument("--no-kills", action="store_true", help="failure-free runs only")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--ddp", action="store_true",
@@ -308,8 +327,9 @@ def main(argv: list[str] | None = None) -> None:
         import torchft  # noqa: F401
     except ImportError:
         sys.exit("vs_torchft: torchft is not installed: pip install -e '.[bench]'")
-    kills = [] if a.no_kills else [a.steps // 5, 3 * a.steps // 5]
-    hb = sorted({a.heartbeat_ms, DEFAULT_HEARTBEAT_MS}) if kills else [a.heartbeat_ms]
+    kills = [] if a.no_kills else _kills(ap, a.kills, a.steps)
+    hb = [a.heartbeat_ms] if not kills or a.no_default_heartbeat else \
+        sorted({a.heartbeat_ms, DEFAULT_HEARTBEAT_MS})
     systems = [System(f"torchft (heartbeat {h / 1000:g} s)", "torchft", heartbeat_ms=h)
                for h in hb]
     systems += [System(f"trainthrough gloo {st}", "trainthrough", st)
