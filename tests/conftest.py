@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.zk import require_zookeeper
 from trainthrough.cli import main
-from trainthrough.coord.zkserver import ZooKeeperServer, find_zookeeper
+from trainthrough.coord.zkserver import ZooKeeperServer
 
 
 class CliResult:
@@ -48,16 +47,7 @@ def zk_server() -> Iterator[ZooKeeperServer]:
     `.ci/run` installs the Debian package and `make` installs kazoo, so a skip would
     hide a broken setup.
     """
-    missing = None
-    if find_zookeeper() is None:
-        missing = "no ZooKeeper server installed (Debian package `zookeeper`, needs java)"
-    elif importlib.util.find_spec("kazoo") is None:
-        missing = "kazoo is not installed (extra `zookeeper`)"
-    if missing:
-        msg = f"{missing}; .ci/run should have installed it (see .ci/run and the Makefile)"
-        if os.environ.get("CI"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+    require_zookeeper("the ZooKeeper tests")
     with ZooKeeperServer() as server:
         yield server
 

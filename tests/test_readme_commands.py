@@ -22,8 +22,6 @@ commands take about two minutes there, mostly Ray starting its processes.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 from pathlib import Path
 
@@ -38,7 +36,7 @@ from tests.doc_commands import (
     markdown_commands,
     run,
 )
-from trainthrough.coord.zkserver import find_zookeeper
+from tests.zk import require_zookeeper
 
 SKIPPED = {"make run", "make test"}  # see the module docstring
 IN_EXAMPLES = {c.text for p in (ROOT / "examples").glob("*.py") for c in docstring_commands(p)}
@@ -70,16 +68,7 @@ def test_the_readme_has_the_commands_this_test_expects() -> None:
 
 
 def _needs_zookeeper(command: Command) -> None:
-    missing = None
-    if find_zookeeper() is None:
-        missing = "no ZooKeeper server installed (Debian package `zookeeper`, needs java)"
-    elif importlib.util.find_spec("kazoo") is None:
-        missing = "kazoo is not installed (extra `zookeeper`)"
-    if missing:
-        msg = f"line {command.line} needs {missing}; .ci/run installs it"
-        if os.environ.get("CI"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+    require_zookeeper(f"line {command.line}")
 
 
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
