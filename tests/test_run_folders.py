@@ -22,6 +22,7 @@ import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.signals import identify
 from trainthrough.errors import Terminated, UserError
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.lab.run_folder import inspect
@@ -167,11 +168,31 @@ def test_a_run_still_running_is_never_replaced(tmp_path: Path) -> None:
     _cut(out)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        st = {**_status(out), "state": "running", "pid": sleeper.pid}
+        me = identify(sleeper.pid)  # the sleeper as a run process records itself
+        assert me is not None
+        st = {**_status(out), "state": "running", "pid": sleeper.pid,
+              "pid_start": me.start_ticks}
         (out / "status.json").write_text(json.dumps(st))
         for flags in ({"overwrite": True}, {"resume": True}):
             with pytest.raises(UserError, match="still running"):
                 run(RunConfig(**KW), out, **flags)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_reused_pid_is_not_taken_for_the_run(tmp_path: Path) -> None:
+    """The recorded pid is alive, but it started at another time: another process."""
+    out = tmp_path / "run"
+    _cut(out)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        me = identify(sleeper.pid)
+        assert me is not None
+        st = {**_status(out), "state": "running", "pid": sleeper.pid,
+              "pid_start": me.start_ticks + 1}
+        (out / "status.json").write_text(json.dumps(st))
+        assert run(RunConfig(**KW), out, overwrite=True)["converged"] is not None
     finally:
         sleeper.kill()
         sleeper.wait()

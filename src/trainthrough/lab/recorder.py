@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.signals import identify
 
 STATUS = "status.json"
 SUMMARY = "summary.json"
@@ -61,8 +62,15 @@ def write_status(out: Path, state: str, run_id: str, reason: str | None = None) 
     """
     doc = {"state": state, "reason": reason, "run_id": run_id,
            "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "pid": os.getpid(), "host": socket.gethostname()}
+           "pid": os.getpid(), "pid_start": _start_ticks(), "host": socket.gethostname()}
     _write_atomic(out / STATUS, json.dumps(doc, indent=2) + "\n")
+
+
+def _start_ticks() -> int | None:
+    """This process's kernel start time: with the pid, who wrote the status (a pid alone
+    may have been reused by the time a reader looks)."""
+    me = identify(os.getpid())
+    return me.start_ticks if me is not None else None
 
 
 def _open_log(path: Path, append: bool) -> TextIO:

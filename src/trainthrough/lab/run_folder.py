@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.signals import ProcessIdentity, alive, identify
 from trainthrough.errors import UserError
 from trainthrough.ft.checkpoint import run_location
 from trainthrough.ft.checkpoint.manifest import MANIFEST
@@ -83,13 +84,12 @@ def _alive(status: dict[str, Any]) -> bool:
     if status.get("state") != "running" or status.get("host") != socket.gethostname() \
             or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
+    # Looked up in /proc, never probed with a signal (engines/signals.py); with the
+    # recorded start time a reused pid is not taken for the run's process.
+    start = status.get("pid_start")
+    if isinstance(start, int):
+        return alive(ProcessIdentity(pid, start))
+    return identify(pid) is not None
 
 
 def inspect(folder: Path) -> FolderRun | None:

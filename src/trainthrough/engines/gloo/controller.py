@@ -167,24 +167,21 @@ class GlooEngine:
         if kind == "error":
             raise RuntimeError(f"dist engine: rank {event['slot']} failed with a bug:\n"
                                f"{event['traceback']}")
-        if kind == "params":
-            assert blob is not None
+        if kind in ("params", "metrics"):  # the first member's state after a commit
             self.logical = int(event["logical"])  # goes back on a restart
             self.iteration = max(self.iteration, int(event["iteration"]))
             self.result.updates_applied = int(event["applied"])
-            self.evals.on_params(event, safetensors.torch.load(blob))
+            if kind == "params":
+                assert blob is not None
+                self.evals.on_params(event, safetensors.torch.load(blob))
+            elif event["iteration"] != self.last_eval or not event["final"]:
+                # A user's loop evaluated its own model on its first rank.
+                self._evaluate(event, {}, Evaluation(float(event["metric"]),
+                                                     float(event["loss"])))
             return
         if kind == "copies":  # kept by the first member, for a look-back
             assert blob is not None
             self.evals.on_copies(event, safetensors.torch.load(blob))
-            return
-        if kind == "metrics":  # a user's loop evaluated its own model on its first rank
-            self.logical = int(event["logical"])
-            self.iteration = max(self.iteration, int(event["iteration"]))
-            self.result.updates_applied = int(event["applied"])
-            if event["iteration"] != self.last_eval or not event["final"]:
-                self._evaluate(event, {}, Evaluation(float(event["metric"]),
-                                                     float(event["loss"])))
             return
         if kind == "returned":
             self.returned[int(event["slot"])] = event["value"]
