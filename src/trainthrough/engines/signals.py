@@ -113,3 +113,13 @@ def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def strike_self(sig: int) -> None:
+    """Deliver ``sig`` to this process itself: a rank that carries out its own failure
+    order (gloo/faults.py), the one signal not sent to a descendant. Never to pid 0
+    (the whole process group) or 1, whatever ``os.getpid()`` says in a container."""
+    me = os.getpid()
+    if me <= 1:
+        raise SignalRefused(f"refusing to signal pid {me}")
+    signal.pidfd_send_signal(os.pidfd_open(me), sig)

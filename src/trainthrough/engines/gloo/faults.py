@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from trainthrough.dp.step import check_points
 from trainthrough.engines.gloo import CAPABILITIES
+from trainthrough.engines.signals import strike_self
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import FailureSpec
 
@@ -89,6 +90,6 @@ class Injector:
         post(self.store, {"type": "failure", "kind": "rank", "ids": [o.slot], "spec": o.spec,
                           "phase": o.phase, "phase_kind": phase, "mode": o.mode,
                           "iteration": executed, "logical": logical, "pid": os.getpid()})
-        os.kill(os.getpid(), signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
+        strike_self(signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
         # A stopped rank resumes here only if someone sends SIGCONT; it must not go on.
         os._exit(3)
