@@ -35,7 +35,7 @@ HOSTS = ("gloo", "ray")
 def _run(engine: str, strategy: str) -> dict[str, Any]:
     cfg = RunConfig(workload="mlr", paradigm="dp", engine=engine, strategy=strategy, ranks=4,
                     replace=False, stop_at_target=False, max_iterations=60, eval_every=10,
-                    checkpoint_every=20, failures=["rank=1@iter=30,phase=allreduce:1"],
+                    checkpoint_every=20, failures=["rank=1@iter=30,phase=allreduce:0"],
                     cost=CostModel(timeout_seconds=5.0))
     cfg.validate()
     s = run_silent(cfg)

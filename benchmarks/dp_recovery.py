@@ -56,7 +56,7 @@ def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
     committed progress made in it, at the step time measured right around it. Using
     the run's own, local step time keeps machine-load swings out of the overhead.
     """
-    specs, extra = failure_trace(strategy, (every + every // 2,), "allreduce:1", every) \
+    specs, extra = failure_trace(strategy, (every + every // 2,), "allreduce:0", every) \
         if fail else ([], 0)
     cfg = RunConfig(workload="mlr", paradigm="dp", engine=engine, strategy=strategy, ranks=4,
                     elastic="keep-local", replace=False, stop_at_target=False,

@@ -58,7 +58,7 @@ def test_crash_in_allreduce_reform_rejoin_and_reach_the_target(tmp_path: Path) -
                and w.evals[-1]["ranks"] == 4)
     e = _engine(tmp_path, cb, strategy="rollback", target=target, stop_at_target=False,
                 max_iterations=4000, wall_limit=150, cost=CostModel(timeout_seconds=3),
-                failures=["rank=1@iter=10,phase=allreduce:2"])
+                failures=["rank=1@iter=10,phase=allreduce:0"])
     r = e.run()
     x = r.extras
     assert r.converged and r.failures == 1
@@ -106,14 +106,14 @@ def test_rollback_matches_sim_within_1e6_after_rank_0_rejoins(tmp_path: Path) ->
                 and w.logical >= 40)
     e = _engine(tmp_path, cb, strategy="rollback", stop_at_target=False, max_iterations=4000,
                 wall_limit=150, cost=CostModel(timeout_seconds=3),
-                failures=["rank=0@iter=8,phase=allreduce:1"])
+                failures=["rank=0@iter=8,phase=allreduce:0"])
     r = e.run()
     assert r.failures == 1 and r.recoveries[0].action == "mini-batch-rollback"
     assert cb.of("rank-joined")[0]["slots"] == [0] and r.extras["replicas_identical"]
     # The perturbation is measured by the same code as sim's (here: nothing moved).
     failed = run_silent(RunConfig(paradigm="dp", strategy="rollback", max_iterations=12,
                                   stop_at_target=False,
-                                  failures=["rank=0@iter=8,phase=allreduce:1"]))
+                                  failures=["rank=0@iter=8,phase=allreduce:0"]))
     sim_norm = failed["recoveries"][0]["perturbation_norm"]
     assert abs(r.recoveries[0].perturbation_norm - sim_norm) <= 1e-6, (r.recoveries, sim_norm)
     # Nothing was lost: the group never went back (a joiner sending x0 would rewind it).
@@ -131,7 +131,7 @@ def test_lossy_forward_drops_the_same_share_as_sim(tmp_path: Path) -> None:
     """Lossy-forward completion is the shared routine on both hosts: the survivors
     finish the interrupted step without rank 2's share, and carry on as in sim."""
     kw: dict[str, Any] = dict(strategy="lossy-forward", replace=False, max_iterations=30,
-                              stop_at_target=False, eval_every=10,
+                              stop_at_target=False, eval_every=10, allreduce_buckets=4,
                               failures=["rank=2@iter=12,phase=allreduce:1"])
     cb = Params()
     r = _engine(tmp_path, cb, cost=CostModel(timeout_seconds=3), **kw).run()
@@ -152,7 +152,7 @@ def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path
     cb = Watch()
     kw: dict[str, Any] = dict(strategy="checkpoint-restart", checkpoint_every=10, ranks=3,
                               max_iterations=40, stop_at_target=False,
-                              failures=["rank=2@iter=15,phase=allreduce:1,mode=hang"])
+                              failures=["rank=2@iter=15,phase=allreduce:0,mode=hang"])
     e = _engine(tmp_path, cb, cost=CostModel(timeout_seconds=2.0), **kw)
     r = e.run()
     x = r.extras

@@ -127,8 +127,8 @@ def test_global_batch_does_not_depend_on_the_split() -> None:
     stream = SampleStream(1438, seed=1)
     rows, nxt = stream.take(Cursor(), 128)
     assert len(rows) == 128 and nxt == Cursor(0, 128)
-    micro = split_micro(rows, micro_size(32))
-    assert len(micro) == 16 and micro_size(32) == 8 and micro_size(30) == 6
+    micro = split_micro(rows, micro_size(32, 4))
+    assert len(micro) == 16 and micro_size(32, 4) == 8 and micro_size(30, 4) == 6 and micro_size(32, 1) == 32
     for n in (1, 3, 4, 5):
         runs = assign(len(micro), n)
         assert [j for r in runs for j in r] == list(range(16))
@@ -150,24 +150,23 @@ def test_micro_batch_gradients_average_to_the_batch_gradient() -> None:
 
 
 # -- policies -------------------------------------------------------------------
-@pytest.mark.parametrize("phase", ["boundary", "forward", "backward", "allreduce", "update"])
+@pytest.mark.parametrize("phase", ["boundary", "forward", "backward", "allreduce"])
 def test_policy_decisions(phase: str) -> None:
     f = GroupFailure((1,), survivors=3, phase=phase, buckets_done=2,  # type: ignore[arg-type]
-                     applied=1 if phase == "update" else 0, have_checkpoint=True)
+                     have_checkpoint=True)
     cr = CheckpointRestart().decide(f)
     assert cr.action is RecoveryAction.ROLLBACK_ALL and cr.rewind and cr.from_checkpoint
     rb = MiniBatchRollback().decide(f)
     assert rb.action is RecoveryAction.MINI_BATCH_ROLLBACK and rb.reform
-    assert rb.redo_step == (phase != "boundary") and rb.undo_applied == (phase == "update")
+    assert rb.redo_step == (phase != "boundary")
     assert not rb.complete_step
     lf = LossyForward().decide(f)
     assert lf.action is RecoveryAction.LOSSY_FORWARD and lf.reform and not lf.redo_step
-    assert lf.complete_step == (phase != "boundary") and not lf.undo_applied
+    assert lf.complete_step == (phase != "boundary")
     nobody = GroupFailure((0, 1, 2, 3), survivors=0, phase=phase)  # type: ignore[arg-type]
     for p in (MiniBatchRollback(), LossyForward()):
         d = p.decide(nobody)
         assert d.action is RecoveryAction.ROLLBACK_ALL and not d.from_checkpoint
-    assert MiniBatchRollback.needs_step_snapshot and not LossyForward.needs_step_snapshot
 
 
 def test_elastic_and_replacement_policies() -> None:
@@ -214,7 +213,7 @@ def _reference(steps: int, shrink_at: int, ranks: int = 4) -> dict[str, torch.Te
         if step == shrink_at:
             group = [r for r in group if r.rank_id != 1]
         rows, cursor = stream.take(cursor, ranks * w.batch_size)
-        micro = split_micro(rows, micro_size(w.batch_size))
+        micro = split_micro(rows, micro_size(w.batch_size, 1))
         share = assign(len(micro), len(group))
         contribs = [c for r, s in zip(group, share) for c in r.gradients(step, [micro[j] for j in s])]
         red = allreduce(contribs, buckets)
@@ -226,26 +225,29 @@ def _reference(steps: int, shrink_at: int, ranks: int = 4) -> dict[str, torch.Te
 @pytest.mark.parametrize("phase", PHASES)
 def test_rollback_is_bit_identical_to_n_minus_1_ranks_from_the_failed_step(phase: str) -> None:
     steps, fail_at = 30, 12
-    # The interrupted attempt counts as an executed iteration: one more to reach `steps`.
-    e = _engine(strategy="rollback", max_iterations=steps + 1, replace=False,
-                failures=[f"rank=1@iter={fail_at},phase={phase}"])
+    # The interrupted attempt counts as an executed iteration: one more to reach
+    # `steps`, unless it struck after the commit (update): nothing is redone then.
+    committed = phase == "update"
+    e = _engine(strategy="rollback", max_iterations=steps + (not committed), replace=False,
+                allreduce_buckets=4, failures=[f"rank=1@iter={fail_at},phase={phase}"])
     r = e.run()
     assert e.g.live == [0, 2, 3] and r.extras["logical_iterations"] == steps
     assert r.recoveries[0].action == "mini-batch-rollback"
     assert r.recoveries[0].perturbation_norm == 0.0 and r.updates_lost == 0
     assert _replicas_equal(e)
-    assert _same(e.params(), _reference(steps, fail_at))
+    assert _same(e.params(), _reference(steps, fail_at + committed))
     # The reduction is split-invariant, so this is also the failure-free N-rank run.
-    free = _engine(strategy="rollback", max_iterations=steps)
+    free = _engine(strategy="rollback", max_iterations=steps, allreduce_buckets=4)
     free.run()
     assert _same(e.params(), free.params())
 
 
-def test_rollback_is_bit_exact_with_adam_on_the_cnn() -> None:
-    free = _engine(workload="cnn", strategy="rollback", max_iterations=6)
+@pytest.mark.parametrize("micro", [1, 4])
+def test_rollback_is_bit_exact_with_adam_on_the_cnn(micro: int) -> None:
+    free = _engine(workload="cnn", strategy="rollback", max_iterations=6, micro_batches=micro)
     free.run()
     e = _engine(workload="cnn", strategy="rollback", max_iterations=7, replace=False,
-                failures=["rank=2@iter=3,phase=update"])
+                micro_batches=micro, failures=["rank=2@iter=3,phase=backward"])
     e.run()
     assert _same(e.params(), free.params()) and _replicas_equal(e)
 
@@ -269,7 +271,8 @@ def test_same_seed_same_bits() -> None:
 @pytest.mark.parametrize("phase", ["forward", "backward", "allreduce:2", "update", None])
 def test_lossy_forward_drops_the_failed_share_and_carries_on(phase: str | None) -> None:
     spec = "rank=2@iter=15" + (f",phase={phase}" if phase else "")
-    e = _engine(strategy="lossy-forward", max_iterations=30, replace=False, failures=[spec])
+    e = _engine(strategy="lossy-forward", max_iterations=30, replace=False, failures=[spec],
+                allreduce_buckets=4)
     r = e.run()
     rec = r.recoveries[0]
     assert rec.action == "lossy-forward" and e.g.live == [0, 1, 3] and _replicas_equal(e)
@@ -281,7 +284,7 @@ def test_lossy_forward_drops_the_failed_share_and_carries_on(phase: str | None) 
 
 def test_lossy_forward_converges_on_n_minus_1_ranks() -> None:
     s = run_silent(RunConfig(paradigm="dp", strategy="lossy-forward", replace=False,
-                             failures=["rank=1@iter=50,phase=allreduce:1"]))
+                             allreduce_buckets=4, failures=["rank=1@iter=50,phase=allreduce:1"]))
     assert s["converged"] and s["ranks_final"] == 3 and s["failures"] == 1
     assert s["recoveries"][0]["perturbation_norm"] > 0
 
@@ -312,7 +315,7 @@ def test_a_replacement_rejoins_and_the_group_grows_back() -> None:
     assert len(joined) == 1 and joined[0]["slots"] == [1] and joined[0]["bytes"] > 0
     assert e.g.live == [0, 1, 2, 3] and _replicas_equal(e)
     assert r.extras["ranks_min"] == 3 and r.extras["ranks_joined"] == 1
-    assert e.g.plan().lr_scale == 1.0 and sum(map(len, e.g.plan().share.values())) == 16
+    assert e.g.plan().lr_scale == 1.0 and sum(map(len, e.g.plan().share.values())) == 4
 
 
 def test_failures_during_recovery_and_of_every_rank() -> None:
@@ -331,7 +334,7 @@ def test_failures_during_recovery_and_of_every_rank() -> None:
 def test_hang_is_detected_by_the_collective_timeout() -> None:
     cost = CostModel(timeout_seconds=7.0, reform_seconds=0.25)
     e = _engine(strategy="lossy-forward", max_iterations=20, cost=cost,
-                failures=["rank=3@iter=5,phase=allreduce:1,mode=hang"])
+                failures=["rank=3@iter=5,phase=allreduce:0,mode=hang"])
     r = e.run()
     assert r.recoveries[0].recovery_seconds == pytest.approx(7.25)
 
@@ -346,7 +349,10 @@ def test_mtbf_failures_with_replacements_converge() -> None:
 
 def test_bad_dp_input_is_a_user_error() -> None:
     with pytest.raises(UserError, match="allreduce:K goes from 0 to 3"):
-        _engine(strategy="rollback", failures=["rank=0@iter=1,phase=allreduce:4"])
+        _engine(strategy="rollback", allreduce_buckets=4,
+                failures=["rank=0@iter=1,phase=allreduce:4"])
+    with pytest.raises(UserError, match="has 1 bucket .*from 0 to 0"):
+        _engine(strategy="rollback", failures=["rank=0@iter=1,phase=allreduce:1"])
     with pytest.raises(UserError, match="no workers"):
         _engine(strategy="rollback", failures=["worker=0@iter=1"])
     with pytest.raises(UserError, match="persist"):
@@ -360,12 +366,15 @@ def test_bad_dp_input_is_a_user_error() -> None:
 def test_cli_runs_dp_and_rejects_mismatched_strategies(cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "dp"
     r = cli("run", "--paradigm", "dp", "--ranks", "3", "--strategy", "rollback", "--elastic",
-            "keep-local", "--fail", "rank=1@iter=20,phase=allreduce:2", "--max-iterations",
+            "keep-local", "--allreduce-buckets", "4", "--micro-batches", "2", "--fail",
+            "rank=1@iter=20,phase=allreduce:2", "--max-iterations",
             "60", "--quiet", "--out", str(out))
     assert r.code == 0
     s = read_summary(out)
     assert s["paradigm"] == "dp" and s["ranks"] == 3 and s["failures"] == 1
     assert 'paradigm = "dp"' in (out / "config.toml").read_text()
+    assert "allreduce_buckets = 4" in (out / "config.toml").read_text()
+    assert "micro_batches = 2" in (out / "config.toml").read_text()
     bad = cli("run", "--paradigm", "dp", "--strategy", "scar", "--quiet",
               "--out", str(tmp_path / "x"))
     assert bad.code == 2 and "--paradigm" in bad.err and len(bad.err.strip().splitlines()) == 1

@@ -20,7 +20,7 @@ from trainthrough.dp.allreduce import FlatLayout, make_buckets
 from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
 from trainthrough.dp.rank import Rank
-from trainthrough.dp.reference import before_step, failure_free
+from trainthrough.dp.reference import failure_free
 from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector, Strike
 from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.callbacks import Callback
@@ -153,7 +153,8 @@ def test_sim_dp_saves_go_through_the_one_checkpointer() -> None:
     cfg, w = resolve_defaults(RunConfig(
         paradigm="dp", workload="mlr", strategy="base=checkpoint-restart,persist=async",
         checkpoint_every=10, max_iterations=60, stop_at_target=False,
-        cost=CostModel(storage_bandwidth=1e5), failures=["rank=0@iter=21,phase=allreduce:1"]))
+        allreduce_buckets=4, cost=CostModel(storage_bandwidth=1e5),
+        failures=["rank=0@iter=21,phase=allreduce:1"]))
     e = build_engine(cfg, w, Events(), "memory://test-dp-checkpoint/async")
     r = e.run()
     saves = [x for x in events if x["type"] == "checkpoint"]
@@ -170,9 +171,9 @@ def _group(ranks: int) -> tuple[dict[int, Rank], StepSpec, Any]:
     w = make_workload("mlr")
     x0 = w.init_params(torch.Generator().manual_seed(0))
     group = {i: Rank(i, w, w.default_optimizer, x0, run_seed=0) for i in range(ranks)}
-    spec = StepSpec(make_buckets(FlatLayout(x0).numel, 4), True, False)
+    spec = StepSpec(make_buckets(FlatLayout(x0).numel, 4), True)
     batch = plan_batch(SampleStream(w.sample_count() or 0, 0), Cursor(), 4 * w.batch_size, 1.0,
-                       list(group), micro_size(w.batch_size))
+                       list(group), micro_size(w.batch_size, 4))
     return group, spec, batch
 
 
@@ -200,7 +201,7 @@ def test_the_survivors_compute_the_failure_free_step_bit_for_bit_in_sim(point: s
     group, _, _ = _group(4)
     fls = _run(group, spec, batch, strike=point)
     group.pop(3)
-    assert before_step(group[0], fls[0]) is group[0].params  # nothing applied yet
+    assert group[0].steps == 0 and not fls[0].committed  # nothing applied yet
     coll = SimCollective([0, 1, 2])
     done = fls[0].buckets_done
     out = _quiet().run(coll, {s: failure_free(group[s], fls[s], coll, spec, done)
@@ -221,5 +222,3 @@ def test_a_blocking_host_computes_the_same_reference_and_none_when_nothing_was_l
     assert len(fl.contribs) == len(batch.share[0])  # its own share is now complete
     # Every bucket reduced before the failure: the completion is the failure-free step.
     assert run_blocking(failure_free(survivor, fl, Solo(), spec, len(spec.buckets))) is None
-    fl.applied, fl.snapshot = True, None
-    assert before_step(survivor, fl) is None  # applied without a copy: unknown

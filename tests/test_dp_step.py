@@ -14,7 +14,7 @@ from trainthrough.dp.allreduce import Bucket, Contribution, FlatLayout, make_buc
 from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import NoFailures, PeerLost, run_blocking
 from trainthrough.dp.rank import Rank
-from trainthrough.dp.repair import complete, share_state, undo
+from trainthrough.dp.repair import complete, share_state
 from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector, Strike
 from trainthrough.dp.step import POINTS, InFlight, StepSpec, check_points, train_step
 from trainthrough.engines import gloo, sim
@@ -30,8 +30,8 @@ class Solo:
 
     members = [0]
 
-    def __init__(self, lose_at_vote: bool = False) -> None:
-        self.lose_at_vote = lose_at_vote
+    def __init__(self, lose_at_commit: bool = False) -> None:
+        self.lose_at_commit = lose_at_commit
 
     async def allreduce(self, parts: Sequence[Contribution], bucket: Bucket) -> torch.Tensor:
         out = torch.zeros(bucket.numel)
@@ -39,22 +39,23 @@ class Solo:
             out.add_(g[bucket.start:bucket.stop])
         return out
 
-    async def vote(self, value: float) -> float:
-        if self.lose_at_vote:
+    async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
+                     ballot: float) -> tuple[torch.Tensor, float]:
+        if self.lose_at_commit:
             raise PeerLost("connection closed")
-        return value
+        return await self.allreduce(parts, bucket), ballot
 
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         return None
 
 
-def _setup(ranks: int, snapshot: bool = False) -> tuple[Any, dict[int, Rank], StepSpec, Any]:
+def _setup(ranks: int) -> tuple[Any, dict[int, Rank], StepSpec, Any]:
     w = make_workload("mlr")
     x0 = w.init_params(torch.Generator().manual_seed(0))
     group = {i: Rank(i, w, w.default_optimizer, x0, run_seed=0) for i in range(ranks)}
-    spec = StepSpec(make_buckets(FlatLayout(x0).numel, 4), True, snapshot)
+    spec = StepSpec(make_buckets(FlatLayout(x0).numel, 4), True)
     stream = SampleStream(w.sample_count() or 0, 0)
-    batch = plan_batch(stream, Cursor(), 4 * w.batch_size, 1.0, list(group), micro_size(32))
+    batch = plan_batch(stream, Cursor(), 4 * w.batch_size, 1.0, list(group), micro_size(32, 4))
     return w, group, spec, batch
 
 
@@ -70,7 +71,7 @@ def test_blocking_and_lock_step_hosts_run_the_same_step_bit_for_bit() -> None:
     _, solo, spec, batch = _setup(1)
     fl = InFlight.begin(batch, 0, solo[0].layout.numel)
     assert run_blocking(train_step(solo[0], fl, Solo(), NoFailures(), spec, 0, lambda: 2.5)) == 2.5
-    assert fl.applied and fl.buckets_done == 4 and solo[0].steps == 1
+    assert fl.committed and fl.buckets_done == 4 and solo[0].steps == 1
     # Four simulated ranks share the same global batch: the same bits.
     _, group, spec, batch4 = _setup(4)
     coll = SimCollective(list(group))
@@ -81,16 +82,16 @@ def test_blocking_and_lock_step_hosts_run_the_same_step_bit_for_bit() -> None:
     assert all(_same(group[s].params, solo[0].params) for s in group)
 
 
-def test_a_lost_peer_is_located_where_the_step_stood() -> None:
-    _, solo, spec, batch = _setup(1, snapshot=True)
+def test_a_step_lost_at_its_commit_never_touched_the_replica() -> None:
+    _, solo, spec, batch = _setup(1)
+    before = solo[0].state()
     fl = InFlight.begin(batch, 0, solo[0].layout.numel)
     with pytest.raises(PeerLost) as e:
-        run_blocking(train_step(solo[0], fl, Solo(lose_at_vote=True), NoFailures(), spec, 0))
-    assert (e.value.phase, e.value.buckets_done, e.value.applied) == ("update", 4, True)
+        run_blocking(train_step(solo[0], fl, Solo(lose_at_commit=True), NoFailures(), spec, 0))
+    assert (e.value.phase, e.value.buckets_done) == ("allreduce", 3) and not fl.committed
     back = pickle.loads(pickle.dumps(e.value))  # crosses processes as plain fields
-    assert (back.phase, back.buckets_done, back.applied, back.t) == ("update", 4, True, e.value.t)
-    undo(solo[0], fl)  # the snapshot puts the replica back as it was
-    assert solo[0].steps == 0
+    assert (back.phase, back.buckets_done, back.t) == ("allreduce", 3, e.value.t)
+    assert solo[0].steps == 0 and _same(solo[0].state(), before)  # nothing to undo
 
 
 @pytest.mark.parametrize("point", ["boundary", "forward", "allreduce:2", "update"])
@@ -100,8 +101,8 @@ def test_lock_step_strike_then_lossy_completion(point: str) -> None:
 
     def on_point(name: str) -> Strike | None:
         seen.append(name)
-        # At the update, rank 0 (below the victim) applies before it learns.
-        return Strike((2,), frozenset({0}) if name == "update" else frozenset()) \
+        # At the update the step is committed: the survivors apply it, and learn later.
+        return Strike((2,), frozenset({0, 1, 3}) if name == "update" else frozenset()) \
             if name == point else None
 
     coll = SimCollective(list(group))
@@ -110,17 +111,19 @@ def test_lock_step_strike_then_lossy_completion(point: str) -> None:
         coll, {s: train_step(group[s], fls[s], coll, SimInjector(), spec, 0) for s in group})
     order = ["boundary", "forward", "backward", *(f"allreduce:{k}" for k in range(4)), "update"]
     assert seen == order[:order.index(point) + 1]
-    assert sorted(out) == [0, 1, 3] and all(isinstance(x, PeerLost) for x in out.values())
-    lost = {s: x for s, x in out.items() if isinstance(x, PeerLost)}
-    assert {x.phase for x in lost.values()} == {point.partition(":")[0]}
-    assert lost[0].applied == (point == "update") and not lost[1].applied
-    done = fls[2].buckets_done
-    survivors = SimCollective([0, 1, 3])
-    group.pop(2)
-    res = _quiet().run(survivors, {s: complete(group[s], fls[s], survivors, spec, done)
-                                   for s in (0, 1, 3)})
-    dropped = 0 if point == "update" else 4
-    assert res == {0: 0 if point == "update" else dropped, 1: dropped, 3: dropped}
+    assert sorted(out) == [0, 1, 3]
+    if point == "update":  # committed: every survivor applied it, none lost anything
+        assert out == {0: 0.0, 1: 0.0, 3: 0.0} and all(group[s].steps == 1 for s in out)
+    else:
+        assert all(isinstance(x, PeerLost) for x in out.values())
+        assert {x.phase for x in out.values()} == {point.partition(":")[0]}
+        assert all(group[s].steps == 0 for s in out)  # uncommitted: never applied
+        done = fls[2].buckets_done
+        survivors = SimCollective([0, 1, 3])
+        group.pop(2)
+        res = _quiet().run(survivors, {s: complete(group[s], fls[s], survivors, spec, done)
+                                       for s in (0, 1, 3)})
+        assert res == {0: 4, 1: 4, 3: 4}
     assert _same(group[0].params, group[1].params) and _same(group[1].params, group[3].params)
 
 
@@ -160,6 +163,6 @@ def test_sim_rank_zero_rejoins_from_a_live_peer() -> None:
                failures=["rank=0@iter=10,phase=update"])
     r = e.run()
     assert r.extras["ranks_joined"] == 1 and e.g.live == [0, 1, 2, 3]
-    free = engine(max_iterations=39)
+    free = engine(max_iterations=40)  # struck after its commit: nothing to redo
     free.run()
     assert all(_same(e.g.ranks[s].params, free.params()) for s in e.g.live)

@@ -17,7 +17,8 @@ def test_every_run_ends_on_exactly_l_committed_steps(strategy: str, phase: str) 
     specs, extra = failure_trace(strategy, (4, 30, 56), phase, every)
     s = run_silent(RunConfig(workload="mlr", paradigm="dp", strategy=strategy, failures=specs,
                              max_iterations=steps + extra, stop_at_target=False,
-                             checkpoint_every=every, eval_every=20, cost=COST))
+                             checkpoint_every=every, eval_every=20, cost=COST,
+                             allreduce_buckets=4))
     assert s["failures"] == 3 and s["logical_iterations"] == steps
     # Every failure struck at the planned committed step, whatever the strategy lost.
     assert [r["at_iteration"] for r in s["recoveries"]] == [

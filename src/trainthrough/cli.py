@@ -71,6 +71,11 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--elastic", choices=field_choices("elastic"),
                    help="dp: after a rank is lost keep the global batch, or the per-rank "
                         "batch (lr scaled)")
+    p.add_argument("--allreduce-buckets", type=_int, dest="allreduce_buckets",
+                   help="dp: gradient buckets, one allreduce each (default 1; allreduce:K "
+                        "failures strike before bucket K)")
+    p.add_argument("--micro-batches", type=_int, dest="micro_batches",
+                   help="dp: micro-batches per rank, one gradient call each (default 1)")
     p.add_argument("--shards", type=_int, help="parameter-server shards K")
     p.add_argument("--workers", type=_int, help="workers N")
     p.add_argument("--consistency", choices=field_choices("consistency"),

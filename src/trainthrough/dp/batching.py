@@ -19,11 +19,6 @@ import torch
 
 from trainthrough.errors import UserError
 
-# Micro-batches per rank at the nominal per-rank batch. Finer micro-batches spread a
-# lost rank's share more evenly over survivors (4 over 3 ranks: 6/5/5 micro-batches
-# instead of 2/1/1) at the price of more, smaller gradient calls.
-MICRO_PER_RANK = 4
-
 
 @dataclass(frozen=True)
 class Cursor:
@@ -76,11 +71,14 @@ class SampleStream:
         return self._perm(epoch)[offset:offset + size], Cursor(epoch, offset + size)
 
 
-def micro_size(batch_size: int, parts: int = MICRO_PER_RANK) -> int:
-    """The largest divisor of ``batch_size`` that is at most ``batch_size / parts``.
+def micro_size(batch_size: int, parts: int) -> int:
+    """The largest divisor of ``batch_size`` that is at most ``batch_size / parts``
+    (``parts``: the run's ``micro_batches`` per rank).
 
     Micro-batches must all be the same size, so that the mean of their mean
-    gradients is the mean gradient of the global batch.
+    gradients is the mean gradient of the global batch. Their size is fixed by the
+    nominal per-rank batch, never by the group's size: a step redone on fewer ranks
+    sums the same micro-batches (bit-exact in ``sim`` whatever ``parts``).
     """
     target = max(1, batch_size // parts)
     return next(d for d in range(target, 0, -1) if batch_size % d == 0)

@@ -30,25 +30,23 @@ T = TypeVar("T")
 class PeerLost(Exception):
     """A member of the group failed or hung: the step stopped at ``phase``.
 
-    ``buckets_done``: allreduce buckets this member completed; ``applied``: whether
-    it had applied the step's update. Collectives raise it with the message only;
-    the step routine, which knows how far it got, re-raises it located
-    (:meth:`located`). Plain fields only, so it pickles across processes.
+    ``buckets_done``: allreduce buckets this member completed. Collectives raise it
+    with the message only; the step routine, which knows how far it got, re-raises
+    it located (:meth:`located`). Plain fields only, so it pickles across processes.
     """
 
     def __init__(self, message: str, phase: str = "boundary", buckets_done: int = 0,
-                 applied: bool = False, t: float | None = None) -> None:
+                 t: float | None = None) -> None:
         super().__init__(f"{phase}: {message}")
-        self.message, self.phase = message, phase
-        self.buckets_done, self.applied = buckets_done, applied
+        self.message, self.phase, self.buckets_done = message, phase, buckets_done
         self.t = time.time() if t is None else t  # when it surfaced (detection time)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (PeerLost, (self.message, self.phase, self.buckets_done, self.applied, self.t))
+        return (PeerLost, (self.message, self.phase, self.buckets_done, self.t))
 
-    def located(self, phase: str, buckets_done: int, applied: bool) -> PeerLost:
+    def located(self, phase: str, buckets_done: int) -> PeerLost:
         """The same loss, stamped with where the step stood."""
-        return PeerLost(self.message, phase, buckets_done, applied, self.t)
+        return PeerLost(self.message, phase, buckets_done, self.t)
 
 
 class Collective(Protocol):
@@ -61,8 +59,8 @@ class Collective(Protocol):
     2. if a replacement joins: one :meth:`allreduce` (who holds state), then
        :meth:`broadcast` from the first holder;
     3. lossy-forward completion only: :meth:`allreduce` for the buckets left;
-    4. per step: :meth:`allreduce` for buckets ``0 .. B-1`` in order, then
-       :meth:`vote` once, after the update.
+    4. per step: :meth:`allreduce` for buckets ``0 .. B-2`` in order, then
+       :meth:`commit` for the last one.
 
     Any operation raises :class:`PeerLost` once a member is gone; the group is then
     unusable and the host forms a new one of the survivors.
@@ -79,9 +77,11 @@ class Collective(Protocol):
         """
         ...
 
-    async def vote(self, value: float) -> float:
-        """Commit vote: returns the sum of every member's ``value``; raises if any
-        member did not reach the end of the step."""
+    async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
+                     ballot: float) -> tuple[torch.Tensor, float]:
+        """:meth:`allreduce` of the step's last bucket carrying the commit vote in the
+        same collective: the bucket's sum and the sum of every member's ``ballot``.
+        Completing it commits the step: every member contributed its whole share."""
         ...
 
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:

@@ -6,7 +6,8 @@ failure-free group would hold at that point:
 
 - while the interrupted step is outstanding (mini-batch rollback redoes it, a
   restart discards it, lossy forward at a step boundary never began it): the replica
-  *before* that step, :func:`before_step`;
+  as the survivors hold it, since an uncommitted step never touched it
+  (:mod:`trainthrough.dp.step`);
 - once lossy forward has finished the step without the failed ranks' share: the
   step taken on the *whole* global batch, :func:`failure_free`.
 
@@ -19,22 +20,6 @@ from __future__ import annotations
 from trainthrough.dp.collective import Collective, PeerLost
 from trainthrough.dp.rank import Replica, Tensors
 from trainthrough.dp.step import InFlight, StepSpec
-
-PREFIX = "params/"
-
-
-def before_step(rank: Replica, fl: InFlight | None) -> Tensors | None:
-    """The replica's parameters before ``fl``'s update (None: unknown).
-
-    A rank that has not applied the update holds them (``fl`` None: no step in
-    flight, the replica is at a committed step). One that has holds them only in the
-    snapshot the strategy asked for (``needs_step_snapshot``); else they are gone.
-    """
-    if fl is None or not fl.applied:
-        return rank.params
-    if fl.snapshot is None:
-        return None
-    return {k[len(PREFIX):]: v for k, v in fl.snapshot.items() if k.startswith(PREFIX)}
 
 
 async def failure_free(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec,
@@ -53,15 +38,14 @@ async def failure_free(rank: Replica, fl: InFlight, coll: Collective, spec: Step
 
     Returns:
         None when the completion *is* the failure-free step: nothing was dropped
-        (every bucket was reduced, or the failed ranks held no micro-batch), or this
-        rank already applied it (then no member reduces anything either).
+        (every bucket was reduced, or the failed ranks held no micro-batch).
 
     Raises:
         PeerLost: another member was lost meanwhile.
     """
     members = coll.members
     lost = [m for s, ms in sorted(fl.batch.share.items()) if s not in members for m in ms]
-    if fl.applied or done >= len(spec.buckets) or not lost:
+    if done >= len(spec.buckets) or not lost:
         return None
     seen = {i for i, _ in fl.contribs}
     fl.contribs += rank.gradients(fl.logical,
@@ -74,7 +58,7 @@ async def failure_free(rank: Replica, fl: InFlight, coll: Collective, spec: Step
             total = await coll.allreduce(fl.contribs + mine, b)
             full[b.start:b.stop] = total / count if spec.mean else total
     except PeerLost as e:  # where the completion would have stood: nothing reduced yet
-        raise e.located("allreduce", done, False) from None
+        raise e.located("allreduce", done) from None
     # Take the full step and put the replica back (nothing was applied before it).
     saved = rank.state()
     rank.apply(full, fl.batch.lr_scale)

@@ -4,13 +4,17 @@ The recovery policy (:mod:`trainthrough.ft.dp_policies`) decides; every survivin
 rank then carries the decision out on its own :class:`~trainthrough.dp.step.InFlight`
 record, over a group its host formed anew:
 
-- mini-batch rollback: :func:`undo` (load the pre-update copy if the update was
-  applied), then the host simply runs the same step again on the smaller group;
+- mini-batch rollback: nothing to undo (an uncommitted step never touched the
+  replica, :mod:`trainthrough.dp.step`): the host runs the same step again on the
+  smaller group;
 - lossy forward: :func:`complete` finishes the step with what the survivors have;
 - a replacement joins: :func:`share_state` copies the first member's replica.
 
+- survivors that disagree on the last committed step (a member's last collective
+  completed and another's did not): :func:`share_state` from one that committed.
+
 Call order after a failure: the host forms the survivors' group, then each member
-calls exactly one of these (the same one on every member, as collectives must match).
+calls the same of these (collectives must match).
 """
 
 from __future__ import annotations
@@ -24,26 +28,13 @@ from trainthrough.dp.rank import Replica
 from trainthrough.dp.step import InFlight, StepSpec
 
 
-def undo(rank: Replica, fl: InFlight) -> None:
-    """Mini-batch rollback: put back the replica as it was before ``fl``'s update.
-
-    A rank that never applied it has nothing to undo. The snapshot exists whenever
-    the policy can ask for an undo (``needs_step_snapshot``).
-    """
-    if fl.applied:
-        if fl.snapshot is None:
-            raise RuntimeError("asked to undo an update without a snapshot of the replica")
-        rank.load(fl.snapshot)
-
-
 async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec,
                    done: int) -> int:
     """Lossy forward: finish ``fl`` with the survivors' shares and apply it.
 
     Buckets ``[0, done)`` were reduced before the failure with every rank's share
     and are kept; the rest are reduced again over the survivors (``coll.members``),
-    averaged over their micro-batches only: the failed ranks' share is dropped. A
-    rank that had already applied the step (every bucket was done) only commits.
+    averaged over their micro-batches only: the failed ranks' share is dropped.
     Micro-batches this rank had not computed yet are computed first.
 
     Args:
@@ -56,8 +47,6 @@ async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec
     Raises:
         PeerLost: another member was lost meanwhile (located at the bucket).
     """
-    if fl.applied:
-        return 0
     count = fl.batch.micro_of(coll.members)
     dropped = fl.batch.micro_count - count if done < len(spec.buckets) else 0
     seen = {i for i, _ in fl.contribs}
@@ -69,9 +58,9 @@ async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec
             fl.reduce_into(b, await coll.allreduce(fl.contribs, b), count, spec.mean)
             fl.buckets_done = b.index + 1
     except PeerLost as e:
-        raise e.located(fl.phase, fl.buckets_done, False) from None
+        raise e.located(fl.phase, fl.buckets_done) from None
     rank.apply(fl.reduced, fl.batch.lr_scale)
-    fl.applied = True
+    fl.committed = True
     return dropped
 
 

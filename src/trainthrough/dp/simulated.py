@@ -33,11 +33,7 @@ class Point:
 class Reduce:
     bucket: Bucket
     parts: Sequence[Contribution]
-
-
-@dataclass(frozen=True)
-class Vote:
-    value: float
+    ballot: float | None = None  # the commit vote travels with the step's last bucket
 
 
 @dataclass(frozen=True)
@@ -46,7 +42,7 @@ class Broadcast:
     src: int
 
 
-Request = Point | Reduce | Vote | Broadcast
+Request = Point | Reduce | Broadcast
 
 
 class _Suspend:
@@ -68,8 +64,9 @@ class SimCollective:
     async def allreduce(self, parts: Sequence[Contribution], bucket: Bucket) -> torch.Tensor:
         return await _Suspend(Reduce(bucket, tuple(parts)))  # type: ignore[no-any-return]
 
-    async def vote(self, value: float) -> float:
-        return await _Suspend(Vote(value))  # type: ignore[no-any-return]
+    async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
+                     ballot: float) -> tuple[torch.Tensor, float]:
+        return await _Suspend(Reduce(bucket, tuple(parts), ballot))  # type: ignore[no-any-return]
 
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         await _Suspend(Broadcast(tensors, src))
@@ -147,10 +144,10 @@ class LockStep:
             parts = sorted((p for r in reqs for p in r.parts), key=lambda p: p[0])
             total = bucket_sum(parts, first.bucket)
             self.on_reduce(first.bucket, len(waiting))
-            return {s: (total, None) for s in waiting}
-        if isinstance(first, Vote):
-            tally = sum(r.value for r in waiting.values() if isinstance(r, Vote))
-            return {s: (tally, None) for s in waiting}
+            if first.ballot is None:
+                return {s: (total, None) for s in waiting}
+            tally = sum(r.ballot or 0.0 for r in reqs)
+            return {s: ((total, tally), None) for s in waiting}
         src = waiting[coll.members[first.src]]
         assert isinstance(src, Broadcast)
         for r in waiting.values():

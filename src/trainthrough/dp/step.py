@@ -5,11 +5,18 @@ A step, as one rank sees it (call order, each ``inj.at`` an injection point):
 1. ``boundary``: nothing of the step done yet;
 2. gradients of the first half of its micro-batches, ``forward``, the second half,
    ``backward``;
-3. for each bucket ``K`` in order: ``allreduce:K``, then the bucket's allreduce;
-4. a copy of the replica if the strategy must be able to undo the update;
-   ``update``; apply the averaged gradient;
-5. the commit vote. The step is committed once the vote succeeded; the host then
-   advances the cursor and counts it.
+3. for each bucket ``K`` in order: ``allreduce:K``, then the bucket's allreduce; the
+   last one carries the commit vote as one more element (:meth:`Collective.commit`),
+   so a step costs one collective per bucket and no more (one by default);
+4. the step is committed once that collective completed: every member contributed
+   its whole share. ``update``: apply the averaged gradient.
+
+The update comes after the commit, as torchft's ``should_commit`` comes before the
+optimizer step: an uncommitted step never touched the replica, so recovery never
+undoes anything and no strategy copies the replica before every update. A failure at
+``update`` strikes a rank after the group committed: the survivors apply the step
+and find the loss at their next collective, a failure between steps for them
+(:func:`group_phase`).
 
 The :class:`InFlight` record is filled in as the step goes, so when a peer is lost
 (:class:`~trainthrough.dp.collective.PeerLost`, raised located) it says exactly how
@@ -28,7 +35,7 @@ import torch
 from trainthrough.dp.allreduce import Bucket, Contribution
 from trainthrough.dp.batching import StepBatch
 from trainthrough.dp.collective import Collective, Injector, PeerLost
-from trainthrough.dp.rank import Replica, Tensors
+from trainthrough.dp.rank import Replica
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 
@@ -38,11 +45,10 @@ POINTS = ("boundary", "forward", "backward", "allreduce", "update")
 
 @dataclass(frozen=True)
 class StepSpec:
-    """What is fixed for a run: the buckets, mean or sum, whether to snapshot."""
+    """What is fixed for a run: the buckets, mean or sum."""
 
     buckets: tuple[Bucket, ...]
     mean: bool  # divide by the micro-batches that contributed (workload aggregate "mean")
-    snapshot: bool  # copy the replica before each update (policy needs_step_snapshot)
 
 
 @dataclass
@@ -55,8 +61,7 @@ class InFlight:
     contribs: list[Contribution] = field(default_factory=list)
     phase: str = "boundary"  # the last point passed
     buckets_done: int = 0
-    applied: bool = False
-    snapshot: Tensors | None = None
+    committed: bool = False  # the last bucket, and with it the vote, completed
 
     @classmethod
     def begin(cls, batch: StepBatch, logical: int, numel: int) -> InFlight:
@@ -83,12 +88,13 @@ async def train_step(rank: Replica, fl: InFlight, coll: Collective, inj: Injecto
         The vote's sum. The caller commits: cursor to ``fl.batch.next_cursor``.
 
     Raises:
-        PeerLost: located at the phase, buckets and update state ``fl`` records.
+        PeerLost: located at the phase and buckets ``fl`` records (never after the
+            commit: the update is local).
     """
     try:
         return await _step(rank, fl, coll, inj, spec, step, ballot)
     except PeerLost as e:
-        raise e.located(fl.phase, fl.buckets_done, fl.applied) from None
+        raise e.located(fl.phase, fl.buckets_done) from None
 
 
 async def _step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector, spec: StepSpec,
@@ -103,18 +109,28 @@ async def _step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector, sp
     fl.contribs += rank.gradients(fl.logical, mine[half:])
     await inj.at("backward", step)
     fl.phase = "allreduce"
-    count = fl.batch.micro_count
-    for b in spec.buckets:
+    count, tally = fl.batch.micro_count, 0.0
+    *first, last = spec.buckets
+    for b in first:
         await inj.at(f"allreduce:{b.index}", step)
         fl.reduce_into(b, await coll.allreduce(fl.contribs, b), count, spec.mean)
         fl.buckets_done = b.index + 1
-    if spec.snapshot:  # to undo an update a failure cuts short
-        fl.snapshot = rank.state()
+    await inj.at(f"allreduce:{last.index}", step)
+    total, tally = await coll.commit(fl.contribs, last, ballot())
+    fl.reduce_into(last, total, count, spec.mean)
+    fl.buckets_done, fl.committed = last.index + 1, True
     fl.phase = "update"
     await inj.at("update", step)
     rank.apply(fl.reduced, fl.batch.lr_scale)
-    fl.applied = True
-    return await coll.vote(ballot())
+    return tally
+
+
+def group_phase(point: str) -> str:
+    """Where a failure at step point ``point`` leaves the group's step in flight, for
+    the recovery policy: after the commit (``update``) nothing is in flight, as
+    between two steps (``boundary``); ``allreduce:K`` is the allreduce phase."""
+    phase = point.partition(":")[0]
+    return "boundary" if phase == "update" else phase
 
 
 def check_points(specs: list[FailureSpec], buckets: int, phases: Collection[str],
@@ -136,8 +152,9 @@ def check_points(specs: list[FailureSpec], buckets: int, phases: Collection[str]
             continue
         if p.startswith("allreduce:") and "allreduce" in phases:
             if int(p[len("allreduce:"):]) >= buckets:
-                raise UserError(f"failure spec {s.text!r}: the allreduce has {buckets} buckets, "
-                                f"so K in allreduce:K goes from 0 to {buckets - 1}")
+                raise UserError(f"failure spec {s.text!r}: the allreduce has {buckets} "
+                                f"bucket{'s' * (buckets > 1)} (allreduce_buckets), so K in "
+                                f"allreduce:K goes from 0 to {buckets - 1}")
         elif p not in phases or p in ("", "allreduce"):
             usable = [x.replace("allreduce", "allreduce:K") for x in (*POINTS, *sorted(phases))
                       if x in phases and x not in ("", "boundary")]

@@ -50,15 +50,13 @@ class GroupRecoveryDecision:
     ``ROLLBACK_ALL``: every rank reloads the checkpoint (``from_checkpoint``; else the
     initial parameters), the iteration rewinds and failed ranks are replaced before
     training resumes. Otherwise the survivors ``reform`` a group without the failed
-    ranks; ``undo_applied``: ranks that already applied the interrupted step restore
-    their pre-step state; ``redo_step``: the step runs again on the new group;
+    ranks; ``redo_step``: the step runs again on the new group;
     ``complete_step``: the step is finished with the contributions that arrived.
     """
 
     action: RecoveryAction
     failed: tuple[int, ...]
     reform: bool = False
-    undo_applied: bool = False
     redo_step: bool = False
     complete_step: bool = False
     from_checkpoint: bool = False

@@ -3,8 +3,7 @@
 Policies decide, engines act. Call order, for any data-parallel engine:
 
 1. once: :func:`group_recovery_policy` for the strategy, :class:`ElasticPolicy` and
-   :class:`ReplacementPolicy` for the run; ``needs_step_snapshot`` tells the engine
-   whether ranks must copy their state before every update (to be able to undo it);
+   :class:`ReplacementPolicy` for the run;
 2. before every step: ``ElasticPolicy.decide(live)`` sizes the global batch and the
    learning rate for the ranks alive now;
 3. on a failure: ``GroupRecoveryPolicy.decide(GroupFailure)`` returns a
@@ -36,23 +35,21 @@ ELASTIC = ("keep-global", "keep-local")
 class GroupFailure:
     """What a policy is told about a failure.
 
-    ``phase``: where it struck (``boundary`` = between two steps, nothing in flight);
-    ``buckets_done``: allreduce buckets that completed with every rank's share;
-    ``applied``: surviving ranks that had already applied the interrupted step.
+    ``phase``: where the group's step in flight stood (``boundary`` = nothing in
+    flight: between two steps, or after the commit, :func:`~trainthrough.dp.step.group_phase`);
+    ``buckets_done``: allreduce buckets that completed with every rank's share. No
+    survivor has applied an uncommitted step (the update follows the commit).
     """
 
     failed: tuple[int, ...]
     survivors: int
     phase: Phase = "boundary"
     buckets_done: int = 0
-    applied: int = 0
     have_checkpoint: bool = False
 
 
 class GroupRecoveryPolicy(Protocol):
     """Decides how a data-parallel group recovers from lost ranks."""
-
-    needs_step_snapshot: bool
 
     def decide(self, failure: GroupFailure) -> GroupRecoveryDecision: ...
 
@@ -69,40 +66,34 @@ class CheckpointRestart:
     restart; needs no spare state in memory.
     """
 
-    needs_step_snapshot = False
-
     def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
         return _restart(failure)
 
 
 class MiniBatchRollback:
-    """Survivors undo the partly applied step and redo that global mini-batch.
+    """Survivors drop the interrupted step and redo that global mini-batch.
 
-    No checkpoint is read and nothing is lost: at most one step of rework. Undoing
-    an update needs the pre-update state, hence a snapshot before every update.
+    No checkpoint is read and nothing is lost: at most one step of rework. Nothing
+    is undone either, since no survivor applied an uncommitted step: a failure-free
+    step costs nothing extra (Nicolae et al. copy the state before each update).
     With no survivor there is nobody to copy from: fall back to a restart.
     """
-
-    needs_step_snapshot = True
 
     def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
         if failure.survivors == 0:
             return _restart(failure)
         in_step = failure.phase != "boundary"
         return GroupRecoveryDecision(RecoveryAction.MINI_BATCH_ROLLBACK, failure.failed,
-                                     reform=True, undo_applied=failure.applied > 0,
-                                     redo_step=in_step)
+                                     reform=True, redo_step=in_step)
 
 
 class LossyForward:
-    """Keep what was applied; finish the step with what arrived; carry on.
+    """Finish the interrupted step with what arrived; carry on.
 
     The failed ranks' share of the interrupted step is dropped (buckets reduced
     before the failure keep it), so the model takes a slightly different step: the
     perturbation. Nothing is redone and nothing is read.
     """
-
-    needs_step_snapshot = False
 
     def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
         if failure.survivors == 0:

@@ -39,7 +39,6 @@ class DPCosts:
     reform_seconds: float = 0.5  #: survivors build a new group
     restart_seconds: float = 5.0  #: relaunching every rank
     read_seconds: float | None = None  #: reading a checkpoint back (default: C)
-    snapshot_seconds: float = 0.0  #: rollback: copying the state before each update
     compute_share: float = 1.0  #: fraction of a step that is compute
     ranks: int = 0  #: N, for the shrunk period of the elastic strategies
     replace_seconds: float = 0.0  #: failure to a replacement joining
@@ -51,7 +50,7 @@ class Overhead:
     """One strategy's predicted overhead."""
 
     strategy: str
-    steady_fraction: float  #: paid without failures (checkpoints, snapshots)
+    steady_fraction: float  #: paid without failures (checkpoints)
     per_failure_seconds: float  #: expected seconds lost per failure
     fraction: float  #: steady_fraction + per_failure_seconds / MTBF
     interval_seconds: float | None = None  #: checkpoint period used, if any
@@ -93,11 +92,12 @@ def checkpoint_restart(c: DPCosts, interval_seconds: float | None = None) -> Ove
 
 
 def rollback(c: DPCosts) -> Overhead:
-    """Immediate mini-batch rollback: undo, re-form, redo the interrupted step."""
-    steady = c.snapshot_seconds / c.step_seconds if c.step_seconds > 0 else 0.0
+    """Immediate mini-batch rollback: re-form, redo the interrupted step. Nothing is
+    paid without failures: the update follows the commit (dp/step.py), so there is
+    never an update to undo and no copy of the replica before each one."""
     lost = (c.detection_seconds + c.reform_seconds + c.step_seconds / 2 + shrink_seconds(c)
             + c.join_seconds)
-    return Overhead("rollback", steady, lost, steady + lost / c.mtbf_seconds)
+    return Overhead("rollback", 0.0, lost, lost / c.mtbf_seconds)
 
 
 def lossy_forward(c: DPCosts) -> Overhead:

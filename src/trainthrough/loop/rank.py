@@ -28,7 +28,7 @@ from trainthrough.loop.api import Loop, TrainingLoop
 from trainthrough.workloads import reference
 
 
-def run_loop(spec: RankSpec, store: dist.Store) -> None:
+def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
     """Run the user's ``train(loop)`` as rank ``spec["slot"]`` to its end."""
     cfg = RunConfig.from_dict(spec["config"])
     marked = reference.load(spec["loop"])

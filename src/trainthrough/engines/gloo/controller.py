@@ -27,14 +27,17 @@ from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
 from trainthrough.engines.gloo.procs import Launch, LocalProcess, Procs
-from trainthrough.engines.gloo.protocol import EventReader, serve
+from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
 
-TICK = 0.01
+# The longest the controller sleeps: ranks' events wake it at once (EventReader.bell);
+# what is not an event (a process ended, a joiner became ready, the wall limit) is
+# looked at this often.
+TICK = 0.05
 START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded 2-core machine
 
 
@@ -122,6 +125,7 @@ class GlooEngine:
                 self.procs.kill(p)
             self.procs.shutdown()
         self.pump()  # the last words of the last ranks
+        self.events.bell.close()
         self.evals.close()  # an evaluation still waiting for copies: score it with what came
         return self._finish()
 
@@ -142,7 +146,7 @@ class GlooEngine:
             elif now - idle_since > stall:
                 raise RuntimeError(f"dist engine: no progress for {stall:.0f} s "
                                    f"(state {self.rec.state}); giving up")
-            time.sleep(TICK)
+            self.events.bell.wait(TICK)  # an event wakes us at once
 
     def pump(self) -> bool:
         """Handle every event the ranks posted so far; returns whether there were any."""
@@ -156,7 +160,7 @@ class GlooEngine:
         if not self.stopping:
             self.stopping = True
             self.store.set("stop", "1")
-            self.store.add("ctl", 1)
+            request(self.store)
 
     def emit(self, event: dict[str, Any]) -> None:
         self.ctx.emit(event)

@@ -2,7 +2,7 @@
 
 Call order: :meth:`Group.form` (rendezvous on a fresh store prefix), then the
 collectives of the shared step and repair routines (:meth:`Group.allreduce`,
-:meth:`Group.vote`, :meth:`Group.broadcast`, in the order the protocol states), then
+:meth:`Group.commit`, :meth:`Group.broadcast`, in the order the protocol states), then
 :meth:`Group.close`. They block (their coroutines never suspend: run them with
 :func:`~trainthrough.dp.collective.run_blocking`). Every collective that fails raises
 :class:`~trainthrough.dp.collective.PeerLost`; the group is then unusable and must
@@ -74,15 +74,20 @@ class Group:
         self._run(lambda: dist.all_reduce(out))
         return out
 
-    async def vote(self, value: float) -> float:
-        """Commit vote: succeeds only if every member reached the end of the step.
+    async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
+                     ballot: float) -> tuple[torch.Tensor, float]:
+        """The last bucket's allreduce with the commit vote as one more element.
 
-        ``value`` (the first member's control counter, 0 elsewhere) comes back summed,
-        so every member learns it at the same step.
+        ``ballot`` (the first member's control counter, 0 elsewhere) comes back summed,
+        so every member learns it at the same step. A float32 element holds counters
+        exactly up to 2**24, far more requests than a run makes.
         """
-        t = torch.tensor([value], dtype=torch.float64)
-        self._run(lambda: dist.all_reduce(t))
-        return float(t[0])
+        out = torch.zeros(bucket.numel + 1)
+        for _, g in parts:
+            out[:-1].add_(g[bucket.start:bucket.stop])
+        out[-1] = ballot
+        self._run(lambda: dist.all_reduce(out))
+        return out[:-1], float(out[-1])
 
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with those of member ``src``."""

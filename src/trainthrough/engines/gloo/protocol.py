@@ -14,14 +14,17 @@ safetensors bytes for parameters (nothing is pickled). Call order for one run:
    ``report/<n>/<slot>`` (a :class:`Report`) and waits for ``plan/<n+1>``;
 6. control requests (stop, a replacement is ready) go through the counter ``ctl``:
    the controller sets ``stop`` or ``grow`` first and then increments ``ctl``; the
-   first member reads ``ctl`` every step and shares it in the commit vote, so every
-   member acts on it after the same step.
+   first member learns it from a thread waiting on ``ctl/<k>`` (no store round trip
+   on the step path) and shares it in the commit vote, so every member acts on it
+   after the same step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -42,22 +45,26 @@ class Plan:
     """Attempt ``n``: who forms the group, and what the members do first.
 
     ``action``: ``start`` (fresh or restarted ranks), ``join`` (a replacement joins:
-    the first member broadcasts its state), ``rollback`` (undo if ``undo``, redo the
-    interrupted step), ``lossy`` (finish the interrupted step with the survivors'
+    the first member broadcasts its state), ``rollback`` (redo the interrupted
+    step), ``lossy`` (finish the interrupted step with the survivors'
     shares if ``complete``), ``exit`` (checkpoint-restart: every process ends and
     fresh ones start; ``members`` are the survivors, the first of which sends its
-    replica as it was before the interrupted step), ``stop`` (end of the run). ``buckets_done``: allreduce buckets
-    every survivor completed before the failure. ``uncount``: the failure struck
-    between steps, so the attempt the survivors had begun does not count.
+    replica as it was before the interrupted step), ``stop`` (end of the run).
+    ``buckets_done``: allreduce buckets every survivor completed before the failure.
+    ``uncount``: the failure struck between steps, so the attempt the survivors had
+    begun does not count. ``sync``: the survivors disagree on the last committed
+    step (one's last collective completed, another's did not): those behind take
+    the state of one that reached ``logical``, and nothing in flight is completed.
     """
 
     n: int
     members: list[int]
     action: str = "start"
-    undo: bool = False
     complete: bool = False
     buckets_done: int = 0
     uncount: bool = False
+    sync: bool = False
+    logical: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,15 +72,14 @@ class Report:
     """What a member tells the controller when its group ends.
 
     ``reason``: ``error`` (a collective failed or timed out) or ``ctl`` (it stopped
-    at a step boundary because the controller asked). ``phase``/``buckets_done``/
-    ``applied`` locate the interrupted step; ``t`` is when the error surfaced.
+    at a step boundary because the controller asked). ``phase``/``buckets_done``
+    locate the interrupted step; ``t`` is when the error surfaced.
     """
 
     slot: int
     reason: str
     phase: str = "boundary"
     buckets_done: int = 0
-    applied: bool = False
     executed: int = 0
     logical: int = 0
     t: float = field(default_factory=time.time)
@@ -109,6 +115,63 @@ def connect(port: int, timeout: float) -> dist.TCPStore:
                          timeout=timedelta(seconds=timeout))
 
 
+def request(store: dist.Store) -> int:
+    """The controller asks the group for a change (``stop`` or ``grow`` set first):
+    the counter ``ctl`` goes up by one, and ``ctl/<value>`` rings the members'
+    :class:`Doorbell`. Returns the new value."""
+    value = store.add("ctl", 1)
+    store.set(f"ctl/{value}", "1")
+    return value
+
+
+class Doorbell:
+    """Counts keys ``<prefix>/<k>``, k = ``start``, ``start + 1``, ..., as they are set.
+
+    A thread blocked in the store's ``wait`` on a connection of its own (it releases
+    the GIL, measured) learns of each at once: nobody polls. The first member's
+    ballot reads :attr:`rung` instead of a store round trip every step, and the
+    controller sleeps in :meth:`wait` until a rank posts an event. :meth:`close` ends
+    the thread (it sets the key the thread waits for).
+    """
+
+    def __init__(self, store: dist.TCPStore, prefix: str, start: int) -> None:
+        self._host, self._port, self.prefix = store.host, store.port, prefix
+        self.start, self.rung, self.closed = start, 0, False
+        self._store = store  # the owner's connection, for close()
+        self._event = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"doorbell-{prefix}")
+        self._thread.start()
+
+    @property
+    def next_key(self) -> str:
+        return f"{self.prefix}/{self.start + self.rung}"
+
+    def _watch(self) -> None:
+        try:
+            own = dist.TCPStore(self._host, self._port, is_master=False,
+                                timeout=timedelta(seconds=30))
+            while not self.closed:
+                own.wait([self.next_key], timedelta(days=1))
+                self.rung += 1
+                self._event.set()
+        except Exception:  # the store went away with the run: nothing left to watch
+            self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        """Return once a key came since the last call, or after ``timeout`` seconds."""
+        self._event.wait(timeout)
+        self._event.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(Exception):  # the store is gone, and the thread with it
+            self._store.set(self.next_key, "")
+        # Joined: a thread still inside the store's wait when the process exits aborts
+        # it ("terminate called without an active exception", measured).
+        self._thread.join(timeout=5)
+
+
 def put(store: dist.Store, key: str, value: Any) -> None:
     store.set(key, json.dumps(value))
 
@@ -136,10 +199,16 @@ def post(store: dist.Store, event: dict[str, Any], blob: bytes | None = None) ->
 
 
 class EventReader:
-    """The controller's side of :func:`post`: drains events in order, once each."""
+    """The controller's side of :func:`post`: drains events in order, once each.
 
-    def __init__(self, store: dist.Store) -> None:
-        self.store, self.seen = store, 0
+    :attr:`bell` wakes the controller when the next one is posted; an event's key is
+    deleted once read and rung past (the bell waits on it: a key deleted before it
+    came to it would keep it waiting for ever).
+    """
+
+    def __init__(self, store: dist.TCPStore) -> None:
+        self.store, self.seen, self.deleted = store, 0, 0
+        self.bell = Doorbell(store, "evq", 0)
 
     def drain(self) -> list[tuple[dict[str, Any], bytes | None]]:
         out = []
@@ -149,13 +218,15 @@ class EventReader:
             if not has(self.store, key):
                 break  # its poster took the number but has not written it yet
             event = get(self.store, key)
-            self.store.delete_key(key)
             blob = None
             if "blob" in event:
                 blob = self.store.get(event["blob"])
                 self.store.delete_key(event["blob"])
             out.append((event, blob))
             self.seen += 1
+        while self.deleted < min(self.seen, self.bell.start + self.bell.rung):
+            self.store.delete_key(f"evq/{self.deleted}")
+            self.deleted += 1
         return out
 
 

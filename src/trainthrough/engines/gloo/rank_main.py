@@ -46,7 +46,7 @@ def main(spec: RankSpec) -> int:
     return 0
 
 
-def _run(spec: RankSpec, store: dist.Store) -> None:
+def _run(spec: RankSpec, store: dist.TCPStore) -> None:
     cfg = RunConfig.from_dict(spec["config"])
     tr = Trainer.for_workload(cfg, spec["slot"], store, spec["orders"], spec["t0"],
                               spec["checkpoint_url"], joining=spec["mode"] == "join")

@@ -24,8 +24,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from trainthrough.dp.step import group_phase
 from trainthrough.engines.gloo.procs import Proc
-from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, write_plan
+from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
 from trainthrough.engines.result import Recovery
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
@@ -188,7 +189,8 @@ class DistRecovery:
             return
         victims = [e for e in self.fail_events if e["ids"][0] in failed]
         self.fail_events = [e for e in self.fail_events if e not in victims]
-        phase = victims[0]["phase_kind"] if victims else "boundary"
+        struck = victims[0]["phase_kind"] if victims else "boundary"
+        phase = group_phase(struck)
         died = [t for s in failed if (t := procs.current[s].died_at) is not None]
         t_detect = min((r.t for r in errors), default=now)
         # An injected failure says when it struck; a loss nobody injected (a node gone)
@@ -204,17 +206,17 @@ class DistRecovery:
         at_iteration = min((int(e["iteration"]) for e in victims), default=executed)
         logical = max([r.logical for r in reports.values()]
                       + [int(e["logical"]) for e in victims], default=self.e.logical)
-        nb = self.e.cfg.allreduce_buckets
-        done = min((r.buckets_done if r.phase == "allreduce" else nb if r.phase == "update" else 0
-                    for r in errors), default=0)
-        applied = sum(r.applied for r in errors)
+        done = min((r.buckets_done if r.phase == "allreduce" else 0 for r in errors), default=0)
+        # A member's last collective may complete where another's failed (a ring's
+        # last messages): those behind catch up with one that committed.
+        behind = len({r.logical for r in reports.values()}) > 1
         d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
-                                            done, applied, self.e.saves.checkpointer.count > 0))
+                                            done, self.e.saves.checkpointer.count > 0))
         self.e.emit({"type": "detection", "iteration": at_iteration,
                      "failed": [f"rank{i}" for i in failed],
                      "detection_seconds": t_detect - t_fail, "survivors": survivors})
         rec = {"failed": failed, "iteration": at_iteration, "logical": logical, "t_fail": t_fail,
-               "t_detect": t_detect, "action": d.action.value, "phase": phase}
+               "t_detect": t_detect, "action": d.action.value, "phase": struck}
         self.open.append(rec)
         if d.action is RecoveryAction.ROLLBACK_ALL:
             rec["restart"] = True
@@ -224,9 +226,10 @@ class DistRecovery:
         self.n += 1
         rec["n"] = self.n
         self.members = survivors
-        write_plan(self.e.store, Plan(self.n, survivors, action, undo=d.undo_applied,
-                                      complete=d.complete_step, buckets_done=done,
-                                      uncount=phase == "boundary"))
+        write_plan(self.e.store, Plan(self.n, survivors, action,
+                                      complete=d.complete_step and not behind,
+                                      buckets_done=done, uncount=phase == "boundary",
+                                      sync=behind, logical=logical))
         self.reforms += 1
         self.smallest = min(self.smallest, len(survivors))
         join = self.replacement.decide(tuple(failed), now)
@@ -261,7 +264,7 @@ class DistRecovery:
         now = time.time()
         if any(at <= now and self.e.procs.ready(p) for p, at in self.joiners):
             self.grow_requested = True
-            self.e.store.add("ctl", 1)
+            request(self.e.store)
 
     def _grow(self, survivors: list[int]) -> None:
         """Everyone stopped at a step boundary because we asked: take the joiners in."""

@@ -90,8 +90,7 @@ class RankSession:
     def _broken(self, e: PeerLost) -> None:
         tr = self.tr
         write_report(self.store, self.n, Report(self.slot, "error", e.phase, e.buckets_done,
-                                                e.applied, tr.executed, tr.logical, e.t,
-                                                e.message))
+                                                tr.executed, tr.logical, e.t, e.message))
         self.n += 1
 
     def step(self) -> bool:
@@ -141,6 +140,7 @@ class RankSession:
         if self.g is not None:
             self.g.close()
             self.g = None
+        self.tr.close()
         out = {**self.tr.finish(), "history": self.tr.history}
         post(self.store, {"type": "exit", **out})
         return out

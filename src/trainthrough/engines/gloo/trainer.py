@@ -9,9 +9,10 @@ ranks). Call order: :meth:`Trainer.restore` (restarted processes only), then per
 attempt :meth:`Trainer.recover` with the attempt's plan and :meth:`Trainer.train`
 until it returns; :meth:`Trainer.finish` once at the end.
 
-A step is committed only once its vote succeeded: until then it is "in flight"
-(:class:`~trainthrough.dp.step.InFlight`), and what it got through is what the
-shared repair routines (:mod:`trainthrough.dp.repair`) work with. The first member
+A step is committed only once its last collective, which carries the vote,
+completed: until then it is "in flight" (:class:`~trainthrough.dp.step.InFlight`),
+and what it got through is what the shared repair routines
+(:mod:`trainthrough.dp.repair`) work with. The first member
 measures each recovery against the failure-free replica (:mod:`trainthrough.dp.reference`,
 as ``sim`` does) and saves checkpoints (:class:`~.checkpoints.RankSaves`).
 """
@@ -19,7 +20,6 @@ as ``sim`` does) and saves checkpoints (:class:`~.checkpoints.RankSaves`).
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -33,21 +33,18 @@ from trainthrough.dp.allreduce import make_buckets
 from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
 from trainthrough.dp.rank import Rank, Replica, Tensors
-from trainthrough.dp.reference import before_step, failure_free
-from trainthrough.dp.repair import complete, share_state, undo
+from trainthrough.dp.reference import failure_free
+from trainthrough.dp.repair import complete, share_state
 from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.gloo.checkpoints import RankSaves
 from trainthrough.engines.gloo.evals import RankEvals
 from trainthrough.engines.gloo.faults import Injector
 from trainthrough.engines.gloo.group import Group
-from trainthrough.engines.gloo.protocol import Plan, post
-from trainthrough.ft.dp_policies import ElasticPolicy, group_recovery_policy
+from trainthrough.engines.gloo.protocol import Doorbell, Plan, post
+from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import resolve
 from trainthrough.workloads import make_workload
-
-# How often the first member reads the controller's counter (seconds).
-CONTROL_EVERY = 0.05
 
 
 class Trainer:
@@ -59,7 +56,7 @@ class Trainer:
     ``samples`` is the training set's size, ``batch_size`` the per-rank batch.
     """
 
-    def __init__(self, cfg: RunConfig, slot: int, store: dist.Store,
+    def __init__(self, cfg: RunConfig, slot: int, store: dist.TCPStore,
                  orders: list[dict[str, object]], t0: float, checkpoint_url: str,
                  replica: Replica, samples: int, batch_size: int, checkpoint_every: int,
                  mean: bool = True, joining: bool = False) -> None:
@@ -67,12 +64,10 @@ class Trainer:
         self.inj = Injector(orders, store, t0, logical=lambda: self.logical)
         self.replica = replica
         self.stream = SampleStream(samples, cfg.seed)
-        self.micro = micro_size(batch_size)
+        self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
         strategy = resolve(cfg.strategy)
-        self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets),
-                             mean,
-                             group_recovery_policy(strategy.recovery).needs_step_snapshot)
+        self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets), mean)
         self.saves = RankSaves(cfg, strategy, checkpoint_url, replica, checkpoint_every,
                                lambda event: post(store, event))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
@@ -86,11 +81,11 @@ class Trainer:
         self.history: list[tuple[int, int, list[int]]] = []  # (logical, attempt, members)
         self.attempt = -1  # the group incarnation this process is in
         self.evaluate_here: Callable[[], dict[str, float]] | None = None
-        self._control_read, self._control_seen = -CONTROL_EVERY, 0.0
+        self._bell: Doorbell | None = None  # the controller's requests, once we lead
         self.evals = RankEvals(cfg.eval_every or 1, store)  # as the first member
 
     @classmethod
-    def for_workload(cls, cfg: RunConfig, slot: int, store: dist.Store,
+    def for_workload(cls, cfg: RunConfig, slot: int, store: dist.TCPStore,
                      orders: list[dict[str, object]], t0: float, checkpoint_url: str,
                      joining: bool = False) -> Trainer:
         """A trainer of the run's trainthrough workload (``cfg.workload``)."""
@@ -115,13 +110,14 @@ class Trainer:
         """Carry out the first part of attempt ``plan.n`` on the formed group."""
         fl, self.flight = self.flight, None
         self.attempt = plan.n
-        # What the failure-free group would hold once this recovery is done.
-        reference = before_step(self.replica, fl)
+        if plan.sync:  # our last collective failed where another's completed
+            self._share_state(g, holder=self.logical == plan.logical)
+            fl = None
+        # What the failure-free group would hold once this recovery is done: the
+        # replica itself while the interrupted step is outstanding (never applied).
+        reference = self.replica.params
         if plan.action == "join":
-            self._share_state(g)
-        elif plan.action == "rollback":
-            if plan.undo and fl is not None:
-                undo(self.replica, fl)
+            self._share_state(g, holder=not self.joining)
         elif plan.action == "lossy" and plan.complete and fl is not None:
             full = run_blocking(failure_free(self.replica, fl, g, self.spec, plan.buckets_done))
             dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
@@ -143,18 +139,17 @@ class Trainer:
             post(self.store, event)
 
     def post_before(self) -> None:
-        """The group restarts: send the replica as it was before the interrupted step,
-        the restart's reference (nothing if this rank applied it and kept no copy)."""
-        before = before_step(self.replica, self.flight)
-        if before is not None:
-            post(self.store, {"type": "before"}, _blob(before))
+        """The group restarts: send the replica as it was before the interrupted step
+        (as it is: an uncommitted step never touched it), the restart's reference."""
+        post(self.store, {"type": "before"}, _blob(self.replica.params))
         self.evals.leave(restart=True)
 
-    def _share_state(self, g: Group) -> None:
-        """A replacement joins: every member takes a holder's replica and counters."""
+    def _share_state(self, g: Group, holder: bool) -> None:
+        """Every member takes a holder's replica and counters (a replacement joins, or
+        members behind the last committed step catch up)."""
         c = self.cursor
         mine = [self.executed, self.logical, c.epoch, c.offset, int(self.ctl_seen), self.applied]
-        m = run_blocking(share_state(self.replica, g, mine, holder=not self.joining))
+        m = run_blocking(share_state(self.replica, g, mine, holder=holder))
         self.executed, self.logical, self.cursor = m[0], m[1], Cursor(m[2], m[3])
         self.ctl_seen, self.applied, self.joining = float(m[4]), m[5], False
 
@@ -192,14 +187,17 @@ class Trainer:
         return ctl
 
     def _control(self) -> float:
-        """The controller's counter, read from the store at most every
-        :data:`CONTROL_EVERY` seconds: a store round trip on every step cost as much as
-        an allreduce; a request (stop, grow) now waits up to that long longer."""
-        now = time.monotonic()
-        if now - self._control_read >= CONTROL_EVERY:
-            self._control_seen = float(self.store.add("ctl", 0))
-            self._control_read = now
-        return self._control_seen
+        """The controller's counter, as this process's :class:`~.protocol.Doorbell` has
+        heard it: no store round trip on the step path (one cost as much as the
+        allreduce). Requests made since this process started are rung at once."""
+        if self._bell is None:
+            self._bell = Doorbell(self.store, "ctl", int(self.ctl_seen) + 1)
+        return float(self._bell.start - 1 + self._bell.rung)
+
+    def close(self) -> None:
+        """Stop listening for requests (the run is over for this process)."""
+        if self._bell is not None:
+            self._bell.close()
 
     def _commit(self, g: Group, fl: InFlight) -> None:
         self.cursor, self.flight = fl.batch.next_cursor, None

@@ -61,7 +61,8 @@ class SimDPEngine:
             spec = replace(spec, lr=cfg.lr)
         x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
-        self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic)
+        self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic,
+                          cfg.micro_batches)
         self.schedule = schedule = ctx.schedule({"rank": cfg.ranks})
         check_points(ctx.specs, len(self.g.buckets), CAPABILITIES["dp"].phases, "sim")
         self.clock = VirtualClock()
@@ -73,8 +74,7 @@ class SimDPEngine:
                                      self.clock, self.costs, self._emit)
         self.max_iter = ctx.limits.max_iterations
         self.result = ctx.result
-        self.spec = StepSpec(self.g.buckets, workload.aggregate == "mean",
-                             self.policy.needs_step_snapshot)
+        self.spec = StepSpec(self.g.buckets, workload.aggregate == "mean")
         self.lockstep = LockStep(self._point, self._reduced)
         self.injector = SimInjector()
         self.recovery = SimDPRecovery(
@@ -134,24 +134,32 @@ class SimDPEngine:
             sim_seconds=self.clock.now)
 
     def _attempt(self) -> bool | None:
-        """One step on the live group: whether it was committed, None if a failure
-        struck before it began (it then does not count as an attempt)."""
+        """One step on the live group: whether to save after it (it was committed and
+        nothing struck; a step struck after its commit is saved here, before the
+        recovery), None if a failure struck before it began (it does not count)."""
         g = self.g
         batch = self._batch = g.plan()
         self._hit = None
         fls = {s: InFlight.begin(batch, self.logical, g.layout.numel) for s in g.live}
         g.drive(self.lockstep, lambda r, c: train_step(r, fls[r.rank_id], c, self.injector,
                                                        self.spec, self.executed))
-        if self._hit is None:  # every rank voted: commit
+        after_commit = self._hit is not None and self._hit[1] == "update"
+        if self._hit is None or after_commit:  # the vote completed: committed
             g.cursor = batch.next_cursor
             self.logical += 1
-            self.result.updates_applied += len(g.live)
+            self.result.updates_applied += len(g.live) - (len(self._hit[0].ids)
+                                                          if self._hit else 0)
+        if self._hit is None:
             return True
+        if after_commit:  # saved as any commit is, before the recovery may rewind it
+            self.ckpt.after_step(self.logical)
         hit, point = self._hit
         # The last committed state is the one the failure struck (evaluated if kept).
         self.ctx.disruption(self.executed)
         committed, self.logical = self.recovery.recover(hit, point, fls, self.executed,
                                                         self.logical)
+        if after_commit:
+            return False  # it counts; there is nothing more to save
         return None if point == "boundary" else committed
 
     # -- what the simulated group reports ----------------------------------------
@@ -163,16 +171,15 @@ class SimDPEngine:
             self.clock.advance(compute / 3)
         elif name == "backward":
             self.clock.advance(compute * 2 / 3)
-        elif name == "update" and self.spec.snapshot:  # every rank copied its replica
-            self.clock.advance(self.g.first().state_bytes / self.costs.m.memory_bandwidth)
         hit = self.recovery.strike(name, self.executed)
         if hit is None:
             return None
         self._hit = (hit, name)
-        live = self.g.live
-        # At the update, ranks below the lowest victim have applied before it died.
-        cut = min(live.index(s) for s in hit.ids) if name == "update" else 0
-        return Strike(hit.ids, frozenset(live[:cut]))
+        # After the commit (update) the survivors apply the step and find the loss at
+        # their next collective; anywhere else they learn of it at once.
+        resume = frozenset(s for s in self.g.live if s not in hit.ids) if name == "update" \
+            else frozenset()
+        return Strike(hit.ids, resume)
 
     def _reduced(self, bucket: Bucket, ranks: int) -> None:
         m = self.costs.m

@@ -32,7 +32,7 @@ class SimGroup:
     """Rank slots ``0..size-1`` of one run, the live ranks and the sample cursor."""
 
     def __init__(self, workload: Workload, spec: OptimizerSpec, x0: Params, size: int,
-                 seed: int, buckets: int, elastic: ElasticPolicy) -> None:
+                 seed: int, buckets: int, elastic: ElasticPolicy, micro_batches: int = 1) -> None:
         n = workload.sample_count()
         if n is None:
             raise UserError(f"workload {workload.name} does not support data-parallel training "
@@ -48,7 +48,7 @@ class SimGroup:
         self.buckets = make_buckets(self.layout.numel, buckets)
         self.stream = SampleStream(n, seed)
         self.cursor = Cursor()
-        self.micro = micro_size(workload.batch_size)
+        self.micro = micro_size(workload.batch_size, micro_batches)
         self.elastic = elastic
         # Fail now, not at the first step, on a global batch larger than the data.
         self.stream.take(self.cursor, elastic.decide(size).global_batch)

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from trainthrough.dp.batching import Cursor
-from trainthrough.dp.reference import before_step, failure_free
-from trainthrough.dp.repair import complete, undo
+from trainthrough.dp.reference import failure_free
+from trainthrough.dp.repair import complete
 from trainthrough.dp.simulated import LockStep
-from trainthrough.dp.step import InFlight, StepSpec
+from trainthrough.dp.step import InFlight, StepSpec, group_phase
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
@@ -92,14 +92,17 @@ class SimDPRecovery:
                 logical: int) -> tuple[bool, int]:
         """Kill the struck ranks and recover the attempt they interrupted at ``point``.
 
-        ``fls``: every rank's record of the attempt (the victims' too).
+        ``fls``: every rank's record of the attempt (the victims' too). At ``update``
+        the group had committed it (the engine counted it) and the survivors applied it.
 
         Returns:
-            (whether the interrupted step got committed, the logical iteration after).
+            (whether the interrupted step got committed here, the logical iteration after).
         """
         t0 = self.clock.now
-        # The failed replica is never touched again, and never applied the step.
-        pre = before_step(self.g.ranks[hit.ids[0]], fls[hit.ids[0]])
+        # What the failure-free group holds now: the failed replica holds the last
+        # committed step (never touched again), unless the group committed this one.
+        pre = ({n: v.clone() for n, v in self.g.params().items()} if point == "update"
+               else self.g.ranks[hit.ids[0]].params)
         size_before = len(self.g.ranks)
         failed = list(hit.ids)
         self._kill(hit, executed)
@@ -107,11 +110,10 @@ class SimDPRecovery:
         while more := self.strike("recovery", executed):
             failed += more.ids
             self._kill(more, executed)
-        phase: Phase = point.partition(":")[0]  # type: ignore[assignment]
+        phase: Phase = group_phase(point)  # type: ignore[assignment]
         done = fls[hit.ids[0]].buckets_done  # every rank got as far (lock step)
-        applied = tuple(s for s in self.g.live if fls[s].applied)
         d = self.policy.decide(GroupFailure(tuple(failed), len(self.g.ranks), phase, done,
-                                            len(applied), self.ckpt.has_checkpoint()))
+                                            self.ckpt.has_checkpoint()))
         restored, committed = None, False
         if d.action is RecoveryAction.ROLLBACK_ALL:
             restored = self._restart(size_before, logical)
@@ -124,9 +126,6 @@ class SimDPRecovery:
             join = self.replacement.decide(tuple(failed), t0)
             if join is not None:
                 self.joins.append(join)
-            if d.undo_applied:
-                for s in applied:
-                    undo(self.g.ranks[s], fls[s])
         ready = self.clock.now
         reference = pre  # the interrupted step is outstanding (or discarded)
         if d.complete_step:
@@ -138,7 +137,7 @@ class SimDPRecovery:
                        recovery_seconds=ready - t0, perturbation_norm=norm,
                        action=d.action.value, restored_from=restored)
         self.result.recoveries.append(rec)
-        self.emit({"type": "recovery", **rec.__dict__, "phase": phase,
+        self.emit({"type": "recovery", **rec.__dict__, "phase": point.partition(":")[0],
                    "logical_iteration": logical, "ranks": self.g.live})
         return committed, logical
 

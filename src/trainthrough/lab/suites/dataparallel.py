@@ -9,7 +9,7 @@ policy changes nothing for it and it runs once per cell.
 Every run trains exactly ``L`` committed steps (the same global batches as the
 failure-free run, as the paper compares at a fixed number of epochs): the iteration
 budget is set per run to ``L`` plus the attempts a strategy loses (rollback: the
-interrupted attempt; checkpoint-restart: that attempt plus the steps since the last
+interrupted attempt, none at ``update``, after the commit; checkpoint-restart: that attempt plus the steps since the last
 checkpoint; lossy-forward: none). Failures strike at the same *logical* step for
 every strategy, at 20%, 50% and 80% of a checkpoint interval (one failure: 50%), so
 checkpoint-restart loses half an interval on average, as the model assumes.
@@ -52,7 +52,7 @@ def failure_trace(strategy: str, steps: tuple[int, ...], phase: str, every: int
     specs, extra = [], 0
     for i, step in enumerate(steps):
         specs.append(f"rank={1 + i % 3}@iter={step + extra},phase={phase}")
-        if strategy == "rollback":
+        if strategy == "rollback" and phase != "update":  # after the commit: no redo
             extra += 1
         elif strategy == "checkpoint-restart":
             extra += 1 + step % every
@@ -65,8 +65,10 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
     phases = ("allreduce:1", "update") if quick else PHASES
     runs: list[SuiteRun] = []
     for w, (steps, every, one, three) in settings.items():
+        # Four buckets, so allreduce:1 strikes a partly reduced gradient (lossy forward
+        # keeps the share of the bucket already reduced).
         common = dict(workload=w, paradigm="dp", ranks=4, stop_at_target=False, eval_every=25,
-                      checkpoint_every=every, cost=COST)
+                      checkpoint_every=every, cost=COST, allreduce_buckets=4)
         for seed in range(n_seeds):
             run_id = f"{w}-failure-free-s{seed}"
             runs.append(SuiteRun(run_id, RunConfig(strategy="lossy-forward", seed=seed,

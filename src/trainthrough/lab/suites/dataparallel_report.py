@@ -141,7 +141,6 @@ def predicted(m: Row, rows: list[Row]) -> float | None:
     c = pm.DPCosts(step_seconds=step, checkpoint_seconds=ckpt, mtbf_seconds=1e9,
                    detection_seconds=COST.detection_seconds, reform_seconds=COST.reform_seconds,
                    restart_seconds=COST.restart_seconds,
-                   snapshot_seconds=state / COST.memory_bandwidth,
                    compute_share=min(1.0, w.step_seconds * COST.compute_scale / step),
                    ranks=4 if keep_global else 0, replace_seconds=COST.replace_seconds,
                    join_seconds=COST.reform_seconds + COST.network_latency
@@ -169,11 +168,11 @@ def model_section(suite_dir: Path, rows: list[Row]) -> tuple[str, str]:
         ratio = meas / p if p and meas is not None else None
         lines.append(f"| {w} | {s} | {f} | {_fmt(p, '.3f')} | {_fmt(meas, '.3f')} | "
                      f"{_fmt(ratio)} |")
-    body = ("Predicted: steady part (checkpoints, pre-update snapshots) plus, per failure, "
+    body = ("Predicted: steady part (checkpoints) plus, per failure, "
             "detection, re-formation and what is redone or lost: half a step for rollback, "
             "half a checkpoint interval plus restart and read for checkpoint-restart, and for "
             "keep-global the slower shrunk steps until the replacement joins "
             "(lab/perf_model.py). Measured: simulated seconds beyond the failure-free run. "
             "Rollback redoes more than half a step when the failure strikes late in it "
-            "(allreduce, update).\n\n" + "\n".join(lines))
+            "(its allreduce).\n\n" + "\n".join(lines))
     return "Performance model: predicted vs measured overhead", body
