@@ -24,8 +24,10 @@ falls due while it is still coming back strikes it as soon as it is back (on bot
 - trainthrough's gloo engine through ``run_silent(RunConfig(workload="cnn",
   paradigm="dp", engine="gloo", ...))``, ``--strategy rollback`` and
   ``lossy-forward``, ``elastic=keep-local`` (32 per replica whatever the group's
-  size, as torchft), collective timeout 5 s, the replacement started at once. The
-  Ray engine (ranks as Ray actors) is not run here: it needs a Ray cluster.
+  size, as torchft), collective timeout 5 s, the replacement started at once; one
+  allreduce a step, which carries the commit vote (dp/step.py), and one gradient
+  call a rank. ``--ray`` adds the same on trainthrough's Ray engine (ranks as Ray
+  actors, on a local Ray started here).
 
 N = 2 replicas: the machine has 2 cores and each replica trains on one thread; a
 third busy process (trainthrough's controller, torchft's lighthouse) already shares
@@ -71,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _torchft_run import TorchftSettings  # noqa: E402
 from trainthrough.config import CostModel, RunConfig  # noqa: E402
 from trainthrough.engines.callbacks import Callback  # noqa: E402
+from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray  # noqa: E402
 from trainthrough.lab.runner import run_silent  # noqa: E402
 
 REPLICAS = 2
@@ -173,14 +176,15 @@ class _Watch(Callback):
             self.joins.append(float(event["wall_seconds"]))
 
 
-def trainthrough_config(strategy: str, steps: int, kills: list[int]) -> RunConfig:
+def trainthrough_config(strategy: str, steps: int, kills: list[int],
+                        engine: str = "gloo") -> RunConfig:
     """Kills at committed steps ``kills``: ``@iter=`` counts executed attempts, and
     rollback executes the interrupted step twice, so later triggers shift by one."""
     specs, shift = [], 0
     for k in kills:
         specs.append(f"rank=1@iter={k + shift},phase=allreduce:0")
         shift += strategy == "rollback"
-    cfg = RunConfig(workload="cnn", paradigm="dp", engine="gloo", ranks=REPLICAS,
+    cfg = RunConfig(workload="cnn", paradigm="dp", engine=engine, ranks=REPLICAS,
                     strategy=strategy, elastic="keep-local", stop_at_target=False,
                     max_iterations=steps + shift, eval_every=10, failures=specs, seed=0,
                     cost=CostModel(timeout_seconds=TIMEOUT))
@@ -188,9 +192,10 @@ def trainthrough_config(strategy: str, steps: int, kills: list[int]) -> RunConfi
     return cfg
 
 
-def run_trainthrough(strategy: str, steps: int, kills: list[int]) -> Measured:
+def run_trainthrough(strategy: str, steps: int, kills: list[int],
+                     engine: str = "gloo") -> Measured:
     w = _Watch()
-    s = run_silent(trainthrough_config(strategy, steps, kills), w)
+    s = run_silent(trainthrough_config(strategy, steps, kills, engine), w)
     done = int(s["logical_iterations"])
     note = "" if done == steps else f"committed {done} steps, not {steps}"
     stalls = [float(r["recovery_seconds"]) for r in s["recoveries"]]
@@ -209,6 +214,7 @@ class System:
     kind: str  # "torchft" or "trainthrough"
     strategy: str = ""
     heartbeat_ms: int = 0
+    engine: str = "gloo"  # trainthrough's: gloo processes, or ranks as Ray actors
 
 
 def _run(system: System, steps: int, kills: list[int], tmp: Path, ddp: bool) -> Measured:
@@ -216,7 +222,7 @@ def _run(system: System, steps: int, kills: list[int], tmp: Path, ddp: bool) -> 
         folder = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
         return run_torchft(steps, kills, system.heartbeat_ms or DEFAULT_HEARTBEAT_MS,
                            folder, ddp)
-    return run_trainthrough(system.strategy, steps, kills)
+    return run_trainthrough(system.strategy, steps, kills, system.engine)
 
 
 def _spread(xs: list[float], unit: str, fmt: str = "{:.2f}") -> str:
@@ -232,9 +238,9 @@ def measure(systems: list[System], steps: int, kills: list[int], repeats: int,
     """Every system ``repeats`` times, interleaved: the order alternates each
     repetition. Returns the runs by system label."""
     if warmup:  # page caches, imports, the first gloo rendezvous: paid before measuring
-        for kind in dict.fromkeys(sy.kind for sy in systems):
-            _run(next(sy for sy in systems if sy.kind == kind), WINDOW_FROM * 3, [], tmp,
-                 ddp)
+        for kind in dict.fromkeys((sy.kind, sy.engine) for sy in systems):
+            _run(next(sy for sy in systems if (sy.kind, sy.engine) == kind), WINDOW_FROM * 3,
+                 [], tmp, ddp)
     out: dict[str, list[Measured]] = {}
     for rep in range(repeats):
         for sy in systems if rep % 2 == 0 else systems[::-1]:
@@ -318,6 +324,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="skip the torchft runs at its default heartbeat timeout")
     ap.add_argument("--no-kills", action="store_true", help="failure-free runs only")
     ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--ray", action="store_true",
+                    help="also trainthrough's Ray engine (ranks as Ray actors, a local "
+                         "Ray started here)")
     ap.add_argument("--ddp", action="store_true",
                     help="torchft through its DistributedDataParallel (crashes on a kill)")
     a = ap.parse_args(argv)
@@ -332,8 +341,9 @@ def main(argv: list[str] | None = None) -> None:
         sorted({a.heartbeat_ms, DEFAULT_HEARTBEAT_MS})
     systems = [System(f"torchft (heartbeat {h / 1000:g} s)", "torchft", heartbeat_ms=h)
                for h in hb]
-    systems += [System(f"trainthrough gloo {st}", "trainthrough", st)
-                for st in ("rollback", "lossy-forward")]
+    engines = ("gloo", "ray") if a.ray else ("gloo",)
+    systems += [System(f"trainthrough {en} {st}", "trainthrough", st, engine=en)
+                for en in engines for st in ("rollback", "lossy-forward")]
     print(f"{REPLICAS} replicas (2 cores, one training thread each; a third process, the "
           f"controller or the lighthouse, shares them), cnn on digits, Adam 1e-3, 32 per "
           f"replica, {a.steps} steps; replica 1 SIGKILLed at the allreduce of steps "
@@ -343,10 +353,15 @@ def main(argv: list[str] | None = None) -> None:
           f"{a.repeats} repeats, interleaved; free steps/s: steps {WINDOW_FROM}.."
           f"{kills[0] if kills else a.steps}", flush=True)
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="vs-torchft-") as d:
-        tmp = Path(d)
-        runs = measure(systems, a.steps, kills, a.repeats, tmp, a.ddp,
-                       warmup=not a.no_warmup)
+    started = a.ray and ensure_ray()
+    try:
+        with tempfile.TemporaryDirectory(prefix="vs-torchft-") as d:
+            tmp = Path(d)
+            runs = measure(systems, a.steps, kills, a.repeats, tmp, a.ddp,
+                           warmup=not a.no_warmup)
+    finally:
+        if started:
+            shutdown_ray()
     report(systems, runs, kills)
     print(f"\n{time.time() - t0:.0f} s in all")
 

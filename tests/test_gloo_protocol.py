@@ -1,0 +1,109 @@
+"""The gloo controller's protocol pieces without rank processes: the doorbell that
+replaces polling, and what the controller decides from the survivors' reports."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.protocol import (
+    Doorbell,
+    EventReader,
+    Report,
+    get,
+    post,
+    request,
+    serve,
+)
+from trainthrough.engines.gloo.recovery import DistRecovery
+from trainthrough.ft.strategy import resolve
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _until(cond: Any, seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_the_doorbell_counts_requests_without_polling_and_closes() -> None:
+    store = serve(timeout=5)
+    request(store)  # made before the member listens: still heard
+    bell = Doorbell(store, "ctl", 1)
+    assert _until(lambda: bell.rung == 1)
+    request(store)
+    request(store)
+    assert _until(lambda: bell.rung == 3) and bell.next_key == "ctl/4"
+    bell.close()
+    assert not bell._thread.is_alive()
+
+
+def test_the_controller_sleeps_until_an_event_and_drains_each_once() -> None:
+    store = serve(timeout=5)
+    reader = EventReader(store)
+    t0 = time.monotonic()
+    reader.bell.wait(0.2)  # nothing posted: the full timeout
+    assert time.monotonic() - t0 >= 0.19
+    post(store, {"type": "x", "n": 1}, b"blob")
+    t0 = time.monotonic()
+    reader.bell.wait(5.0)  # woken by the post, long before the timeout
+    assert time.monotonic() - t0 < 2.0
+    [(event, blob)] = reader.drain()
+    assert (event["type"], event["n"], blob) == ("x", 1, b"blob")
+    assert reader.drain() == [] and not store.check(["evq/0"])  # read and rung: deleted
+    reader.bell.close()
+
+
+def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str, Any]]]:
+    store = dist.HashStore()
+    emitted: list[dict[str, Any]] = []
+    procs = SimpleNamespace(current={s: SimpleNamespace(died_at=None) for s in range(4)},
+                            kill=lambda p: None, alive=lambda s: s != 3)
+    e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
+                                      replace=False),
+                        ctx=SimpleNamespace(strategy=resolve(strategy)), store=store,
+                        procs=procs, pump=lambda: None, emit=emitted.append,
+                        saves=SimpleNamespace(checkpointer=SimpleNamespace(count=0)),
+                        iteration=0, logical=0, result=SimpleNamespace(updates_lost=0))
+    rec = DistRecovery(e, [])  # type: ignore[arg-type]
+    rec.members, rec.state = [0, 1, 2, 3], "training"
+    rec.on_event({"type": "failure", "ids": [3], "spec": "rank=3@iter=9", "phase": "allreduce:0",
+                  "phase_kind": "allreduce", "iteration": 9, "logical": 9, "t": time.time()})
+    return rec, store, emitted
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_survivors_split_on_the_last_commit_catch_up_and_complete_nothing(split: bool) -> None:
+    """Rank 3 died in the commit of step 9. Rank 1's collective failed; ranks 0 and 2
+    may have completed it (a ring's last messages) and failed in step 10's instead."""
+    rec, store, _ = _controller("lossy-forward")
+    ahead = 10 if split else 9
+    rec._decide({0: Report(0, "error", "allreduce", 0, executed=ahead + 1, logical=ahead),
+                 1: Report(1, "error", "allreduce", 0, executed=10, logical=9),
+                 2: Report(2, "error", "allreduce", 0, executed=ahead + 1, logical=ahead)})
+    plan = get(store, "plan/1")
+    assert plan["members"] == [0, 1, 2] and plan["action"] == "lossy"
+    assert plan["sync"] == split and plan["logical"] == ahead
+    # Completing the step would mix two steps: those behind copy one that committed.
+    assert plan["complete"] == (not split)
+
+
+def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> None:
+    rec, store, emitted = _controller("rollback")
+    rec.fail_events[0].update(phase="update", phase_kind="update")
+    rec._decide({s: Report(s, "error", "allreduce", 0, executed=11, logical=10)
+                 for s in (0, 1, 2)})
+    plan = get(store, "plan/1")
+    # Step 9 was committed with every share: nothing to redo, the attempt under way
+    # when the loss was found did not count.
+    assert plan["action"] == "rollback" and plan["uncount"] and not plan["sync"]
+    assert [x["type"] for x in emitted] == ["detection"]
