@@ -28,6 +28,9 @@ def test_ray_chaos_short(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_gloo_chaos_short(tmp_path: Path) -> None:
-    r = run_soak(gloo_soak(kills=6, wall=25.0), tmp_path, quiet=True)
+    # 40 s, not 25: the kills come every ~3 s rather than ~2 s, so a replacement that
+    # takes long to start on a loaded machine still joins before the next (the run then
+    # missed its target 1 time in the full suite with three Ray clusters beside it).
+    r = run_soak(gloo_soak(kills=6, wall=40.0), tmp_path, quiet=True)
     assert r["problems"] == [], r
     assert r["kills_delivered"] >= 6
