@@ -23,8 +23,9 @@ from typing import Any
 import ray
 import torch
 
+from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
-from trainthrough.ft.shard_checkpoint import Planned, ShardCheckpoint
+from trainthrough.ft.shard_checkpoint import ShardCheckpoint
 from trainthrough.ps.layout import RowBlock
 from trainthrough.ps.shard import Shard, clone_state
 from trainthrough.workloads.base import OptimizerSpec
@@ -49,8 +50,7 @@ class ShardActor:
         self._queue: queue.Queue[tuple[int, int, Tensors, float] | None] = queue.Queue(max_lag)
         self._forwarder: threading.Thread | None = None
         self._rounds: set[int] = set()
-        self._persist: threading.Thread | None = None  # set only once started
-        self._persist_error: str | None = None
+        self._persister = Persister()
         self._ckpt_lock = threading.Lock()
         self.x0 = {n: v.clone() for n, v in values.items()}
         self._saver: ShardCheckpoint | None = None
@@ -188,69 +188,68 @@ class ShardActor:
                     time.sleep(0.01)
 
     # -- checkpoints (the shard writes its own; the driver only says when) ---------
-    # What is saved and restored is ShardCheckpoint, the same code the sim engine runs.
-    # The actor is threaded: checkpoint and restore calls may arrive together. One lock
-    # orders them, and a background persist is only ever recorded once started, so
-    # there is never a second persist while one runs, never a join of a thread that
-    # has not started, and a failed persist is reported (``error``) in the next result.
-    def _wait_persist(self) -> dict[str, str]:
-        """Wait for the background persist (caller holds ``_ckpt_lock``); its failure."""
-        if self._persist is not None:
-            self._persist.join()
-            self._persist = None
-        error, self._persist_error = self._persist_error, None
-        return {"error": error} if error else {}
-
+    # What is saved and restored is ShardCheckpoint, the same code the sim engine runs;
+    # how a write is run (inline or in the background, one at a time) is the Persister.
+    # The actor is threaded: checkpoint and restore calls may arrive together, so
+    # ``_ckpt_lock`` orders them.
     def _checkpoints(self, url: str, keep: int, seed: int) -> ShardCheckpoint:
         if self._saver is None or self._saver.store.url != url:
             from trainthrough.ft.checkpoint import CheckpointStore
 
-            self._saver = ShardCheckpoint(self.shard, self.x0, CheckpointStore(url, keep), seed)
+            self._persister.wait()  # the old saver's buffer may still be being written
+            self._saver = ShardCheckpoint(self.shard, self.x0, CheckpointStore(url, keep), seed,
+                                          reuse_snapshot=True)
         return self._saver
-
-    def _persist_run(self, saver: ShardCheckpoint, plan: Planned) -> None:
-        try:
-            saver.write(plan)
-        except Exception as e:  # reported by the next checkpoint or restore call
-            self._persist_error = f"checkpoint {plan.tag} step {plan.step} was not written: {e}"
 
     def checkpoint(self, url: str, keep: int, seed: int, decision: CheckpointDecision,
                    iteration: int) -> dict[str, Any]:
         """Save this shard as ``decision`` says (full, or a prioritized fraction).
 
-        Sync: the lock is held while writing, so pushes block (that is the cost).
-        Async: only the in-memory snapshot holds the lock; a background thread
-        persists it. A persist still running is waited for first: never two at once.
+        One path for both modes: snapshot under the shard's lock, then write. Sync: the
+        write runs with the lock held, so pushes block (that is the cost). Async: only
+        the snapshot (a copy into a preallocated buffer) holds the lock; the write runs
+        on the persister's thread. An async save due while the previous write still
+        runs is skipped (``skipped``), never queued and never run alongside it.
 
         Returns:
             ``bytes`` written (sync; async: the payload), ``payload`` bytes, ``blocked``
-            seconds, the checkpoint ``name`` (None: nothing to save yet); ``error`` if
-            this save (sync) or the previous background one failed.
+            seconds, the checkpoint ``name`` (None: nothing saved), ``skipped``;
+            ``error`` if this save (sync) or the previous background one failed.
         """
         t0 = time.perf_counter()
         with self._ckpt_lock:
-            out: dict[str, Any] = self._wait_persist()
+            error = self._persister.take_error()
+            out: dict[str, Any] = {"error": error} if error else {}
+            none = {"bytes": 0, "payload": 0, "blocked": 0.0, "name": None, "skipped": False}
+            if decision.asynchronous and self._persister.busy():
+                self._persister.skip()
+                return {**none, "skipped": True, **out}
+            self._persister.wait()  # sync after async (a restore's strategy): one at a time
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 plan = saver.plan(decision, iteration)
                 if plan is None:
-                    return {"bytes": 0, "payload": 0, "blocked": 0.0, "name": None, **out}
+                    return {**none, **out}
                 name: str | None = f"{plan.tag}-{plan.step:08d}"
+                what = f"checkpoint {plan.tag} step {plan.step}"
                 if not decision.asynchronous:
                     try:
-                        nbytes = saver.write(plan).nbytes
+                        nbytes = self._persister.run(lambda: saver.write(plan)).nbytes
                     except Exception as e:
                         nbytes, name = 0, None
-                        out = {"error": f"checkpoint {plan.tag} step {plan.step} "
-                                        f"was not written: {e}"}
-                    return {"bytes": nbytes, "payload": plan.payload_bytes, "name": name,
-                            "blocked": time.perf_counter() - t0, **out}
+                        out = {"error": f"{what} was not written: {e}"}
+                    return {**none, "bytes": nbytes, "payload": plan.payload_bytes,
+                            "name": name, "blocked": time.perf_counter() - t0, **out}
             blocked = time.perf_counter() - t0
-            thread = threading.Thread(target=self._persist_run, args=(saver, plan), daemon=True)
-            thread.start()
-            self._persist = thread
-        return {"bytes": plan.payload_bytes, "payload": plan.payload_bytes, "name": name,
-                "blocked": blocked, **out}
+            self._persister.start(lambda: saver.write(plan), what)
+        return {**none, "bytes": plan.payload_bytes, "payload": plan.payload_bytes,
+                "name": name, "blocked": blocked, **out}
+
+    def checkpoint_stats(self) -> dict[str, Any]:
+        """Writes done, saves skipped (a write was still running), seconds writing, and
+        the store's split of the last write (durable write, prune)."""
+        last = self._saver.store.last_timing if self._saver is not None else (0.0, 0.0)
+        return {**self._persister.stats(), "last_write": last[0], "last_prune": last[1]}
 
     def restore(self, url: str, keep: int, seed: int,
                 at_most: int | None = None) -> dict[str, Any]:
@@ -263,7 +262,9 @@ class ShardActor:
         """
         skipped: list[str] = []
         with self._ckpt_lock:
-            out = self._wait_persist()
+            self._persister.wait()
+            error = self._persister.take_error()
+            out = {"error": error} if error else {}
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 step = saver.restore(skipped.append, at_most=at_most)
