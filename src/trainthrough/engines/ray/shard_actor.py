@@ -3,10 +3,10 @@
 The actor is a thin host around :class:`trainthrough.ps.shard.Shard`: the same
 update, dedup and state code as every engine. What it adds is process-level:
 its pid (failures are real SIGKILLs), a ``watch`` call that only returns when the
-process dies (Ray's death notification, without polling), and chain replication:
-forwarding each applied push to a successor, synchronously (the push is
-acknowledged after the tail applied it) or asynchronously (a background thread
-forwards in order, at most ``max_lag`` pushes behind).
+process dies (Ray's death notification, without polling), and chain replication
+(:mod:`~trainthrough.engines.ray.chain_link`): each applied push is forwarded to the
+successor at once, pipelined, in chain-position order; synchronously (acknowledged
+once the tail has it) or asynchronously (at most ``max_lag`` pushes ahead).
 
 Threaded actor: ``watch`` parks one thread for good; pushes from several workers run
 on the others and a lock orders them, so every replica applies pushes in one order.
@@ -15,7 +15,6 @@ on the others and a lock orders them, so every replica applies pushes in one ord
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import ray
 import torch
 
+from trainthrough.engines.ray.chain_link import ChainLink
 from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
@@ -33,7 +33,7 @@ from trainthrough.workloads.base import OptimizerSpec
 Tensors = dict[str, torch.Tensor]
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)  # type: ignore[call-overload]
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=32)  # type: ignore[call-overload]
 class ShardActor:
     """One shard replica. ``mode``: ``none`` (no successor), ``sync`` or ``async``."""
 
@@ -42,13 +42,11 @@ class ShardActor:
         torch.set_num_threads(1)
         self.name = name
         self.shard = Shard(shard_id, blocks, spec, values)
-        self.lock = threading.Lock()
-        self.successor: Any = None
-        self.mode = "none"
-        self.forwarded = 0
+        # A condition, so chain pushes can wait for their turn or their acknowledgement
+        # without holding the shard.
+        self.lock = threading.Condition()
+        self.link = ChainLink(self.lock, self._apply, max_lag)
         self._dead = threading.Event()
-        self._queue: queue.Queue[tuple[int, int, Tensors, float] | None] = queue.Queue(max_lag)
-        self._forwarder: threading.Thread | None = None
         self._rounds: set[int] = set()
         self._persister = Persister()
         self._ckpt_lock = threading.Lock()
@@ -62,6 +60,7 @@ class ShardActor:
             self.x0 = {n: v.clone() for n, v in values.items()}
             self._saver = None
             self._rounds.clear()
+            self.link.reset(0, 0)
 
     def join_coordinator(self, hosts: str, namespace: str, chain: str,
                          session_timeout: float) -> str:
@@ -100,20 +99,28 @@ class ShardActor:
     def push(self, worker: int, seq: int, update: Tensors, scale: float = 1.0) -> int:
         """Apply a worker's push once and replicate it; returns the version.
 
-        Sync chains: returns after the successor (recursively the tail) returned, so
-        an acknowledged push is on every live replica. A duplicate (re-delivered or
-        retried) push is not applied again but is still forwarded, because a
-        successor may have missed it when the chain broke mid-write.
+        Chains (:class:`~trainthrough.engines.ray.chain_link.ChainLink`): the push is
+        forwarded at once, pipelined behind the pushes still in flight. Sync: returns
+        once the tail has it, so an acknowledged push is on every live replica; a
+        duplicate (re-delivered or retried) push is not applied again and returns once
+        everything applied here is on the tail. Raises ``ChainBroken`` when the chain
+        broke under it: the sender retries the same sequence number.
         """
         with self.lock:
-            self.shard.apply_once(worker, seq, update, scale)
-            version = self.shard.version
-            if self.mode == "sync" and self.successor is not None:
-                ray.get(self.successor.push.remote(worker, seq, update, scale))
-                self.forwarded += 1
-        if self.mode == "async" and self.successor is not None:
-            self._queue.put((worker, seq, update, scale))  # blocks when max_lag behind
-        return version
+            if self.link.mode == "none":  # no chain: nothing to order or forward
+                self.shard.apply_once(worker, seq, update, scale)
+            else:
+                self.link.from_worker((worker, seq, update, scale))
+            return self.shard.version
+
+    def chain_push(self, gen: int, pos: int, worker: int, seq: int, update: Tensors,
+                   scale: float = 1.0) -> None:
+        """A push forwarded by this replica's predecessor (see :meth:`push`)."""
+        with self.lock:
+            self.link.from_predecessor(gen, pos, (worker, seq, update, scale))
+
+    def _apply(self, worker: int, seq: int, update: Tensors, scale: float) -> bool:
+        return self.shard.apply_once(worker, seq, update, scale)
 
     def apply_round(self, round_no: int, divide_by: int, *updates: Tensors) -> int:
         """Bulk-synchronous round: the aggregate of all workers' slices, applied once
@@ -136,9 +143,12 @@ class ShardActor:
         with self.lock:
             return clone_state(self.shard.state_dict())
 
-    def load(self, state: Tensors) -> int:
+    def load(self, state: Tensors, chain: tuple[int, int] | None = None) -> int:
+        """Take ``state`` (and, joining a chain, the (generation, position) it is at)."""
         with self.lock:
             self.shard.load_state_dict(state)
+            if chain is not None:
+                self.link.reset(*chain)
             return self.shard.version
 
     def load_rows(self, name: str, rows: torch.Tensor, values: torch.Tensor,
@@ -147,45 +157,19 @@ class ShardActor:
             self.shard.load_rows(name, rows, values, opt)
 
     def set_successor(self, successor: Any, mode: str) -> None:
-        """Rewire the chain. Async: start the forwarding thread on first use."""
+        """Rewire the chain: ``successor`` (None: this replica is the tail) gets every
+        push not yet acknowledged, in order."""
         with self.lock:
-            self.successor, self.mode = successor, mode
-        if mode == "async" and self._forwarder is None:
-            self._forwarder = threading.Thread(target=self._forward_loop, daemon=True)
-            self._forwarder.start()
+            self.link.rewire(successor, mode)
 
     def attach_tail(self, newcomer: Any, mode: str) -> int:
-        """Copy state into ``newcomer`` and make it this replica's successor, atomically
-        with respect to pushes, so the newcomer misses nothing."""
+        """Copy state (and chain position) into ``newcomer`` and make it this replica's
+        successor, atomically with respect to pushes, so the newcomer misses nothing."""
         with self.lock:
-            ray.get(newcomer.load.remote(clone_state(self.shard.state_dict())))
-            self.successor, self.mode = newcomer, mode
-            version = self.shard.version
-        if mode == "async" and self._forwarder is None:
-            self._forwarder = threading.Thread(target=self._forward_loop, daemon=True)
-            self._forwarder.start()
-        return version
-
-    def _forward_loop(self) -> None:
-        """Forward queued pushes in order. When the successor dies the driver rewires
-        the chain; the push is retried (for up to 2 s) to whoever the successor is
-        then, and the successor's dedup makes a repeat harmless."""
-        import time
-
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            for _ in range(200):
-                succ = self.successor
-                if succ is None:
-                    break  # this replica is the tail now: nothing to forward
-                try:
-                    ray.get(succ.push.remote(*item))
-                    self.forwarded += 1
-                    break
-                except ray.exceptions.RayError:
-                    time.sleep(0.01)
+            ray.get(newcomer.load.remote(clone_state(self.shard.state_dict()),
+                                         (self.link.gen, self.link.pos)))
+            self.link.rewire(newcomer, mode)
+            return self.shard.version
 
     # -- checkpoints (the shard writes its own; the driver only says when) ---------
     # What is saved and restored is ShardCheckpoint, the same code the sim engine runs;
@@ -273,5 +257,7 @@ class ShardActor:
         return {"step": step, "skipped": skipped, **out}
 
     def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.shard.version, "forwarded": self.forwarded,
-                "lag": self._queue.qsize(), "applied": dict(self.shard.applied)}
+        with self.lock:
+            return {"name": self.name, "version": self.shard.version,
+                    "forwarded": self.link.forwarded, "lag": self.link.lag,
+                    "position": self.link.pos, "applied": dict(self.shard.applied)}

@@ -1,0 +1,192 @@
+"""Pipelined chain replication for one shard replica: order, forwarding, acknowledgement.
+
+Every push a replica applies gets a *chain position* (1, 2, ...), assigned by the head
+and carried down the chain; every replica applies pushes in position order (a push
+that arrives early waits in a small reorder buffer: a threaded Ray actor may start
+calls in any order). The head forwards each push the moment it is applied, without
+waiting for the previous one to reach the tail: many pushes are in flight on each
+link at once, and order is kept by the positions, not by waiting.
+
+Acknowledgement. ``durable`` is the highest position the rest of the chain has
+(the successor acknowledged it; for the tail, what it applied). A synchronous push is
+acknowledged to its sender only once ``durable`` covers it, so an acknowledged push is
+on every live replica; an asynchronous one at once (at most ``max_lag`` ahead).
+
+Failures. Pushes stay in this replica's log until acknowledged. When a forward fails,
+the link is *broken*: waiting synchronous pushes raise (their senders retry the same
+sequence number, which the shard's dedup absorbs), and the log is sent again in order
+once the chain is rewired (successor died: :meth:`ChainLink.rewire`, called by the
+driver) or after a short pause (successor alive, its own successor broke). A replica
+that already has a position acknowledges it again without applying it. A replica that
+starts taking pushes from workers leads a new *generation*: forwards still in flight
+from the head it replaced are refused, so two heads never hand out the same position.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+Item = tuple[int, int, Any, float]  # worker, sequence number, update, scale
+Apply = Callable[[int, int, Any, float], bool]  # True: applied (not a duplicate)
+# A forward waits this long for the positions before it (its sender died otherwise).
+REORDER_SECONDS = 5.0
+# A synchronous push waits this long for the tail (a dead replica is rewired in ms).
+ACK_SECONDS = 30.0
+RETRY_PAUSE = 0.01
+
+
+class ChainBroken(RuntimeError):
+    """The push is applied here but not yet known to be on the whole chain: retry it."""
+
+
+class ChainLink:
+    """This replica's place in its chain. Every method runs under ``cond`` (the actor's
+    lock) except :meth:`_complete`, the thread that collects acknowledgements."""
+
+    def __init__(self, cond: threading.Condition, apply: Apply, max_lag: int) -> None:
+        self.cond, self.apply, self.max_lag = cond, apply, max_lag
+        self.successor: Any = None
+        self.mode = "none"
+        self.forwarded = 0
+        self.reset(0, 0)
+        self._completer: threading.Thread | None = None
+
+    def reset(self, gen: int, pos: int) -> None:
+        """Take a chain place copied from another replica (or a fresh one)."""
+        self.gen, self.pos, self.durable = gen, pos, pos
+        self.head = False
+        self._log: OrderedDict[int, Item] = OrderedDict()  # applied, not acknowledged
+        self._early: dict[int, Item] = {}  # arrived before the positions ahead of them
+        self._sent: deque[tuple[int, Any, int]] = deque()  # position, ref, link epoch
+        self._epoch = 0
+        self._broken = False
+
+    @property
+    def lag(self) -> int:
+        return self.pos - self.durable
+
+    # -- pushes -------------------------------------------------------------------
+    def from_worker(self, item: Item) -> None:
+        """A worker's push: applied unless a duplicate, forwarded, acknowledged (sync:
+        once on the tail; a duplicate once everything applied before it is)."""
+        if not self.head:  # first worker push: this replica leads the chain now
+            self.head, self.gen = True, self.gen + 1
+            self._early.clear()
+        if self.mode == "async":
+            self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
+        if self.apply(*item):
+            self._append(item)
+        if self.mode == "sync":
+            self._await_durable(self.pos)
+
+    def from_predecessor(self, gen: int, pos: int, item: Item) -> None:
+        """A forwarded push at chain position ``pos`` of generation ``gen``."""
+        if gen < self.gen:
+            raise ChainBroken(f"forward from a replaced head (generation {gen} < {self.gen})")
+        self.gen = gen
+        if pos > self.pos + 1:
+            self._early[pos] = item
+            if not self._wait(lambda: self.pos >= pos or self.gen != gen, REORDER_SECONDS):
+                self._early.pop(pos, None)
+                raise ChainBroken(f"position {pos} came without the ones before it")
+            if self.gen != gen:
+                raise ChainBroken("the head was replaced")
+        elif pos == self.pos + 1:
+            self.apply(*item)
+            self._append(item)
+            while self.pos + 1 in self._early:
+                nxt = self._early.pop(self.pos + 1)
+                self.apply(*nxt)
+                self._append(nxt)
+            self.cond.notify_all()
+        if self.mode == "sync":
+            self._await_durable(pos)
+
+    def _append(self, item: Item) -> None:
+        self.pos += 1
+        if self.successor is None:
+            self.durable = self.pos  # the tail: applied here is on the whole chain
+            return
+        self._log[self.pos] = item
+        if not self._broken:
+            self._send(self.pos, item)
+
+    def _send(self, pos: int, item: Item) -> None:
+        ref = self.successor.chain_push.remote(self.gen, pos, *item)
+        self._sent.append((pos, ref, self._epoch))
+        self.cond.notify_all()
+
+    def _await_durable(self, pos: int) -> None:
+        if not self._wait(lambda: self.durable >= pos or self._broken, ACK_SECONDS):
+            raise ChainBroken(f"position {pos} not acknowledged by the tail in time")
+        if self.durable < pos:
+            raise ChainBroken(f"the chain broke before position {pos} reached the tail")
+
+    def _wait(self, done: Callable[[], bool], seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.cond.wait(left)
+        return True
+
+    # -- the chain changes ----------------------------------------------------------
+    def rewire(self, successor: Any, mode: str) -> None:
+        """A new successor (None: this replica is the tail now); send it the log."""
+        self.successor, self.mode = successor, mode
+        self._reconnect()
+        if successor is not None and self._completer is None:
+            self._completer = threading.Thread(target=self._complete, daemon=True,
+                                               name="chain-acks")
+            self._completer.start()
+
+    def _reconnect(self) -> None:
+        self._epoch += 1
+        self._broken = False
+        self._sent.clear()  # outcomes of earlier sends no longer decide anything
+        if self.successor is None:
+            self.durable = self.pos
+            self._log.clear()
+        else:
+            for pos, item in self._log.items():
+                self._send(pos, item)
+        self.cond.notify_all()
+
+    def _complete(self) -> None:
+        """Collect acknowledgements in send order; a failure breaks the link."""
+        while True:
+            with self.cond:
+                while not self._sent:
+                    self.cond.wait()
+                pos, ref, epoch = self._sent.popleft()
+            error: Exception | None = None
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as e:
+                error = e
+            with self.cond:
+                if error is None:
+                    self.forwarded += 1
+                    if pos > self.durable:  # an acknowledgement covers all before it
+                        self.durable = pos
+                        while self._log and next(iter(self._log)) <= pos:
+                            self._log.popitem(last=False)
+                        self.cond.notify_all()
+                    continue
+                if epoch != self._epoch:
+                    continue  # sent before a rewire: already sent again
+                self._broken = True
+                self.cond.notify_all()
+            if isinstance(error, ray.exceptions.RayActorError):
+                continue  # the successor died: the driver rewires (rewire sends again)
+            time.sleep(RETRY_PAUSE)  # alive, its own successor broke: try it again
+            with self.cond:
+                if self._broken and epoch == self._epoch:
+                    self._reconnect()
