@@ -3,9 +3,11 @@
 Every push a replica applies gets a *chain position* (1, 2, ...), assigned by the head
 and carried down the chain; every replica applies pushes in position order (a push
 that arrives early waits in a small reorder buffer: a threaded Ray actor may start
-calls in any order). The head forwards each push the moment it is applied, without
-waiting for the previous one to reach the tail: many pushes are in flight on each
-link at once, and order is kept by the positions, not by waiting.
+calls in any order). The head forwards pushes as they are applied, without waiting for the
+previous ones to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding on
+each link, and pushes applied meanwhile go together in the next call (a Ray call
+costs more CPU than applying a push, and the CPU is what a replicated chain runs
+out of). Order is kept by the positions, not by waiting.
 
 Acknowledgement. ``durable`` is the highest position the rest of the chain has
 (the successor acknowledged it; for the tail, what it applied). A synchronous push is
@@ -39,6 +41,8 @@ REORDER_SECONDS = 5.0
 # A synchronous push waits this long for the tail (a dead replica is rewired in ms).
 ACK_SECONDS = 30.0
 RETRY_PAUSE = 0.01
+# Forward calls outstanding per link: 2 keeps the link busy while the next batch fills.
+IN_FLIGHT = 2
 
 
 class ChainBroken(RuntimeError):
@@ -62,8 +66,9 @@ class ChainLink:
         self.gen, self.pos, self.durable = gen, pos, pos
         self.head = False
         self._log: OrderedDict[int, Item] = OrderedDict()  # applied, not acknowledged
-        self._early: dict[int, Item] = {}  # arrived before the positions ahead of them
-        self._sent: deque[tuple[int, Any, int]] = deque()  # position, ref, link epoch
+        self._out: list[tuple[int, Item]] = []  # applied, not yet sent
+        self._calls = 0  # forward calls outstanding in this link epoch
+        self._sent: deque[tuple[int, Any, int]] = deque()  # last position, ref, link epoch
         self._epoch = 0
         self._broken = False
 
@@ -77,7 +82,7 @@ class ChainLink:
         once on the tail; a duplicate once everything applied before it is)."""
         if not self.head:  # first worker push: this replica leads the chain now
             self.head, self.gen = True, self.gen + 1
-            self._early.clear()
+            self.cond.notify_all()  # forwards waiting from the replaced head give up
         if self.mode == "async":
             self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
         if self.apply(*item):
@@ -85,28 +90,25 @@ class ChainLink:
         if self.mode == "sync":
             self._await_durable(self.pos)
 
-    def from_predecessor(self, gen: int, pos: int, item: Item) -> None:
-        """A forwarded push at chain position ``pos`` of generation ``gen``."""
+    def from_predecessor(self, gen: int, first: int, items: list[Item]) -> None:
+        """Forwarded pushes at chain positions ``first``, ``first + 1``, ... of
+        generation ``gen``: applied in order (positions already here are skipped)."""
         if gen < self.gen:
             raise ChainBroken(f"forward from a replaced head (generation {gen} < {self.gen})")
         self.gen = gen
-        if pos > self.pos + 1:
-            self._early[pos] = item
-            if not self._wait(lambda: self.pos >= pos or self.gen != gen, REORDER_SECONDS):
-                self._early.pop(pos, None)
-                raise ChainBroken(f"position {pos} came without the ones before it")
+        if first > self.pos + 1:  # an earlier call is still on its way: its turn first
+            if not self._wait(lambda: self.pos >= first - 1 or self.gen != gen,
+                              REORDER_SECONDS):
+                raise ChainBroken(f"position {first} came without the ones before it")
             if self.gen != gen:
                 raise ChainBroken("the head was replaced")
-        elif pos == self.pos + 1:
-            self.apply(*item)
-            self._append(item)
-            while self.pos + 1 in self._early:
-                nxt = self._early.pop(self.pos + 1)
-                self.apply(*nxt)
-                self._append(nxt)
-            self.cond.notify_all()
+        for k, item in enumerate(items):
+            if first + k == self.pos + 1:
+                self.apply(*item)
+                self._append(item)
+        self.cond.notify_all()
         if self.mode == "sync":
-            self._await_durable(pos)
+            self._await_durable(first + len(items) - 1)
 
     def _append(self, item: Item) -> None:
         self.pos += 1
@@ -115,11 +117,18 @@ class ChainLink:
             return
         self._log[self.pos] = item
         if not self._broken:
-            self._send(self.pos, item)
+            self._out.append((self.pos, item))
+            self._flush()
 
-    def _send(self, pos: int, item: Item) -> None:
-        ref = self.successor.chain_push.remote(self.gen, pos, *item)
-        self._sent.append((pos, ref, self._epoch))
+    def _flush(self) -> None:
+        """Send what is waiting as one call, if the link has room for another call."""
+        if not self._out or self._calls >= IN_FLIGHT:
+            return
+        first, last = self._out[0][0], self._out[-1][0]
+        ref = self.successor.chain_push.remote(self.gen, first, [i for _, i in self._out])
+        self._out = []
+        self._calls += 1
+        self._sent.append((last, ref, self._epoch))
         self.cond.notify_all()
 
     def _await_durable(self, pos: int) -> None:
@@ -151,12 +160,14 @@ class ChainLink:
         self._epoch += 1
         self._broken = False
         self._sent.clear()  # outcomes of earlier sends no longer decide anything
+        self._calls = 0
+        self._out = []
         if self.successor is None:
             self.durable = self.pos
             self._log.clear()
         else:
-            for pos, item in self._log.items():
-                self._send(pos, item)
+            self._out = list(self._log.items())
+            self._flush()
         self.cond.notify_all()
 
     def _complete(self) -> None:
@@ -172,6 +183,8 @@ class ChainLink:
             except ray.exceptions.RayError as e:
                 error = e
             with self.cond:
+                if epoch == self._epoch:
+                    self._calls -= 1
                 if error is None:
                     self.forwarded += 1
                     if pos > self.durable:  # an acknowledgement covers all before it
@@ -179,6 +192,8 @@ class ChainLink:
                         while self._log and next(iter(self._log)) <= pos:
                             self._log.popitem(last=False)
                         self.cond.notify_all()
+                    if epoch == self._epoch:
+                        self._flush()  # what was applied meanwhile, as one call
                     continue
                 if epoch != self._epoch:
                     continue  # sent before a rewire: already sent again

@@ -113,11 +113,12 @@ class ShardActor:
                 self.link.from_worker((worker, seq, update, scale))
             return self.shard.version
 
-    def chain_push(self, gen: int, pos: int, worker: int, seq: int, update: Tensors,
-                   scale: float = 1.0) -> None:
-        """A push forwarded by this replica's predecessor (see :meth:`push`)."""
+    def chain_push(self, gen: int, first: int,
+                   items: list[tuple[int, int, Tensors, float]]) -> None:
+        """Pushes forwarded by this replica's predecessor, at chain positions ``first``
+        on (see :meth:`push`): (worker, sequence number, update, scale) each."""
         with self.lock:
-            self.link.from_predecessor(gen, pos, (worker, seq, update, scale))
+            self.link.from_predecessor(gen, first, items)
 
     def _apply(self, worker: int, seq: int, update: Tensors, scale: float) -> bool:
         return self.shard.apply_once(worker, seq, update, scale)

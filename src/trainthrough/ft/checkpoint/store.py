@@ -45,6 +45,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from trainthrough.errors import CheckpointCorrupt
+from trainthrough.ft.checkpoint import stream
 from trainthrough.ft.checkpoint.location import run_of
 from trainthrough.ft.checkpoint.manifest import (
     MANIFEST,
@@ -254,10 +255,15 @@ class CheckpointStore:
             t0 = time.perf_counter()
             files: list[FileEntry] = []
             for fname, group in sorted(groups.items()):
-                data = safetensors.torch.save(group)
-                self._write(self._path(tmp, fname), data)
-                files.append(FileEntry(fname, hashlib.sha256(data).hexdigest(), len(data),
-                                       tuple(sorted(group))))
+                path = self._path(tmp, fname)
+                if stream.streamable(group):  # the same bytes, without building them first
+                    with self._fs.open(path, "wb") as f:
+                        sha, size = stream.write(f, group)
+                else:
+                    data = safetensors.torch.save(group)
+                    self._write(path, data)
+                    sha, size = hashlib.sha256(data).hexdigest(), len(data)
+                files.append(FileEntry(fname, sha, size, tuple(sorted(group))))
             raw = encode_manifest(step, tag, self.run_id, files, meta, time.time())
             self._write(self._path(tmp, MANIFEST), raw)  # LAST: marks completeness
             # Tensor files and manifest become durable together, still under the temp
