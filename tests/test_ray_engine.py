@@ -213,7 +213,7 @@ def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None
         return True
 
     link = ChainLink(cond, apply, max_lag=8)
-    link.rewire(None, "sync")  # the tail
+    _under(cond, link.rewire, None, "sync")  # the tail
     item = (0, 2, {"x": torch.ones(1)}, 1.0)
     # Whichever call takes the lock first, position 2 is applied after position 1.
     early = threading.Thread(target=lambda: _under(cond, link.from_predecessor, 0, 2, [item]))
