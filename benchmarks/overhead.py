@@ -9,6 +9,9 @@ The method, so that noise shows instead of passing for a result:
 
 * one warm-up run first (not counted): the first run on a fresh cluster pays for cold
   caches and Ray's own start-up work;
+* before every run, a wait until the cluster is quiet: Ray tears the last run's
+  actors down and starts idle worker processes, which took up to 0.7 of a core into
+  the next run when runs followed each other at once;
 * then ``--repeats`` repetitions (default 5); each runs every strategy once, in an
   order shuffled per repetition (seeded), so no strategy always runs first or last;
 * each strategy's ratio is taken against ``none`` *of the same repetition* (paired),
@@ -56,7 +59,53 @@ TARGETS = (("checkpoint-async", "overhead <= 3%", lambda r: r >= 0.97),
 BANDWIDTH_TARGET = 0.8
 
 
+def _cluster_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process's descendants (the Ray cluster it
+    started: raylet, workers being started or torn down). None off Linux."""
+    hz = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    try:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    except OSError:
+        return None
+    total, todo = 0.0, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / hz
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return total
+
+
+def settle(limit: float = 20.0) -> float:
+    """Wait until the cluster is quiet (< 0.1 core over half a second), at most
+    ``limit`` seconds; return the wait. After a run Ray tears actors down and starts
+    idle worker processes (importing Ray and torch: a core for seconds); a run started
+    meanwhile would pay for its predecessor."""
+    t0 = time.perf_counter()
+    before = _cluster_cpu_seconds()
+    if before is None:
+        time.sleep(3.0)
+        return 3.0
+    while time.perf_counter() - t0 < limit:
+        time.sleep(0.5)
+        now = _cluster_cpu_seconds() or 0.0
+        if now - before < 0.05:
+            break
+        before = now
+    return time.perf_counter() - t0
+
+
 def one_run(strategy: str, seconds: float, every: int) -> dict[str, Any]:
+    settle()
     cfg = RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1, workers=4,
                     consistency="async", checkpoint_every=every, eval_every=10**6,
                     stop_at_target=False, max_iterations=10**7, wall_limit=seconds)

@@ -34,7 +34,9 @@ from typing import Any
 
 import ray
 
-Item = tuple[int, int, Any, float]  # worker, sequence number, update, scale
+from trainthrough.engines.ray import wire
+
+Item = wire.Item
 Apply = Callable[[int, int, Any, float], bool]  # True: applied (not a duplicate)
 # A forward waits this long for the positions before it (its sender died otherwise).
 REORDER_SECONDS = 5.0
@@ -124,9 +126,14 @@ class ChainLink:
         """Send what is waiting as one call, if the link has room for another call."""
         if not self._out or self._calls >= IN_FLIGHT:
             return
-        first, last = self._out[0][0], self._out[-1][0]
-        ref = self.successor.chain_push.remote(self.gen, first, [i for _, i in self._out])
-        self._out = []
+        room = max(1, wire.CALL_BYTES // max(wire.nbytes(self._out[0][1]), 1))
+        batch, self._out = self._out[:room], self._out[room:]
+        first, last, items = batch[0][0], batch[-1][0], [i for _, i in batch]
+        if wire.packable(items):
+            meta, chunks = wire.pack(items)
+            ref = self.successor.chain_push.remote(self.gen, first, meta, *chunks)
+        else:  # anything but float32: as it is (pickled)
+            ref = self.successor.chain_push.remote(self.gen, first, items)
         self._calls += 1
         self._sent.append((last, ref, self._epoch))
         self.cond.notify_all()

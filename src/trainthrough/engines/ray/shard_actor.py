@@ -22,6 +22,7 @@ from typing import Any
 import ray
 import torch
 
+from trainthrough.engines.ray import wire
 from trainthrough.engines.ray.chain_link import ChainLink
 from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
@@ -113,10 +114,12 @@ class ShardActor:
                 self.link.from_worker((worker, seq, update, scale))
             return self.shard.version
 
-    def chain_push(self, gen: int, first: int,
-                   items: list[tuple[int, int, Tensors, float]]) -> None:
+    def chain_push(self, gen: int, first: int, meta: Any, *chunks: Any) -> None:
         """Pushes forwarded by this replica's predecessor, at chain positions ``first``
-        on (see :meth:`push`): (worker, sequence number, update, scale) each."""
+        on (see :meth:`push`): packed (:mod:`~trainthrough.engines.ray.wire`), or a list
+        of (worker, sequence number, update, scale) with no chunks."""
+        # Outside the lock: the copy is not the shard's business.
+        items = wire.unpack(meta, chunks) if chunks else meta
         with self.lock:
             self.link.from_predecessor(gen, first, items)
 
