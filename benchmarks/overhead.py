@@ -29,8 +29,10 @@ checkpoint's own size and at ``--large-mb`` (where bandwidth, not sync latency, 
 
     flock /tmp/tt-bench.lock python benchmarks/overhead.py [--seconds 6] [--repeats 5]
 
-Defaults run in about 6-7 minutes on 2 cores (31 runs of 6 s plus ~5 s of actor
-start-up each).
+Defaults took about 10 minutes on the shared 2-core machine: 31 runs of 6 s, each
+with ~10 s of actor start-up (4 workers and 4 shard processes importing torch) and the
+wait for a quiet cluster. Start-up, not training, is most of it; warm actors reused
+across runs (issue 11, start-up) would bring it to ~4 minutes.
 """
 
 from __future__ import annotations

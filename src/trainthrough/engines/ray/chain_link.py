@@ -53,7 +53,8 @@ class ChainBroken(RuntimeError):
 
 class ChainLink:
     """This replica's place in its chain. Every method runs under ``cond`` (the actor's
-    lock) except :meth:`_complete`, the thread that collects acknowledgements."""
+    lock) except the two threads of a replica with a successor: :meth:`_send_loop`,
+    which sends, and :meth:`_complete`, which collects acknowledgements."""
 
     def __init__(self, cond: threading.Condition, apply: Apply, max_lag: int) -> None:
         self.cond, self.apply, self.max_lag = cond, apply, max_lag
@@ -123,20 +124,33 @@ class ChainLink:
             self._flush()
 
     def _flush(self) -> None:
-        """Send what is waiting as one call, if the link has room for another call."""
-        if not self._out or self._calls >= IN_FLIGHT:
-            return
-        room = max(1, wire.CALL_BYTES // max(wire.nbytes(self._out[0][1]), 1))
-        batch, self._out = self._out[:room], self._out[room:]
-        first, last, items = batch[0][0], batch[-1][0], [i for _, i in batch]
-        if wire.packable(items):
-            meta, chunks = wire.pack(items)
-            ref = self.successor.chain_push.remote(self.gen, first, meta, *chunks)
-        else:  # anything but float32: as it is (pickled)
-            ref = self.successor.chain_push.remote(self.gen, first, items)
-        self._calls += 1
-        self._sent.append((last, ref, self._epoch))
-        self.cond.notify_all()
+        """Wake the sender if it may send now (it sends outside the lock)."""
+        if self._out and self._calls < IN_FLIGHT and not self._broken:
+            self.cond.notify_all()
+
+    def _send_loop(self) -> None:
+        """Send batches in order, one thread, without the shard's lock: a Ray call's
+        submission (pickling, task set-up) costs about as much CPU as applying an
+        update, and a push (or pull) waiting behind it would pay for it."""
+        while True:
+            with self.cond:
+                while not (self._out and self._calls < IN_FLIGHT and not self._broken):
+                    self.cond.wait()
+                room = max(1, wire.CALL_BYTES // max(wire.nbytes(self._out[0][1]), 1))
+                batch, self._out = self._out[:room], self._out[room:]
+                self._calls += 1
+                succ, gen, epoch = self.successor, self.gen, self._epoch
+            first, last, items = batch[0][0], batch[-1][0], [i for _, i in batch]
+            if wire.packable(items):
+                meta, chunks = wire.pack(items)
+                ref = succ.chain_push.remote(gen, first, meta, *chunks)
+            else:  # anything but float32: as it is (pickled)
+                ref = succ.chain_push.remote(gen, first, items)
+            with self.cond:
+                # A rewire meanwhile sent the log again: this call's outcome is moot.
+                if epoch == self._epoch:
+                    self._sent.append((last, ref, epoch))
+                    self.cond.notify_all()
 
     def _await_durable(self, pos: int) -> None:
         if not self._wait(lambda: self.durable >= pos or self._broken, ACK_SECONDS):
@@ -162,6 +176,7 @@ class ChainLink:
             self._completer = threading.Thread(target=self._complete, daemon=True,
                                                name="chain-acks")
             self._completer.start()
+            threading.Thread(target=self._send_loop, daemon=True, name="chain-send").start()
 
     def _reconnect(self) -> None:
         self._epoch += 1
