@@ -1,13 +1,13 @@
 """Pipelined chain replication for one shard replica: order, forwarding, acknowledgement.
 
 Every push a replica applies gets a *chain position* (1, 2, ...), assigned by the head
-and carried down the chain; every replica applies pushes in position order (a push
-that arrives early waits in a small reorder buffer: a threaded Ray actor may start
-calls in any order). The head forwards pushes as they are applied, without waiting for the
-previous ones to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding on
-each link, and pushes applied meanwhile go together in the next call (a Ray call
-costs more CPU than applying a push, and the CPU is what a replicated chain runs
-out of). Order is kept by the positions, not by waiting.
+and carried down the chain; every replica applies pushes in position order (a threaded
+Ray actor may start calls in any order, so a forward that arrives early waits for its
+turn). The head forwards pushes as they are applied, without waiting for the previous
+ones to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding on each
+link, and pushes applied meanwhile go together in the next call (a Ray call costs
+more CPU than applying a push, and the CPU is what a replicated chain runs out of).
+Order is kept by the positions, not by waiting.
 
 Acknowledgement. ``durable`` is the highest position the rest of the chain has
 (the successor acknowledged it; for the tail, what it applied). A synchronous push is
@@ -72,7 +72,9 @@ class ChainLink:
         self._out: list[tuple[int, Item]] = []  # applied, not yet sent
         self._calls = 0  # forward calls outstanding in this link epoch
         self._sent: deque[tuple[int, Any, int]] = deque()  # last position, ref, link epoch
-        self._epoch = 0
+        # Only ever grows (a reset keeps counting): an outcome of a send from before a
+        # reset can never pass for a current one.
+        self._epoch = getattr(self, "_epoch", 0) + 1
         self._broken = False
 
     @property
