@@ -482,9 +482,9 @@ def test_dist_ranks_restart_from_the_previous_checkpoint(tmp_path: Path) -> None
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("ray_session")
 def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> None:
-    """Concurrent async checkpoint calls on one threaded actor: each persist runs alone
-    and completes (no "cannot join thread before it is started"); a failed one is
-    reported by the next call instead of vanishing."""
+    """Concurrent async checkpoint calls on one threaded actor: each is either written
+    or reported skipped (a write was still running), never both and never silently
+    lost; a failed write is reported by the next call instead of vanishing."""
     ray = pytest.importorskip("ray")
     from trainthrough.engines.ray.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
@@ -494,23 +494,74 @@ def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> N
     actor = ShardActor.remote(0, make_layout(values, 1).shards[0], OptimizerSpec(kind="add"),
                               values, "r0")
     url = run_location(str(tmp_path), "race")
-    results = ray.get([actor.checkpoint.remote(url, 50, 0, ASYNC, step) for step in range(1, 41)]
-                      + [actor.restore.remote(url, 50, 0)])
-    # Calls run in any order on the actor's threads; a restore waits for the persist
-    # still in flight, so after it every requested checkpoint exists.
-    results.append(ray.get(actor.restore.remote(url, 50, 0)))
-    assert all("error" not in r for r in results), results
-    assert results[-1] == {"step": 40, "skipped": []}
-    assert [i.step for i in CheckpointStore(url).list("shard0")] == list(range(1, 41))
+    results = ray.get([actor.checkpoint.remote(url, 50, 0, ASYNC, step) for step in range(1, 41)])
+    # A restore waits for the write still in flight: after it every save not skipped exists.
+    got = ray.get(actor.restore.remote(url, 50, 0))
+    assert all("error" not in r for r in results) and "error" not in got, results
+    written = sorted(int(r["name"].rsplit("-", 1)[1]) for r in results if r["name"])
+    assert all(bool(r["name"]) != r["skipped"] for r in results), results
+    assert written and got == {"step": max(written), "skipped": []}
+    assert [i.step for i in CheckpointStore(url).list("shard0")] == written
+    stats = ray.get(actor.checkpoint_stats.remote())
+    assert stats["writes"] == len(written) and stats["skipped"] == 40 - len(written)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     bad = run_location(str(blocker), "race")  # under a file: the persist must fail
     assert "error" not in ray.get(actor.checkpoint.remote(bad, 3, 0, ASYNC, 41))
-    after = ray.get(actor.checkpoint.remote(url, 50, 0, ASYNC, 42))
-    assert "step 41 was not written" in after["error"], after
-    got = ray.get(actor.restore.remote(url, 50, 0))
-    assert got == {"step": 42, "skipped": []}
+    # The restore waits for that write and reports its failure.
+    failed = ray.get(actor.restore.remote(url, 50, 0))
+    assert "step 41 was not written" in failed["error"], failed
+    assert ray.get(actor.checkpoint.remote(url, 50, 0, ASYNC, 42))["name"]
+    assert ray.get(actor.restore.remote(url, 50, 0)) == {"step": 42, "skipped": []}
     ray.kill(actor)
+
+
+def test_an_async_save_due_while_a_write_runs_is_skipped_never_overlapped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The persister holds one write at a time: a save that falls due while the previous
+    write is still running is skipped and counted, and the two never overlap."""
+    import threading
+
+    pytest.importorskip("ray")
+    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.ft.shard_checkpoint import ShardCheckpoint
+    from trainthrough.ps.layout import make_layout
+    from trainthrough.workloads.base import OptimizerSpec
+
+    threads = torch.get_num_threads()
+    values = {"x": torch.zeros(64, 8)}
+    actor = ShardActor.__ray_actor_class__(0, make_layout(values, 1).shards[0],
+                                           OptimizerSpec(kind="add"), values, "r0")
+    torch.set_num_threads(threads)  # the actor's __init__ pins this process to one
+    release, inside = threading.Event(), threading.Event()
+    running, most = [0], [0]
+    write = ShardCheckpoint.write
+
+    def slow_write(self: ShardCheckpoint, p: Any) -> Any:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        inside.set()
+        release.wait(10)
+        try:
+            return write(self, p)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(ShardCheckpoint, "write", slow_write)
+    url = run_location(str(tmp_path), "overlap")
+    first = actor.checkpoint(url, 50, 0, ASYNC, 1)
+    assert first["name"] and inside.wait(10)
+    second = actor.checkpoint(url, 50, 0, ASYNC, 2)  # the first is still writing
+    assert second["skipped"] and second["name"] is None
+    release.set()
+    assert actor.restore(url, 50, 0) == {"step": 1, "skipped": []}
+    third = actor.checkpoint(url, 50, 0, ASYNC, 3)
+    assert third["name"] and not third["skipped"]
+    assert actor.restore(url, 50, 0)["step"] == 3
+    assert most[0] == 1
+    stats = actor.checkpoint_stats()
+    assert (stats["writes"], stats["skipped"]) == (2, 1)
+    assert [i.step for i in CheckpointStore(url).list("shard0")] == [1, 3]
 
 
 def test_shard_checkpoint_calls_wait_for_a_persist_that_has_not_started_yet(
@@ -540,9 +591,12 @@ def test_shard_checkpoint_calls_wait_for_a_persist_that_has_not_started_yet(
     url = run_location(str(tmp_path), "race")
     errors: list[BaseException] = []
 
+    results: list[dict[str, Any]] = []
+
     def call(step: int) -> None:
         try:
-            assert "error" not in actor.checkpoint(url, 50, 0, ASYNC, step)
+            results.append(actor.checkpoint(url, 50, 0, ASYNC, step))
+            assert "error" not in results[-1]
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -553,5 +607,8 @@ def test_shard_checkpoint_calls_wait_for_a_persist_that_has_not_started_yet(
         time.sleep(0.02)
     for t in callers:
         t.join()
-    assert actor.restore(url, 50, 0) == {"step": 8, "skipped": []} and errors == []
-    assert [i.step for i in CheckpointStore(url).list("shard0")] == list(range(1, 9))
+    # Each call was written or reported skipped (a write still running), none lost.
+    written = sorted(int(r["name"].rsplit("-", 1)[1]) for r in results if r["name"])
+    assert len(results) == 8 and all(bool(r["name"]) != r["skipped"] for r in results)
+    assert actor.restore(url, 50, 0) == {"step": max(written), "skipped": []} and errors == []
+    assert [i.step for i in CheckpointStore(url).list("shard0")] == written

@@ -320,3 +320,27 @@ def test_in_memory_only_what_the_run_created_is_freed(tmp_path: Path) -> None:
     run(RunConfig(workload="ridge", checkpoint_dir=fresh), tmp_path / "b")
     assert not fs.exists(url_to_fs(fresh)[1])
     fs.rm(theirs, recursive=True)
+
+
+def test_streamed_tensor_files_are_byte_for_byte_what_safetensors_writes() -> None:
+    """The store writes tensor files itself (no in-memory copy of the file, hashed as
+    written); the bytes and checksum must be exactly safetensors' own."""
+    import hashlib
+    import io
+
+    import safetensors.torch
+
+    from trainthrough.ft.checkpoint import stream
+
+    dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+    tensors = {f"g{i % 3}/{chr(97 + i)}": torch.ones(i + 1, 2, dtype=d)
+               for i, d in enumerate(dtypes)}
+    tensors |= {"value/w": torch.randn(3, 4), "opt/empty": torch.zeros(0),
+                "scalar": torch.tensor(3.0), "a": torch.ones(2, dtype=torch.bool)}
+    assert stream.streamable(tensors)
+    f = io.BytesIO()
+    sha, size = stream.write(f, tensors)
+    ref = safetensors.torch.save(tensors)
+    assert f.getvalue() == ref and size == len(ref)
+    assert sha == hashlib.sha256(ref).hexdigest()

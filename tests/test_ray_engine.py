@@ -131,3 +131,102 @@ def test_chain_failover_through_zookeeper_membership(zk_server) -> None:  # noqa
     assert s["recoveries"][0]["action"] == "failover"
     # Detection waits for the 2 s session timeout, not Ray's ~20 ms notice.
     assert 1.0 <= s["recoveries"][0]["recovery_seconds"] < 6.0
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=["head", "middle", "tail"])
+def test_pipelined_chain_sync_loses_no_acknowledged_update(position: int) -> None:
+    """Four workers push at once, so several pushes are in flight on every link when a
+    replica is SIGKILLed; every acknowledged push ends up applied exactly once, in the
+    same order, on every replica that remains."""
+    import torch
+
+    actors = _chain(3, "sync")
+    names = ("r0", "r1", "r2")
+    handles = dict(zip(names, actors))
+    victim = ray.get(handles[names[position]].pid.remote())
+    state = {"members": names, "rewired": False}
+    guard = threading.Lock()
+    acked: dict[int, list[int]] = {w: [] for w in range(4)}
+    total = [0]
+
+    def rewire() -> None:
+        with guard:
+            if state["rewired"]:
+                return
+            change = on_death(state["members"], {names[position]})
+            for name, succ in change.rewire:
+                ray.get(handles[name].set_successor.remote(
+                    handles[succ] if succ else None, "sync"))
+            state["members"], state["rewired"] = change.members, True
+
+    def worker(w: int) -> None:
+        for seq in range(1, 41):
+            while True:
+                try:
+                    ray.get(handles[state["members"][0]].push.remote(
+                        w, seq, {"x": torch.full((4,), float(w + 1))}))
+                    break
+                except ray.exceptions.RayError:
+                    # Only the kill breaks the chain; the first to see it rewires, and
+                    # everyone retries the same sequence number (dedup absorbs repeats).
+                    while not state.get("killed"):
+                        time.sleep(0.001)
+                    rewire()
+                    time.sleep(0.005)
+            acked[w].append(seq)
+            with guard:
+                total[0] += 1
+                if total[0] == 60:
+                    os.kill(victim, signal.SIGKILL)
+                    state["killed"] = True
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(acked[w] == list(range(1, 41)) for w in range(4))
+    assert state["rewired"] and len(state["members"]) == 2
+    survivors = [n for n in names if n != names[position]]
+    expect = [40.0 * (1 + 2 + 3 + 4)] * 4
+    for n in survivors:
+        stats = ray.get(handles[n].stats.remote())
+        assert stats["applied"] == {0: 40, 1: 40, 2: 40, 3: 40}
+        assert ray.get(handles[n].pull.remote())[1]["x"].tolist() == expect
+    for h in actors:
+        ray.kill(h)
+
+
+def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None:
+    """In process, no Ray calls: a forward that arrives before the one ahead of it
+    waits for it; once a replica leads (a worker pushed to it), forwards from the head
+    it replaced are refused."""
+    import torch
+
+    from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink
+
+    cond = threading.Condition()
+    order: list[int] = []
+
+    def apply(worker: int, seq: int, update: object, scale: float) -> bool:
+        order.append(seq)
+        return True
+
+    link = ChainLink(cond, apply, max_lag=8)
+    _under(cond, link.rewire, None, "sync")  # the tail
+    item = (0, 2, {"x": torch.ones(1)}, 1.0)
+    # Whichever call takes the lock first, position 2 is applied after position 1.
+    early = threading.Thread(target=lambda: _under(cond, link.from_predecessor, 0, 2, [item]))
+    early.start()
+    _under(cond, link.from_predecessor, 0, 1, [(0, 1, {"x": torch.ones(1)}, 1.0)])
+    early.join(10)
+    assert order == [1, 2] and link.pos == link.durable == 2
+    _under(cond, link.from_worker, (1, 1, {"x": torch.ones(1)}, 1.0))  # now the head
+    assert link.head and link.gen == 1 and link.pos == 3
+    with pytest.raises(ChainBroken):
+        _under(cond, link.from_predecessor, 0, 4, [(0, 3, {"x": torch.ones(1)}, 1.0)])
+
+
+def _under(cond: threading.Condition, fn, *args) -> None:  # noqa: ANN001, ANN002
+    with cond:
+        fn(*args)

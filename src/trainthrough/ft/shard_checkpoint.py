@@ -53,8 +53,14 @@ class Planned:
 class ShardCheckpoint:
     """Full and prioritized saves of one shard, and its restore."""
 
-    def __init__(self, shard: Shard, x0: Tensors, store: CheckpointStore, seed: int = 0) -> None:
+    def __init__(self, shard: Shard, x0: Tensors, store: CheckpointStore, seed: int = 0,
+                 reuse_snapshot: bool = False) -> None:
+        """``reuse_snapshot``: copy full saves into one preallocated buffer (no allocation
+        on the critical path). Only for hosts that never plan a save while the previous
+        one is still being written (the ray actor's persister skips such saves)."""
         self.shard, self.store = shard, store
+        self._reuse = reuse_snapshot
+        self._buffer: Tensors = {}
         self.x0 = {n: v.clone() for n, v in x0.items()}
         i = shard.shard_id
         self.full_tag, self.prio_tag = f"shard{i}", f"shard{i}-prio"
@@ -72,10 +78,26 @@ class ShardCheckpoint:
     def plan(self, d: CheckpointDecision, iteration: int) -> Planned | None:
         """Pick and snapshot what ``d`` saves (None: no credit for a row yet)."""
         if d.fraction >= 1.0:
-            tensors = clone_state(self.shard.state_dict())
+            tensors = self._snapshot(self.shard.state_dict())
             return Planned(self.full_tag, iteration, tensors, {"iteration": iteration},
                            _nbytes(tensors))
         return self._partial(d, iteration)
+
+    def _snapshot(self, state: Tensors) -> Tensors:
+        """A still copy of ``state``: fresh tensors, or the reused buffer (double
+        buffering: the live state and one frozen copy that the writer reads)."""
+        if not self._reuse:
+            return clone_state(state)
+        buf = self._buffer
+        for k, v in state.items():
+            b = buf.get(k)
+            if b is None or b.shape != v.shape or b.dtype != v.dtype:
+                buf[k] = v.detach().clone()  # first save, or a table that grew
+            else:
+                b.copy_(v)
+        for k in [k for k in buf if k not in state]:
+            del buf[k]
+        return dict(buf)
 
     def write(self, p: Planned) -> CheckpointInfo:
         """Write a planned save; then commit its bookkeeping and prune stale saves."""

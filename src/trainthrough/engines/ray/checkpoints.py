@@ -48,10 +48,32 @@ class RayShardSaves:
             return  # a shard died mid-save: its previous save stays valid
         names = [i["name"] for i in infos if i.get("name")]
         errors = [i["error"] for i in infos if i.get("error")]
+        if any(i.get("skipped") for i in infos):
+            # The previous background write was still running: this save is not taken
+            # (by every shard that was busy), and the run says so.
+            self.eng.ctx.emit({"type": "checkpoint-skipped", "iteration": iteration,
+                               "shards": sum(1 for i in infos if i.get("skipped"))})
         if not names and not errors:
             return  # no shard had credit for a row yet
         done(SaveReport(sum(i["bytes"] for i in infos), sum(i["payload"] for i in infos),
                         max((i["blocked"] for i in infos), default=0.0), names, errors))
+
+    def stats(self) -> dict[str, Any]:
+        """Checkpoint writes of the heads in service, summed: ``checkpoint_writes``,
+        ``checkpoint_skipped``, ``checkpoint_write_seconds`` (all of each write, prune
+        included) and ``checkpoint_last_write_seconds`` / ``..._prune_seconds``
+        (the store's split of each head's last write, summed over shards)."""
+        c = self.eng.c
+        heads = [h for h in (c.head(i) for i in range(self.eng.layout.num_shards)) if h]
+        try:
+            ss = ray.get([h.checkpoint_stats.remote() for h in heads], timeout=30)
+        except (ray.exceptions.RayError, TimeoutError):
+            return {}
+        return {"checkpoint_writes": sum(s["writes"] for s in ss),
+                "checkpoint_skipped": sum(s["skipped"] for s in ss),
+                "checkpoint_write_seconds": sum(s["seconds"] for s in ss),
+                "checkpoint_last_write_seconds": sum(s["last_write"] for s in ss),
+                "checkpoint_last_prune_seconds": sum(s["last_prune"] for s in ss)}
 
     def restore(self, handles: list[Any], emit: Callable[[dict[str, Any]], None]) -> int | None:
         """Restore the shards behind ``handles`` (in parallel) onto one common step

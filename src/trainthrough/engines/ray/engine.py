@@ -306,6 +306,7 @@ class RayEngine:
         r.checkpoints, r.checkpoint_bytes = ck.count, ck.bytes
         r.checkpoint_blocked_seconds = ck.blocked
         r.extras["checkpoint_payload_bytes"] = ck.payload_bytes
+        r.extras.update(self.saves.stats())
         r.updates_applied = sum(p["pushes"] for p in progress.values())
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
         r.extras.update({

@@ -3,10 +3,10 @@
 The actor is a thin host around :class:`trainthrough.ps.shard.Shard`: the same
 update, dedup and state code as every engine. What it adds is process-level:
 its pid (failures are real SIGKILLs), a ``watch`` call that only returns when the
-process dies (Ray's death notification, without polling), and chain replication:
-forwarding each applied push to a successor, synchronously (the push is
-acknowledged after the tail applied it) or asynchronously (a background thread
-forwards in order, at most ``max_lag`` pushes behind).
+process dies (Ray's death notification, without polling), and chain replication
+(:mod:`~trainthrough.engines.ray.chain_link`): each applied push is forwarded to the
+successor at once, pipelined, in chain-position order; synchronously (acknowledged
+once the tail has it) or asynchronously (at most ``max_lag`` pushes ahead).
 
 Threaded actor: ``watch`` parks one thread for good; pushes from several workers run
 on the others and a lock orders them, so every replica applies pushes in one order.
@@ -15,7 +15,6 @@ on the others and a lock orders them, so every replica applies pushes in one ord
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from typing import Any
@@ -23,8 +22,11 @@ from typing import Any
 import ray
 import torch
 
+from trainthrough.engines.ray import wire
+from trainthrough.engines.ray.chain_link import ChainLink
+from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
-from trainthrough.ft.shard_checkpoint import Planned, ShardCheckpoint
+from trainthrough.ft.shard_checkpoint import ShardCheckpoint
 from trainthrough.ps.layout import RowBlock
 from trainthrough.ps.shard import Shard, clone_state
 from trainthrough.workloads.base import OptimizerSpec
@@ -32,7 +34,7 @@ from trainthrough.workloads.base import OptimizerSpec
 Tensors = dict[str, torch.Tensor]
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)  # type: ignore[call-overload]
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=32)  # type: ignore[call-overload]
 class ShardActor:
     """One shard replica. ``mode``: ``none`` (no successor), ``sync`` or ``async``."""
 
@@ -41,16 +43,13 @@ class ShardActor:
         torch.set_num_threads(1)
         self.name = name
         self.shard = Shard(shard_id, blocks, spec, values)
-        self.lock = threading.Lock()
-        self.successor: Any = None
-        self.mode = "none"
-        self.forwarded = 0
+        # A condition, so chain pushes can wait for their turn or their acknowledgement
+        # without holding the shard.
+        self.lock = threading.Condition()
+        self.link = ChainLink(self.lock, self._apply, max_lag)
         self._dead = threading.Event()
-        self._queue: queue.Queue[tuple[int, int, Tensors, float] | None] = queue.Queue(max_lag)
-        self._forwarder: threading.Thread | None = None
         self._rounds: set[int] = set()
-        self._persist: threading.Thread | None = None  # set only once started
-        self._persist_error: str | None = None
+        self._persister = Persister()
         self._ckpt_lock = threading.Lock()
         self.x0 = {n: v.clone() for n, v in values.items()}
         self._saver: ShardCheckpoint | None = None
@@ -62,6 +61,7 @@ class ShardActor:
             self.x0 = {n: v.clone() for n, v in values.items()}
             self._saver = None
             self._rounds.clear()
+            self.link.reset(0, 0)
 
     def join_coordinator(self, hosts: str, namespace: str, chain: str,
                          session_timeout: float) -> str:
@@ -100,20 +100,31 @@ class ShardActor:
     def push(self, worker: int, seq: int, update: Tensors, scale: float = 1.0) -> int:
         """Apply a worker's push once and replicate it; returns the version.
 
-        Sync chains: returns after the successor (recursively the tail) returned, so
-        an acknowledged push is on every live replica. A duplicate (re-delivered or
-        retried) push is not applied again but is still forwarded, because a
-        successor may have missed it when the chain broke mid-write.
+        Chains (:class:`~trainthrough.engines.ray.chain_link.ChainLink`): the push is
+        forwarded at once, pipelined behind the pushes still in flight. Sync: returns
+        once the tail has it, so an acknowledged push is on every live replica; a
+        duplicate (re-delivered or retried) push is not applied again and returns once
+        everything applied here is on the tail. Raises ``ChainBroken`` when the chain
+        broke under it: the sender retries the same sequence number.
         """
         with self.lock:
-            self.shard.apply_once(worker, seq, update, scale)
-            version = self.shard.version
-            if self.mode == "sync" and self.successor is not None:
-                ray.get(self.successor.push.remote(worker, seq, update, scale))
-                self.forwarded += 1
-        if self.mode == "async" and self.successor is not None:
-            self._queue.put((worker, seq, update, scale))  # blocks when max_lag behind
-        return version
+            if self.link.mode == "none":  # no chain: nothing to order or forward
+                self.shard.apply_once(worker, seq, update, scale)
+            else:
+                self.link.from_worker((worker, seq, update, scale))
+            return self.shard.version
+
+    def chain_push(self, gen: int, first: int, meta: Any, *chunks: Any) -> None:
+        """Pushes forwarded by this replica's predecessor, at chain positions ``first``
+        on (see :meth:`push`): packed (:mod:`~trainthrough.engines.ray.wire`), or a list
+        of (worker, sequence number, update, scale) with no chunks."""
+        # Outside the lock: the copy is not the shard's business.
+        items = wire.unpack(meta, chunks) if chunks else meta
+        with self.lock:
+            self.link.from_predecessor(gen, first, items)
+
+    def _apply(self, worker: int, seq: int, update: Tensors, scale: float) -> bool:
+        return self.shard.apply_once(worker, seq, update, scale)
 
     def apply_round(self, round_no: int, divide_by: int, *updates: Tensors) -> int:
         """Bulk-synchronous round: the aggregate of all workers' slices, applied once
@@ -136,9 +147,12 @@ class ShardActor:
         with self.lock:
             return clone_state(self.shard.state_dict())
 
-    def load(self, state: Tensors) -> int:
+    def load(self, state: Tensors, chain: tuple[int, int] | None = None) -> int:
+        """Take ``state`` (and, joining a chain, the (generation, position) it is at)."""
         with self.lock:
             self.shard.load_state_dict(state)
+            if chain is not None:
+                self.link.reset(*chain)
             return self.shard.version
 
     def load_rows(self, name: str, rows: torch.Tensor, values: torch.Tensor,
@@ -147,110 +161,83 @@ class ShardActor:
             self.shard.load_rows(name, rows, values, opt)
 
     def set_successor(self, successor: Any, mode: str) -> None:
-        """Rewire the chain. Async: start the forwarding thread on first use."""
+        """Rewire the chain: ``successor`` (None: this replica is the tail) gets every
+        push not yet acknowledged, in order."""
         with self.lock:
-            self.successor, self.mode = successor, mode
-        if mode == "async" and self._forwarder is None:
-            self._forwarder = threading.Thread(target=self._forward_loop, daemon=True)
-            self._forwarder.start()
+            self.link.rewire(successor, mode)
 
     def attach_tail(self, newcomer: Any, mode: str) -> int:
-        """Copy state into ``newcomer`` and make it this replica's successor, atomically
-        with respect to pushes, so the newcomer misses nothing."""
+        """Copy state (and chain position) into ``newcomer`` and make it this replica's
+        successor, atomically with respect to pushes, so the newcomer misses nothing."""
         with self.lock:
-            ray.get(newcomer.load.remote(clone_state(self.shard.state_dict())))
-            self.successor, self.mode = newcomer, mode
-            version = self.shard.version
-        if mode == "async" and self._forwarder is None:
-            self._forwarder = threading.Thread(target=self._forward_loop, daemon=True)
-            self._forwarder.start()
-        return version
-
-    def _forward_loop(self) -> None:
-        """Forward queued pushes in order. When the successor dies the driver rewires
-        the chain; the push is retried (for up to 2 s) to whoever the successor is
-        then, and the successor's dedup makes a repeat harmless."""
-        import time
-
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            for _ in range(200):
-                succ = self.successor
-                if succ is None:
-                    break  # this replica is the tail now: nothing to forward
-                try:
-                    ray.get(succ.push.remote(*item))
-                    self.forwarded += 1
-                    break
-                except ray.exceptions.RayError:
-                    time.sleep(0.01)
+            ray.get(newcomer.load.remote(clone_state(self.shard.state_dict()),
+                                         (self.link.gen, self.link.pos)))
+            self.link.rewire(newcomer, mode)
+            return self.shard.version
 
     # -- checkpoints (the shard writes its own; the driver only says when) ---------
-    # What is saved and restored is ShardCheckpoint, the same code the sim engine runs.
-    # The actor is threaded: checkpoint and restore calls may arrive together. One lock
-    # orders them, and a background persist is only ever recorded once started, so
-    # there is never a second persist while one runs, never a join of a thread that
-    # has not started, and a failed persist is reported (``error``) in the next result.
-    def _wait_persist(self) -> dict[str, str]:
-        """Wait for the background persist (caller holds ``_ckpt_lock``); its failure."""
-        if self._persist is not None:
-            self._persist.join()
-            self._persist = None
-        error, self._persist_error = self._persist_error, None
-        return {"error": error} if error else {}
-
+    # What is saved and restored is ShardCheckpoint, the same code the sim engine runs;
+    # how a write is run (inline or in the background, one at a time) is the Persister.
+    # The actor is threaded: checkpoint and restore calls may arrive together, so
+    # ``_ckpt_lock`` orders them.
     def _checkpoints(self, url: str, keep: int, seed: int) -> ShardCheckpoint:
         if self._saver is None or self._saver.store.url != url:
             from trainthrough.ft.checkpoint import CheckpointStore
 
-            self._saver = ShardCheckpoint(self.shard, self.x0, CheckpointStore(url, keep), seed)
+            self._persister.wait()  # the old saver's buffer may still be being written
+            self._saver = ShardCheckpoint(self.shard, self.x0, CheckpointStore(url, keep), seed,
+                                          reuse_snapshot=True)
         return self._saver
-
-    def _persist_run(self, saver: ShardCheckpoint, plan: Planned) -> None:
-        try:
-            saver.write(plan)
-        except Exception as e:  # reported by the next checkpoint or restore call
-            self._persist_error = f"checkpoint {plan.tag} step {plan.step} was not written: {e}"
 
     def checkpoint(self, url: str, keep: int, seed: int, decision: CheckpointDecision,
                    iteration: int) -> dict[str, Any]:
         """Save this shard as ``decision`` says (full, or a prioritized fraction).
 
-        Sync: the lock is held while writing, so pushes block (that is the cost).
-        Async: only the in-memory snapshot holds the lock; a background thread
-        persists it. A persist still running is waited for first: never two at once.
+        One path for both modes: snapshot under the shard's lock, then write. Sync: the
+        write runs with the lock held, so pushes block (that is the cost). Async: only
+        the snapshot (a copy into a preallocated buffer) holds the lock; the write runs
+        on the persister's thread. An async save due while the previous write still
+        runs is skipped (``skipped``), never queued and never run alongside it.
 
         Returns:
             ``bytes`` written (sync; async: the payload), ``payload`` bytes, ``blocked``
-            seconds, the checkpoint ``name`` (None: nothing to save yet); ``error`` if
-            this save (sync) or the previous background one failed.
+            seconds, the checkpoint ``name`` (None: nothing saved), ``skipped``;
+            ``error`` if this save (sync) or the previous background one failed.
         """
         t0 = time.perf_counter()
         with self._ckpt_lock:
-            out: dict[str, Any] = self._wait_persist()
+            error = self._persister.take_error()
+            out: dict[str, Any] = {"error": error} if error else {}
+            none = {"bytes": 0, "payload": 0, "blocked": 0.0, "name": None, "skipped": False}
+            if decision.asynchronous and self._persister.busy():
+                self._persister.skip()
+                return {**none, "skipped": True, **out}
+            self._persister.wait()  # sync after async (a restore's strategy): one at a time
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 plan = saver.plan(decision, iteration)
                 if plan is None:
-                    return {"bytes": 0, "payload": 0, "blocked": 0.0, "name": None, **out}
+                    return {**none, **out}
                 name: str | None = f"{plan.tag}-{plan.step:08d}"
+                what = f"checkpoint {plan.tag} step {plan.step}"
                 if not decision.asynchronous:
                     try:
-                        nbytes = saver.write(plan).nbytes
+                        nbytes = self._persister.run(lambda: saver.write(plan)).nbytes
                     except Exception as e:
                         nbytes, name = 0, None
-                        out = {"error": f"checkpoint {plan.tag} step {plan.step} "
-                                        f"was not written: {e}"}
-                    return {"bytes": nbytes, "payload": plan.payload_bytes, "name": name,
-                            "blocked": time.perf_counter() - t0, **out}
+                        out = {"error": f"{what} was not written: {e}"}
+                    return {**none, "bytes": nbytes, "payload": plan.payload_bytes,
+                            "name": name, "blocked": time.perf_counter() - t0, **out}
             blocked = time.perf_counter() - t0
-            thread = threading.Thread(target=self._persist_run, args=(saver, plan), daemon=True)
-            thread.start()
-            self._persist = thread
-        return {"bytes": plan.payload_bytes, "payload": plan.payload_bytes, "name": name,
-                "blocked": blocked, **out}
+            self._persister.start(lambda: saver.write(plan), what)
+        return {**none, "bytes": plan.payload_bytes, "payload": plan.payload_bytes,
+                "name": name, "blocked": blocked, **out}
+
+    def checkpoint_stats(self) -> dict[str, Any]:
+        """Writes done, saves skipped (a write was still running), seconds writing, and
+        the store's split of the last write (durable write, prune)."""
+        last = self._saver.store.last_timing if self._saver is not None else (0.0, 0.0)
+        return {**self._persister.stats(), "last_write": last[0], "last_prune": last[1]}
 
     def restore(self, url: str, keep: int, seed: int,
                 at_most: int | None = None) -> dict[str, Any]:
@@ -263,7 +250,9 @@ class ShardActor:
         """
         skipped: list[str] = []
         with self._ckpt_lock:
-            out = self._wait_persist()
+            self._persister.wait()
+            error = self._persister.take_error()
+            out = {"error": error} if error else {}
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 step = saver.restore(skipped.append, at_most=at_most)
@@ -272,5 +261,7 @@ class ShardActor:
         return {"step": step, "skipped": skipped, **out}
 
     def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.shard.version, "forwarded": self.forwarded,
-                "lag": self._queue.qsize(), "applied": dict(self.shard.applied)}
+        with self.lock:
+            return {"name": self.name, "version": self.shard.version,
+                    "forwarded": self.link.forwarded, "lag": self.link.lag,
+                    "position": self.link.pos, "applied": dict(self.shard.applied)}

@@ -45,6 +45,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from trainthrough.errors import CheckpointCorrupt
+from trainthrough.ft.checkpoint import stream
 from trainthrough.ft.checkpoint.location import run_of
 from trainthrough.ft.checkpoint.manifest import (
     MANIFEST,
@@ -115,17 +116,44 @@ class CheckpointStore:
         self._lock = threading.RLock()
         self._inflight: set[str] = set()
         self._bytes_written = 0
+        #: (seconds to write the last save durably, seconds to prune after it)
+        self.last_timing = (0.0, 0.0)
 
     # ----------------------------------------------------------------- helpers
     def _path(self, *parts: str) -> str:
         return "/".join([self._root.rstrip("/"), *parts])
 
     def _write(self, path: str, data: bytes) -> None:
+        """Write one file, not yet durable: :meth:`_sync` makes a batch durable."""
         with self._fs.open(path, "wb") as f:
             f.write(data)
-            if self._local:
-                f.flush()
-                os.fsync(f.fileno())
+
+    def _sync(self, paths: list[str]) -> None:
+        """Make written files durable, all at once.
+
+        One fsync per file in parallel threads: the filesystem folds them into one
+        journal commit, so a checkpoint of several files costs about one disk sync
+        instead of one per file (which made small checkpoints ~5x slower than a plain
+        write of the same bytes).
+        """
+        if not self._local:
+            return
+        if len(paths) == 1:
+            _fsync_path(paths[0])
+            return
+        threads = [threading.Thread(target=_fsync_path, args=(p,), daemon=True)
+                   for p in paths[1:]]
+        for t in threads:
+            t.start()
+        errors: list[BaseException] = []
+        try:
+            _fsync_path(paths[0])
+        except OSError as e:
+            errors.append(e)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def _fsync_root(self) -> None:
         if self._local:
@@ -224,14 +252,24 @@ class CheckpointStore:
             self._inflight.add(tmp)
         try:
             self._fs.makedirs(self._path(tmp), exist_ok=True)
+            t0 = time.perf_counter()
             files: list[FileEntry] = []
             for fname, group in sorted(groups.items()):
-                data = safetensors.torch.save(group)
-                self._write(self._path(tmp, fname), data)
-                files.append(FileEntry(fname, hashlib.sha256(data).hexdigest(), len(data),
-                                       tuple(sorted(group))))
+                path = self._path(tmp, fname)
+                if stream.streamable(group):  # the same bytes, without building them first
+                    with self._fs.open(path, "wb") as f:
+                        sha, size = stream.write(f, group)
+                else:
+                    data = safetensors.torch.save(group)
+                    self._write(path, data)
+                    sha, size = hashlib.sha256(data).hexdigest(), len(data)
+                files.append(FileEntry(fname, sha, size, tuple(sorted(group))))
             raw = encode_manifest(step, tag, self.run_id, files, meta, time.time())
             self._write(self._path(tmp, MANIFEST), raw)  # LAST: marks completeness
+            # Tensor files and manifest become durable together, still under the temp
+            # name; only then is the folder renamed (and the rename made durable), so
+            # the final name never points at data a crash could have torn.
+            self._sync([self._path(tmp, f.name) for f in files] + [self._path(tmp, MANIFEST)])
             nbytes = len(raw) + sum(f.nbytes for f in files)
 
             with self._lock:
@@ -247,7 +285,9 @@ class CheckpointStore:
                     self._remove(old)
                     self._inflight.discard(old)
                 self._bytes_written += nbytes
+                written = time.perf_counter()
                 self._prune(tag, keep=name)
+                self.last_timing = (written - t0, time.perf_counter() - written)
             return CheckpointInfo(step, name, nbytes, meta, self.run_id)
         except BaseException:
             # Best effort; after a hard crash the next save of this tag cleans it.
@@ -388,3 +428,11 @@ class CheckpointStore:
         """Return bytes written by this store object (tensor files + manifests) so far."""
         with self._lock:
             return self._bytes_written
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
