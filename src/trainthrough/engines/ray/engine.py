@@ -259,13 +259,16 @@ class RayEngine:
                 self._emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
 
     def _work(self) -> tuple[float, float]:
-        """Workers' (compute seconds, all accounted seconds) so far."""
+        """Workers' (compute seconds, seconds) spent with a shard unreachable, so far."""
         ps = self._progress().values()
-        busy = sum(p["busy"] for p in ps)
-        return busy, busy + sum(p["idle"] + p.get("comm", 0.0) for p in ps)
+        return (sum(p.get("outage_busy", 0.0) for p in ps),
+                sum(p.get("outage", 0.0) for p in ps))
 
     def _busy_share(self, at_kill: tuple[float, float] | None) -> float | None:
-        """Share of the workers' time spent computing since the kill (stateless: ~1)."""
+        """Share of the workers' outage they spent computing (stateless: ~1; waiting
+        strategies: 0). The outage is each worker's own: from its first failed call to
+        a shard until every shard answers it again, so the normal round trips after the
+        recovery (a small model's steps are mostly communication) do not count."""
         if at_kill is None:
             return None
         busy, total = self._work()
