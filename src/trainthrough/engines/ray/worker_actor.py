@@ -62,6 +62,17 @@ class WorkerActor:
                  num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
                  start_step: int = 0, incarnation: int = 0) -> None:
         torch.set_num_threads(1)
+        self._dead = threading.Event()  # released (set) only when a run gives it back
+        self._looping = threading.Event()  # set while ``run`` loops
+        self.reset(worker_id, workload, options, seed, num_workers, layout, registry,
+                   settings, start_step, incarnation)
+
+    def reset(self, worker_id: int, workload: str, options: dict[str, Any], seed: int,
+              num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
+              start_step: int = 0, incarnation: int = 0) -> None:
+        """Everything a run keeps, built fresh (the workload too: its data, partition
+        and worker state): what the constructor does, so a pooled actor
+        (engines/ray/pool.py) starts a run as a new one would."""
         wl = make_workload(workload, seed=seed, **options)
         self.layout = layout
         self.worker = Worker(worker_id, wl, wl.partition(num_workers)[worker_id], seed)
@@ -100,7 +111,22 @@ class WorkerActor:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def watch(self) -> None:
-        threading.Event().wait()
+        """Returns only when a run releases the actor (``release``): while it serves,
+        the caller gets ActorDiedError on its death and nothing else."""
+        self._dead.wait()
+
+    def release(self) -> bool:
+        """The run is over: stop the loop and let the pending ``watch`` return, so the
+        actor can wait in the pool for ``reset``. False: the loop did not stop."""
+        self._stop.set()
+        deadline = time.perf_counter() + 5.0
+        while self._looping.is_set() and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        if self._looping.is_set():
+            return False
+        dead, self._dead = self._dead, threading.Event()
+        dead.set()  # the previous run's ``watch`` returns; the next one waits anew
+        return True
 
     def shard_changed(self, i: int) -> None:
         """The driver says who serves shard ``i`` changed: look it up on next use."""
@@ -188,6 +214,14 @@ class WorkerActor:
 
     # -- the loop ---------------------------------------------------------------
     def run(self, max_steps: int) -> dict[str, Any]:
+        self._looping.set()
+        try:
+            self._loop(max_steps)
+        finally:
+            self._looping.clear()
+        return self.progress()
+
+    def _loop(self, max_steps: int) -> None:
         buffer = self.s["outage"] == "buffer"
         while not self._stop.is_set() and self.step < max_steps:
             if self._outage_since is not None:
@@ -211,7 +245,6 @@ class WorkerActor:
             idle0 = self.idle
             self._push_all(update, t2)
             self.comm += (t1 - t0) + (time.perf_counter() - t2) - (self.idle - idle0)
-        return self.progress()
 
     def _pause(self, t0: float) -> float:
         time.sleep(0.005)
