@@ -304,8 +304,10 @@ class WorkerActor:
             torch._foreach_add_([acc[n] for n in update], list(update.values()))
         self._acc_count += 1
         self.buffered += self.layout.num_shards
-        if self._contact_due or self._since_contact >= max(
-                MIN_CONTACT_GAP, CONTACT_RATIO * self._contact_cost):
+        # Never longer than RECHECK between contacts: a slow contact on a loaded machine
+        # must not leave a returned shard unasked for long if its announcement is lost.
+        gap = min(RECHECK, max(MIN_CONTACT_GAP, CONTACT_RATIO * self._contact_cost))
+        if self._contact_due or self._since_contact >= gap:
             self._contact()
         self.comm += time.perf_counter() - t2
 
