@@ -380,12 +380,18 @@ class WorkerActor:
         if not items:
             return True
         if self.s["merge_rule"] == "mean":
-            # One step of the usual size: push the sum once, scaled by 1/count (many
-            # tiny steps would cost one round trip each and, under Adam, not be equal).
+            # One step of the usual size: push the mean gradient once, at the usual
+            # scale (many tiny steps would cost one round trip each). Not the sum with
+            # the step scaled by 1/count: Adam's moments would take in a gradient
+            # count times too large (m stale for tens of steps, v inflated for
+            # thousands: measured, cnn accuracy 0.89 -> 0.55 right after the recovery).
+            count = sum(c for _, _, c in items)
             total = {n: v.clone() for n, v in items[0][0].items()}
             for update, _, _ in items[1:]:
                 total = _add(total, update)
-            items = [(total, 0, sum(c for _, _, c in items))]
+            for v in total.values():
+                v.div_(count)
+            items = [(total, 0, 1)]
         plan = merge_plan([c for _, _, c in items], [len(items) - k - 1 for k in range(len(items))],
                           self.s["merge_rule"], self.s["merge_threshold"])
         ok = True
