@@ -41,6 +41,13 @@ class Registry:
     def members(self, chain: str) -> tuple[int, list[str]]:
         return self.epochs.get(chain, 0), list(self.chains.get(chain, []))
 
+    def reset(self) -> None:
+        """Empty, as new: a pooled registry serves its next run (engines/ray/pool.py)."""
+        self.__init__()  # type: ignore[misc]
+
+    def release(self) -> bool:
+        return True
+
     def put(self, key: str, value: bytes) -> None:
         self.kv[key] = value
 
@@ -51,10 +58,12 @@ class Registry:
 class RayCoordinator(Coordinator):
     """Coordinator backed by a named :class:`Registry` actor."""
 
-    def __init__(self, name: str, create: bool = True) -> None:
+    def __init__(self, name: str, create: bool = True, handle: Any = None) -> None:
+        """``handle``: an existing (empty) registry named ``name`` to use."""
         self.name = name
-        self.registry = (Registry.options(name=name, get_if_exists=True).remote()  # type: ignore[attr-defined]
-                         if create else ray.get_actor(name))
+        self.registry = handle if handle is not None else (
+            Registry.options(name=name, get_if_exists=True).remote()  # type: ignore[attr-defined]
+            if create else ray.get_actor(name))
         self._watches: dict[str, list[MembersCallback]] = {}
         self._lock = threading.Lock()
 

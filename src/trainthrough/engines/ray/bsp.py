@@ -47,6 +47,7 @@ class BulkSynchronous:
             self._settle()
             if not self._round():
                 continue  # someone died during the round: recover, then run it again
+            eng.started_training()
             self.logical += 1
             self.executed += 1
             eng.checkpointer.after_iteration(self.logical)

@@ -63,6 +63,8 @@ class ChainLink:
         self.forwarded = 0
         self.reset(0, 0)
         self._completer: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self._closed = False
 
     def reset(self, gen: int, pos: int) -> None:
         """Take a chain place copied from another replica (or a fresh one)."""
@@ -136,8 +138,11 @@ class ChainLink:
         update, and a push (or pull) waiting behind it would pay for it."""
         while True:
             with self.cond:
-                while not (self._out and self._calls < IN_FLIGHT and not self._broken):
+                while not (self._out and self._calls < IN_FLIGHT and not self._broken
+                           or self._closed):
                     self.cond.wait()
+                if self._closed:
+                    return
                 room = max(1, wire.CALL_BYTES // max(wire.nbytes(self._out[0][1]), 1))
                 batch, self._out = self._out[:room], self._out[room:]
                 self._calls += 1
@@ -178,7 +183,21 @@ class ChainLink:
             self._completer = threading.Thread(target=self._complete, daemon=True,
                                                name="chain-acks")
             self._completer.start()
-            threading.Thread(target=self._send_loop, daemon=True, name="chain-send").start()
+            self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                            name="chain-send")
+            self._sender.start()
+
+    def close(self) -> bool:
+        """The run is over: stop sending and collecting (nothing more is promised).
+        Returns whether both threads ended (an actor whose did not is not reused)."""
+        with self.cond:
+            self._closed, self.successor = True, None
+            self._out, self._sent = [], deque()
+            self.cond.notify_all()
+        for t in (self._sender, self._completer):
+            if t is not None:
+                t.join(timeout=5)
+        return not any(t is not None and t.is_alive() for t in (self._sender, self._completer))
 
     def _reconnect(self) -> None:
         self._epoch += 1
@@ -198,8 +217,10 @@ class ChainLink:
         """Collect acknowledgements in send order; a failure breaks the link."""
         while True:
             with self.cond:
-                while not self._sent:
+                while not self._sent and not self._closed:
                     self.cond.wait()
+                if self._closed:
+                    return
                 pos, ref, epoch = self._sent.popleft()
             error: Exception | None = None
             try:

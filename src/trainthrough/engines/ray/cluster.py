@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import ray
 
 from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
+from trainthrough.engines.ray.pool import POOL
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
 from trainthrough.ft.chain import on_death, on_join, successors
 from trainthrough.ft.strategy import Strategy
@@ -53,6 +55,7 @@ class Member:
     fail_iteration: int | None = None
     before: Params | None = None
     work_at_kill: tuple[float, float] | None = None
+    pool_key: tuple[str, ...] = ()  # what a pooled actor of its kind needs (pool.py)
 
 
 @dataclass
@@ -75,7 +78,7 @@ class RayCluster:
         self.cfg, self.strategy, self.layout, self.spec = cfg, strategy, layout, spec
         self.x0_parts = layout.split(x0)
         self.prefix = f"tt-{uuid.uuid4().hex[:8]}"
-        self.coord = RayCoordinator(f"{self.prefix}-registry")
+        self.coord = self._registry()
         self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
         self.replicas = cfg.replicas if self.mode != "none" else 1
         # What every worker is told; a worker's own push is 1/N of a mean-aggregated step.
@@ -109,12 +112,33 @@ class RayCluster:
         self._serial += 1
         return f"{self.prefix}-{what}-{self._serial}"
 
+    def _registry(self) -> RayCoordinator:
+        """The run's registry: a pooled one, emptied, or a new one."""
+        def create() -> tuple[str, Any]:
+            name = f"{self.prefix}-registry"
+            return name, RayCoordinator(name).handle()
+
+        name, h, reset = POOL.get(("registry",), create, lambda n, h: h.reset.remote())
+        if reset is not None:
+            ray.get(reset)  # before any join: a threaded actor does not keep call order
+        return RayCoordinator(name, handle=h)
+
     def _new_shard_actor(self, shard: int, what: str) -> Member:
-        name = self._name(what)
-        h = self._shard_cls.options(name=name).remote(  # type: ignore[attr-defined]
-            shard, self.layout.shards[shard], self.spec,
-            {n: v.clone() for n, v in self.x0_parts[shard].items()}, name, self.cfg.max_lag)
-        return _armed(Member("shard", shard, name, h))
+        args = (shard, self.layout.shards[shard], self.spec,
+                {n: v.clone() for n, v in self.x0_parts[shard].items()})
+
+        def create() -> tuple[str, Any]:
+            name = self._name(what)
+            return name, self._shard_cls.options(name=name).remote(  # type: ignore[attr-defined]
+                *args, name, self.cfg.max_lag)
+
+        name, h, reset = POOL.get(("shard",), create,
+                                  lambda n, h: h.reset.remote(*args, n, self.cfg.max_lag))
+        if reset is not None:
+            # Waited for now: a threaded actor does not keep call order, and the chain
+            # calls that follow (``set_successor``) must come after the reset.
+            ray.get(reset)
+        return _armed(Member("shard", shard, name, h, pool_key=("shard",)))
 
     def add_replica(self, shard: int, join: bool) -> Member:
         """A replica of ``shard`` (joined to the chain now or later).
@@ -155,12 +179,19 @@ class RayCluster:
                                                      f"shard{m.index}", ZK_SESSION_SECONDS))
 
     def start_worker(self, w: int, start_step: int = 0, incarnation: int = 0) -> Member:
-        name = self._name(f"w{w}")
-        settings = self.worker_settings
-        h = self._worker_cls.options(name=name).remote(  # type: ignore[attr-defined]
-            w, self.cfg.workload, self.cfg.workload_options, self.cfg.seed, self.cfg.workers,
-            self.layout, self.coord.handle(), settings, start_step, incarnation)
-        m = _armed(Member("worker", w, name, h))
+        args = (w, self.cfg.workload, self.cfg.workload_options, self.cfg.seed,
+                self.cfg.workers, self.layout, self.coord.handle(), self.worker_settings,
+                start_step, incarnation)
+
+        def create() -> tuple[str, Any]:
+            name = self._name(f"w{w}")
+            return name, self._worker_cls.options(name=name).remote(*args)  # type: ignore[attr-defined]
+
+        key = ("worker", self.cfg.workload)
+        name, h, reset = POOL.get(key, create, lambda n, h: h.reset.remote(*args))
+        m = _armed(Member("worker", w, name, h, pool_key=key))
+        if reset is not None:
+            m.setup.append(reset)  # it serves (``run``) only once reset: see ``ready``
         self.members[name] = m
         return m
 
@@ -279,11 +310,25 @@ class RayCluster:
             return None
         return self.layout.assemble([p[1] for p in parts])
 
-    def shutdown(self) -> None:
-        handles = [m.handle for m in list(self.members.values()) + self.spares]
-        for h in handles + [self.coord.handle()]:
+    def shutdown(self, reuse: bool = True) -> None:
+        """End the run's actors: those that ended it cleanly go back to the pool
+        (``reuse``; they are released first), the others are killed."""
+        back: list[tuple[Hashable, str, Any, Any]] = []
+        kill: list[Any] = []
+        for m in list(self.members.values()) + self.spares:
+            if reuse and m.killed_at is None and m.pool_key:
+                back.append((m.pool_key, m.name, m.handle, m.handle.release.remote()))
+            else:
+                kill.append(m.handle)
+        if reuse:
+            back.append((("registry",), self.coord.name, self.coord.handle(),
+                         self.coord.handle().release.remote()))
+        else:
+            kill.append(self.coord.handle())
+        for h in kill:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(h, no_restart=True)
+        POOL.give_back(back)
         if self.zk is not None:
             self.zk.close()
 

@@ -69,6 +69,8 @@ class RayEngine:
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
         started, ref = ensure_ray_for(self.cfg.workload, self.cfg.ray_address)
+        # Start-up: from here (Ray up) to the first update applied (``startup_seconds``).
+        self._t_start = time.perf_counter()
         self.ctx.start_clock()
         cluster = None
         try:  # the actors import the workload as they see it (a cluster we join: shipped)
@@ -77,8 +79,8 @@ class RayEngine:
             self.cb.before_run(self.cfg.to_dict())
             return self._loop(cluster)
         finally:
-            if cluster is not None:
-                cluster.shutdown()
+            if cluster is not None:  # its actors serve the next run, unless Ray stops
+                cluster.shutdown(reuse=not started)
             if started:
                 shutdown_ray()
 
@@ -115,6 +117,8 @@ class RayEngine:
                     self._on_death(m, iteration)
             now = self.ctx.wall()
             progress = self._progress()
+            if any(p["pushes"] for p in progress.values()):
+                self.started_training()
             iteration = self._logical(progress, iteration)
             executed = iteration + self.replayed
             for e in self.schedule.due(executed, now):
@@ -140,6 +144,10 @@ class RayEngine:
         self._measure()
         progress = self._progress()  # after the last pushes: what workers saw acknowledged
         return self._finish(iteration + self.replayed, progress)
+
+    def started_training(self) -> None:
+        """Record the start-up time once, when the first update is seen applied."""
+        self.result.extras.setdefault("startup_seconds", time.perf_counter() - self._t_start)
 
     def _logical(self, progress: dict[str, dict[str, Any]], previous: int) -> int:
         """The logical iteration: the mean step of the workers in service."""
@@ -259,13 +267,16 @@ class RayEngine:
                 self._emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
 
     def _work(self) -> tuple[float, float]:
-        """Workers' (compute seconds, all accounted seconds) so far."""
+        """Workers' (compute seconds, seconds) spent with a shard unreachable, so far."""
         ps = self._progress().values()
-        busy = sum(p["busy"] for p in ps)
-        return busy, busy + sum(p["idle"] + p.get("comm", 0.0) for p in ps)
+        return (sum(p.get("outage_busy", 0.0) for p in ps),
+                sum(p.get("outage", 0.0) for p in ps))
 
     def _busy_share(self, at_kill: tuple[float, float] | None) -> float | None:
-        """Share of the workers' time spent computing since the kill (stateless: ~1)."""
+        """Share of the workers' outage they spent computing (stateless: ~1; waiting
+        strategies: 0). The outage is each worker's own: from its first failed call to
+        a shard until every shard answers it again, so the normal round trips after the
+        recovery (a small model's steps are mostly communication) do not count."""
         if at_kill is None:
             return None
         busy, total = self._work()

@@ -144,6 +144,9 @@ def shutdown_ray() -> None:
     """Shut Ray down and remove the session temp dir this module created."""
     import ray
 
+    from trainthrough.engines.ray.pool import POOL
+
+    POOL.clear(kill=False)  # its actors end with the session
     if ray.is_initialized():
         ray.shutdown()
     _remove_temp()

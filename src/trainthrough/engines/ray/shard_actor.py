@@ -41,18 +41,41 @@ class ShardActor:
     def __init__(self, shard_id: int, blocks: tuple[RowBlock, ...], spec: OptimizerSpec,
                  values: Tensors, name: str, max_lag: int = 64) -> None:
         torch.set_num_threads(1)
+        self._dead = threading.Event()  # released (set) only when a run gives it back
+        self.reset(shard_id, blocks, spec, values, name, max_lag)
+
+    def reset(self, shard_id: int, blocks: tuple[RowBlock, ...], spec: OptimizerSpec,
+              values: Tensors, name: str, max_lag: int = 64) -> None:
+        """Everything a run keeps, built fresh: what the constructor does, so a pooled
+        actor (engines/ray/pool.py) starts a run as a new one would."""
         self.name = name
         self.shard = Shard(shard_id, blocks, spec, values)
         # A condition, so chain pushes can wait for their turn or their acknowledgement
         # without holding the shard.
         self.lock = threading.Condition()
         self.link = ChainLink(self.lock, self._apply, max_lag)
-        self._dead = threading.Event()
         self._rounds: set[int] = set()
         self._persister = Persister()
         self._ckpt_lock = threading.Lock()
         self.x0 = {n: v.clone() for n, v in values.items()}
         self._saver: ShardCheckpoint | None = None
+        self.zk: Any = None
+
+    def release(self) -> bool:
+        """The run is over: stop forwarding, finish a persist in flight, and let the
+        pending ``watch`` return, so the actor can wait in the pool for ``reset``.
+
+        Returns:
+            False if it cannot be reused (a ZooKeeper session, a forwarder that does
+            not stop): the driver kills it.
+        """
+        if self.zk is not None or not self.link.close():
+            return False
+        with self._ckpt_lock:
+            self._persister.wait()
+        dead, self._dead = self._dead, threading.Event()
+        dead.set()  # the previous run's ``watch`` returns; the next one waits anew
+        return True
 
     def become(self, shard_id: int, blocks: tuple[RowBlock, ...], values: Tensors) -> None:
         """Turn a warm spare into a replica of ``shard_id`` (fresh state)."""
@@ -89,7 +112,8 @@ class ShardActor:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def watch(self) -> None:
-        """Never returns while the actor lives: the caller gets ActorDiedError on death."""
+        """Returns only when a run releases the actor (``release``): while it serves,
+        the caller gets ActorDiedError on its death and nothing else."""
         self._dead.wait()
 
     # -- data path --------------------------------------------------------------

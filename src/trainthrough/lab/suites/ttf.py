@@ -35,11 +35,13 @@ def _fashion(root: str) -> dict[str, Any]:
 def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
     reps = seeds or (1 if quick else 3)
     # (name, kill times in seconds after training starts); down time per kill.
-    # Quick: one kill, shorter runs and a lower target; each run also pays ~12 s to start
-    # its 7 actors on this 2-core machine (torch imports), which is why it is short.
-    scenarios = [("once", (5.0,))] if quick else [("once", (10.0,)), ("twice", (10.0, 28.0))]
-    down = 3.0 if quick else 5.0
-    wall = 18.0 if quick else 50.0
+    # The paper's timeline (kills at ~30 s and ~80 s, ~20 s down) scaled to what this
+    # 2-core machine runs in 12 minutes: 30 runs of 20 s (the runs after the first take
+    # warm actors from the pool, engines/ray/pool.py, and start in well under a second).
+    # Quick: one kill, shorter runs and a lower target.
+    scenarios = [("once", (5.0,))] if quick else [("once", (5.0,)), ("twice", (5.0, 12.0))]
+    down = 3.0
+    wall = 18.0 if quick else 20.0
     target = 0.8 if quick else 0.95
     options: dict[str, Any] = {}
     if os.environ.get("TT_FASHION_MNIST"):
