@@ -287,3 +287,31 @@ def test_python_m_coord_refuses_a_busy_port_in_one_line() -> None:
                             "--", "true"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"port {port}" in r.stderr and "--port" in r.stderr
+
+
+def test_a_throwaway_server_dies_with_the_process_that_started_it() -> None:
+    """However its starter ends (here SIGKILL, which runs no clean-up), the server
+    does not outlive it holding the port."""
+    from .zk import require_zookeeper
+
+    require_zookeeper("the throwaway ZooKeeper server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import time; from trainthrough.coord.zkserver import ZooKeeperServer as Z; "
+            f"Z(port={port}).start(); print('up', flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "up"
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        p.kill()  # the process this test started, still alive here
+        p.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the ZooKeeper server still serves on port {port} after its starter died")
