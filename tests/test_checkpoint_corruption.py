@@ -516,15 +516,9 @@ def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> N
     ray.kill(actor)
 
 
-def test_an_async_save_due_while_a_write_runs_is_skipped_never_overlapped(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The persister holds one write at a time: a save that falls due while the previous
-    write is still running is skipped and counted, and the two never overlap."""
-    import threading
-
-    pytest.importorskip("ray")
+def _shard_in_process() -> Any:
+    """A shard actor's class run in this process (its threads, no Ray), on 64 x 8 zeros."""
     from trainthrough.engines.ray.shard_actor import ShardActor
-    from trainthrough.ft.shard_checkpoint import ShardCheckpoint
     from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 
@@ -533,6 +527,19 @@ def test_an_async_save_due_while_a_write_runs_is_skipped_never_overlapped(
     actor = ShardActor.__ray_actor_class__(0, make_layout(values, 1).shards[0],
                                            OptimizerSpec(kind="add"), values, "r0")
     torch.set_num_threads(threads)  # the actor's __init__ pins this process to one
+    return actor
+
+
+def test_an_async_save_due_while_a_write_runs_is_skipped_never_overlapped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The persister holds one write at a time: a save that falls due while the previous
+    write is still running is skipped and counted, and the two never overlap."""
+    import threading
+
+    pytest.importorskip("ray")
+    from trainthrough.ft.shard_checkpoint import ShardCheckpoint
+
+    actor = _shard_in_process()
     release, inside = threading.Event(), threading.Event()
     running, most = [0], [0]
     write = ShardCheckpoint.write
@@ -573,15 +580,7 @@ def test_shard_checkpoint_calls_wait_for_a_persist_that_has_not_started_yet(
     import time
 
     pytest.importorskip("ray")
-    from trainthrough.engines.ray.shard_actor import ShardActor
-    from trainthrough.ps.layout import make_layout
-    from trainthrough.workloads.base import OptimizerSpec
-
-    threads = torch.get_num_threads()
-    values = {"x": torch.zeros(64, 8)}
-    actor = ShardActor.__ray_actor_class__(0, make_layout(values, 1).shards[0],
-                                           OptimizerSpec(kind="add"), values, "r0")
-    torch.set_num_threads(threads)  # the actor's __init__ pins this process to one
+    actor = _shard_in_process()
     start = threading.Thread.start
 
     def slow_start(self: threading.Thread) -> None:

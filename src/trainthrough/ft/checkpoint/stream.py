@@ -72,33 +72,27 @@ def write(f: IO[bytes], tensors: Mapping[str, torch.Tensor]) -> tuple[str, int]:
     """
     head, order = _layout(tensors)
     digest = hashlib.sha256(head)
-    if sum(t.numel() * t.element_size() for t in tensors.values()) < PARALLEL_BYTES:
-        # Small: a thread would cost more than it saves.
-        total = len(head)
-        f.write(head)
-        for k in order:
-            buf = _bytes_of(tensors[k])
-            digest.update(buf)
-            f.write(buf)
-            total += buf.nbytes
-        return digest.hexdigest(), total
     pending: queue.Queue[memoryview | None] = queue.Queue()
+    hasher: threading.Thread | None = None
+    # Large: a thread hashes while the disk writes. Small: it would cost more than it saves.
+    if sum(t.numel() * t.element_size() for t in tensors.values()) >= PARALLEL_BYTES:
+        def hash_all() -> None:
+            while (buf := pending.get()) is not None:
+                digest.update(buf)
 
-    def hash_all() -> None:
-        while (buf := pending.get()) is not None:
-            digest.update(buf)
-
-    hasher = threading.Thread(target=hash_all, daemon=True, name="checkpoint-sha256")
-    hasher.start()
+        hasher = threading.Thread(target=hash_all, daemon=True, name="checkpoint-sha256")
+        hasher.start()
+    hash_piece = digest.update if hasher is None else pending.put
     total = len(head)
     try:
         f.write(head)
         for k in order:
             buf = _bytes_of(tensors[k])
-            pending.put(buf)
+            hash_piece(buf)
             f.write(buf)
             total += buf.nbytes
     finally:
-        pending.put(None)
-        hasher.join()
+        if hasher is not None:
+            pending.put(None)
+            hasher.join()
     return digest.hexdigest(), total
