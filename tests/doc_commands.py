@@ -15,9 +15,11 @@ in one copy of the repository's tracked files, as a reader following the text wo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,10 +119,24 @@ def shell_env(clone: Path) -> dict[str, str]:
 
 
 def run(command: Command, clone: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run one command with bash in ``clone``."""
-    return subprocess.run(["bash", "-c", command.text], cwd=clone, env=shell_env(clone),
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    """Run one command with bash in ``clone``, in a process group of its own.
+
+    Raises:
+        subprocess.TimeoutExpired: after the whole group was ended. Ending bash alone
+            (what ``subprocess.run`` does) once left a timed-out ``trainthrough run``
+            and its Ray cluster running for an hour and a half, measured.
+    """
+    p = subprocess.Popen(["bash", "-c", command.text], cwd=clone, env=shell_env(clone),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # every member already ended
+            os.killpg(p.pid, signal.SIGKILL)  # the group this test started (bash leads it)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def explain(command: Command, r: subprocess.CompletedProcess[str]) -> str:
