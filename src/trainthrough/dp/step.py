@@ -109,7 +109,7 @@ async def _step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector, sp
     fl.contribs += rank.gradients(fl.logical, mine[half:])
     await inj.at("backward", step)
     fl.phase = "allreduce"
-    count, tally = fl.batch.micro_count, 0.0
+    count = fl.batch.micro_count
     *first, last = spec.buckets
     for b in first:
         await inj.at(f"allreduce:{b.index}", step)

@@ -68,9 +68,7 @@ class Group:
         The result is a new tensor: the caller's gradients stay intact, since a failed
         ring leaves its buffer half reduced.
         """
-        out = torch.zeros(bucket.numel)
-        for _, g in parts:
-            out.add_(g[bucket.start:bucket.stop])
+        out = _local_sum(parts, bucket, extra=0)
         self._run(lambda: dist.all_reduce(out))
         return out
 
@@ -82,9 +80,7 @@ class Group:
         so every member learns it at the same step. A float32 element holds counters
         exactly up to 2**24, far more requests than a run makes.
         """
-        out = torch.zeros(bucket.numel + 1)
-        for _, g in parts:
-            out[:-1].add_(g[bucket.start:bucket.stop])
+        out = _local_sum(parts, bucket, extra=1)
         out[-1] = ballot
         self._run(lambda: dist.all_reduce(out))
         return out[:-1], float(out[-1])
@@ -114,3 +110,12 @@ class Group:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self.formed = False
+
+
+def _local_sum(parts: Sequence[Contribution], bucket: Bucket, extra: int) -> torch.Tensor:
+    """This rank's ``parts`` summed over ``bucket`` in the order given, in a new tensor
+    with ``extra`` zero elements after it (the commit vote's)."""
+    out = torch.zeros(bucket.numel + extra)
+    for _, g in parts:
+        out[:bucket.numel].add_(g[bucket.start:bucket.stop])
+    return out

@@ -21,6 +21,7 @@ safetensors bytes for parameters (nothing is pickled). Call order for one run:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import socket
@@ -142,6 +143,9 @@ class Doorbell:
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name=f"doorbell-{prefix}")
         self._thread.start()
+        # Whichever way the process ends (a bug's traceback included), not with the
+        # thread still inside the store's wait: see close().
+        atexit.register(self.close)
 
     @property
     def next_key(self) -> str:
@@ -164,6 +168,9 @@ class Doorbell:
         self._event.clear()
 
     def close(self) -> None:
+        atexit.unregister(self.close)
+        if self.closed:
+            return
         self.closed = True
         with contextlib.suppress(Exception):  # the store is gone, and the thread with it
             self._store.set(self.next_key, "")
