@@ -73,3 +73,42 @@ def test_the_report_gives_every_cell_an_interval_and_the_headline(tmp_path: Path
     assert len(rows) == 2 and all("% [" in ln for ln in rows)
     headline = [ln for ln in md.splitlines() if ln.startswith("| mf | scar | 3")]
     assert len(headline) == 1 and headline[0].startswith("| mf | scar | 3 | ")  # 3 pairs
+
+
+def test_environment_variables_point_workloads_at_real_data(tmp_path: Path) -> None:
+    import numpy as np
+
+    from trainthrough.errors import UserError
+    from trainthrough.lab.suites.scar_data import real_data_options
+    from trainthrough.workloads.idx import write_idx
+
+    (tmp_path / "u.data").write_text("1\t1\t5\t0\n1\t2\t3\t0\n2\t1\t4\t0\n")
+    (tmp_path / "docword.kos.txt").write_text("2\n3\n3\n1 1 2\n1 3 1\n2 2 4\n")
+    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+             "t10k-labels-idx1-ubyte")
+    for n in names:
+        write_idx(tmp_path / n, np.zeros((4, 8, 8) if "images" in n else (4,), np.uint8))
+    opts = real_data_options({"TT_MOVIELENS": str(tmp_path / "u.data"),
+                              "TT_UCI_BOW": str(tmp_path / "docword.kos.txt"),
+                              "TT_MNIST": str(tmp_path)})
+    assert opts["mf"] == {"ratings_file": str(tmp_path / "u.data")}
+    assert opts["lda"]["docword_file"] == str(tmp_path / "docword.kos.txt")
+    assert opts["cnn"]["train_images"] == str(tmp_path / names[0])
+    assert opts["cnn"]["metric"] == "loss"
+    assert real_data_options({}) == {}
+    with pytest.raises(UserError, match="TT_MOVIELENS"):
+        real_data_options({"TT_MOVIELENS": str(tmp_path / "nope")})
+    (tmp_path / names[3]).unlink()
+    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte"):
+        real_data_options({"TT_MNIST": str(tmp_path)})
+
+
+def test_the_suite_runs_mf_on_the_ratings_file_it_is_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "u.data").write_text("1\t1\t5\t0\n1\t2\t3\t0\n2\t1\t4\t0\n")
+    monkeypatch.setenv("TT_MOVIELENS", str(tmp_path / "u.data"))
+    spec = scar.build(quick=True)
+    mf = [r.config for r in spec.runs if r.config.workload == "mf"]
+    assert mf and all(c.workload_options == {"ratings_file": str(tmp_path / "u.data")}
+                      for c in mf)
+    assert any("Real data for mf" in n for n in spec.notes)

@@ -97,12 +97,17 @@ def failure_free_twin(cfg: RunConfig) -> RunConfig:
 
 
 def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
+    from trainthrough.lab.suites.scar_data import real_data_options
+
     n_seeds = seeds or (QUICK_SEEDS if quick else SEEDS)
     workloads = ("mlr", "mf", "lda") if quick else tuple(SETTINGS)
     fractions = ("50%",) if quick else FRACTIONS
+    real = real_data_options()
+    settings = {w: replace(st, options=real[w]) if w in real else st
+                for w, st in SETTINGS.items()}
     runs: list[SuiteRun] = []
     for w in workloads:
-        st = SETTINGS[w]
+        st = settings[w]
         for frac in fractions:
             fail = f"shards={frac}@iter={st.fail_at}"
             for label, strategy, rule, r in _cells(frac):
@@ -116,9 +121,9 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                                     workload_options=dict(st.options))
                     runs.append(SuiteRun(run_id, cfg, {"fail": fail, "fraction": frac,
                                                        "strategy": label, "rule": rule}))
-    settings = "; ".join(
-        f"{w}: N={SETTINGS[w].every}, failure at {SETTINGS[w].fail_at}"
-        + "".join(f", {k}={v}" for k, v in SETTINGS[w].options.items()) for w in workloads)
+    described = "; ".join(
+        f"{w}: N={settings[w].every}, failure at {settings[w].fail_at}"
+        + "".join(f", {k}={v}" for k, v in settings[w].options.items()) for w in workloads)
     return SuiteSpec(
         name="scar", title="SCAR suite: rework cost of partial failures", runs=runs,
         group_by=("workload", "fraction", "strategy"), baseline_strategy=BASELINE,
@@ -126,8 +131,12 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         notes=["4 shards, 4 workers, bulk-synchronous, sim engine; rework = iterations to "
                "target minus the failure-free run with the same seed, exact to one "
                f"iteration; {n_seeds} seeds per cell.",
-               f"Settings ({settings}): the failure strikes 80% of the way through a "
+               f"Settings ({described}): the failure strikes 80% of the way through a "
                "checkpoint interval.",
+               *([f"Real data for {', '.join(sorted(real))} (lab/suites/scar_data.py): "
+                  "targets are the workloads' defaults for real data, not tuned here; "
+                  "check that the failure-free runs reach them well after the failure."]
+                 if real else []),
                "Equal checkpoint interval N for every strategy: checkpoint-restart and "
                "scar-partial write a full checkpoint every N, scar a quarter of the bytes "
                "every N/4 (r = 0.25, largest change first), so the payload bytes match; "
