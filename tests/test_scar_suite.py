@@ -94,7 +94,8 @@ def test_environment_variables_point_workloads_at_real_data(tmp_path: Path) -> N
     assert opts["mf"] == {"ratings_file": str(tmp_path / "u.data")}
     assert opts["lda"]["docword_file"] == str(tmp_path / "docword.kos.txt")
     assert opts["cnn"]["train_images"] == str(tmp_path / names[0])
-    assert opts["cnn"]["metric"] == "loss"
+    assert opts["cnn"]["metric"] == "loss" and opts["mlr"]["test_labels"] == str(
+        tmp_path / names[3])
     assert real_data_options({}) == {}
     with pytest.raises(UserError, match="TT_MOVIELENS"):
         real_data_options({"TT_MOVIELENS": str(tmp_path / "nope")})

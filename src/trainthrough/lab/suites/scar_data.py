@@ -13,10 +13,11 @@ variable           runs    what it points at
 ``TT_MOVIELENS``   mf      a MovieLens ratings file: ``ml-100k/u.data``,
                            ``ml-1m/ratings.dat``, ``ml-latest*/ratings.csv`` (or .gz)
 ``TT_UCI_BOW``     lda     a UCI bag-of-words ``docword.<name>.txt`` (or .gz): KOS,
-                           NIPS, Enron, NYTimes, PubMed; ``TT_UCI_VOCAB`` optionally
-                           names its ``vocab.<name>.txt``
-``TT_MNIST``       cnn     a folder with MNIST's (or Fashion-MNIST's) four IDX files
-                           ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
+                           NIPS, Enron (NYTimes and PubMed pass the 50 M-value size
+                           limit and are refused); ``TT_UCI_VOCAB`` optionally names
+                           its ``vocab.<name>.txt``
+``TT_MNIST``       mlr,    a folder with MNIST's (or Fashion-MNIST's) four IDX files
+                   cnn     ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
 =================  ======  ==========================================================
 """
 
@@ -68,5 +69,7 @@ def real_data_options(env: dict[str, str] | None = None) -> dict[str, dict[str, 
             lda["vocab_file"] = _file("TT_UCI_VOCAB", env["TT_UCI_VOCAB"])
         out["lda"] = lda
     if env.get("TT_MNIST"):
-        out["cnn"] = {**_idx_folder("TT_MNIST", env["TT_MNIST"]), "metric": "loss"}
+        files = _idx_folder("TT_MNIST", env["TT_MNIST"])
+        out["mlr"] = dict(files)
+        out["cnn"] = {**files, "metric": "loss"}
     return out
