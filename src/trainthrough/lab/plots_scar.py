@@ -118,15 +118,16 @@ def plot_reductions(summary: list[dict[str, Any]], out: Path, baseline: str,
             ax.set_xticks(range(len(fractions)))
             ax.set_xticklabels([f"{f} lost" for f in fractions])
             ax.grid(axis="y", alpha=0.3)
-        bottom.axhline(100 * headline, color="k", ls="--", lw=1)
+        bottom.axhline(100 * headline, color="k", ls="--", lw=1,
+                       label=f"SCAR's headline, {headline:.0%}" if col == 0 else None)
         bottom.axhline(0, color="0.5", lw=0.8)
         top.axhline(0, color="0.5", lw=0.8)
         top.set_title(w)
         top.set_ylabel("rework iterations (mean, 95% CI)")
         bottom.set_ylabel(f"reduction vs {baseline} % (95% CI)")
     if workloads:
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+        axes[0][0].legend(fontsize=7, loc="best", framealpha=0.9)
+        axes[1][0].legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.tight_layout()
     fig.savefig(out)
     return out
