@@ -185,6 +185,8 @@ def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool
 def _cell(s: dict[str, Any], field: str, baseline: str) -> str:
     if field not in _STATS:
         return _label(s.get(field))
+    if field == "n":  # a count: "10", not _f's "10.0"
+        return str(s["n"])
     if field == "converged":
         return f"{s['converged']}/{s['n']}"
     if field == "rework_mean":
