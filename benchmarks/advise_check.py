@@ -78,6 +78,9 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
     print(f"  failure-free overhead  predicted {100 * c.predicted_steady:6.2f}%  measured "
           f"{100 * c.measured_steady:6.2f}%  ratio {_r(ff_ratio)}  within 20%: "
           f"{_ok(ff_ratio)}{ff_note}")
+    b_ratio = c.measured_blocked / c.predicted_steady if c.predicted_steady > 0 else None
+    print(f"  ... as paid on the trace (blocked share) measured {100 * c.measured_blocked:7.3f}%"
+          f"  ratio {_r(b_ratio)}  within 20%: {_ok(b_ratio)}")
     print(f"  time to target         predicted {c.predicted_seconds:7.2f}   measured "
           f"{_r(c.measured_seconds):>7}   ratio {_r(c.seconds_ratio)}  within 20%: "
           f"{_ok(c.seconds_ratio)}")
@@ -92,7 +95,9 @@ def one(engine: str, workload: str, seeds: int | None) -> None:
     s = settings(engine, workload)
     n = seeds or s.seeds
     t = time.perf_counter()
-    a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only)
+    a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
+               say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
+                                   flush=True))
     took = time.perf_counter() - t
     print(f"\n== {engine} {workload}: MTBF {s.mtbf} ({a.clock}); advice in {took:.0f} s wall; "
           f"recommended {a.recommended.name}, runner-up "

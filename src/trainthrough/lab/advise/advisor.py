@@ -14,7 +14,7 @@ from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.errors import UserError
-from trainthrough.faults.spec import FailureSpec, parse, parse_one
+from trainthrough.faults.spec import FailureSpec, parse, parse_one, validate
 from trainthrough.lab.advise.calibrate import measure
 from trainthrough.lab.advise.candidates import Candidate, candidates
 from trainthrough.lab.advise.model import Baseline, Measured, Prediction, predict, rank
@@ -131,7 +131,10 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
         raise UserError(f"--rank-by must be time or cost (got {rank_by!r})")
     cands = candidates(cfg.engine, cfg.paradigm, cfg.consistency, [trace], only)
     cfg = replace(cfg, strategy=cands[0].name, failures=[trace.text], baseline=False)
-    cfg.validate()  # sizes, the trace's ids against the engine, the workload's options
+    cfg.validate()  # sizes, the engine's claims, the workload's options
+    # The trace's ids against the sizes (runs check them only once built): before any run.
+    validate([trace], {"rank": cfg.ranks} if cfg.paradigm == "dp" else
+             {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
     base, measured = _measure_on(cfg, cands, trace, say)
     by_name = {c.name: c for c in cands}
     preds = [predict(base, m, by_name[m.name].label, trace.mtbf, _nodes(cfg, by_name[m.name]),

@@ -1,7 +1,7 @@
 """Calibration: short real runs on the chosen engine, measuring what the model needs.
 
-1. The failure-free run (a candidate without checkpoints) to the target and 50% past
-   it, as lab/runner.py's baselines: iterations and seconds to target, hence the step
+1. The failure-free run (a candidate without checkpoints; on a real engine after a
+   short warm-up run) to the target and 50% past it, as lab/runner.py's baselines: iterations and seconds to target, hence the step
    time, and the contraction rate fitted on its iterates (lab/bound.py).
 2. Each checkpointing candidate, failure-free for a few intervals at the workload's
    interval: ``C``, seconds blocked per interval of saves. An asynchronous one also
@@ -43,6 +43,12 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
         UserError: the failure-free run does not reach the target.
     """
     plain = next((c for c in cands if not c.checkpoints), cands[0])
+    if cfg.engine != "sim":
+        # Warm up first (actors, imports, first allocations): the first run of a session
+        # trains slower, and every step time and overhead is measured against this one.
+        say("warm-up run")
+        _run(replace(cfg, strategy=plain.name, failures=[], stop_at_target=False,
+                     max_iterations=min(cfg.max_iterations or 50, 50)))
     tracker = IterateTracker()
     say(f"failure-free run ({plain.name}) to the target")
     s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5), tracker)
