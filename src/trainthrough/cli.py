@@ -136,7 +136,7 @@ def _add_compare(sub: Any) -> None:
 #: The run fields ``advise`` takes as flags (the workload, where and how big; never a
 #: strategy or failures: it weighs every strategy against its own failure rate).
 ADVISE_FIELDS = ("workload", "engine", "paradigm", "consistency", "shards", "workers",
-                 "ranks", "seed", "target", "max_iterations", "ray_address", "recovery_delay")
+                 "seed", "target", "max_iterations", "ray_address", "recovery_delay")
 
 
 def _add_advise(sub: Any) -> None:
@@ -152,16 +152,16 @@ def _add_advise(sub: Any) -> None:
     p.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster")
     p.add_argument("--recovery-delay", type=_float, dest="recovery_delay",
                    help="seconds a lost shard stays down (ray)")
-    p.add_argument("--paradigm", choices=field_choices("paradigm"))
+    p.add_argument("--paradigm", choices=field_choices("paradigm"),
+                   help="ps only for now (data parallel is refused, see lab/advise)")
     p.add_argument("--consistency", choices=field_choices("consistency"))
     p.add_argument("--shards", type=_int)
     p.add_argument("--workers", type=_int)
-    p.add_argument("--ranks", type=_int)
     p.add_argument("--seed", type=_int)
     p.add_argument("--target", type=_float)
     p.add_argument("--max-iterations", type=_int, dest="max_iterations")
     p.add_argument("--mtbf", help="mean time between failures with a unit (e.g. 30s, 2min): "
-                                  "one random shard (dp: rank) fails each time; simulated "
+                                  "one random shard fails each time; simulated "
                                   "seconds on sim, wall seconds on ray")
     p.add_argument("--fail", help="or the failures as a spec with an mtbf= trigger, e.g. "
                                   "'shards=50%%@mtbf=30s'")
