@@ -105,6 +105,17 @@ def test_advise_command_writes_its_folder(cli, tmp_path: Path) -> None:  # noqa:
     assert again.code == 2 and "not empty" in again.err  # a used folder is never written
 
 
+def test_advise_takes_a_workload_by_reference(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "advice"
+    r = cli("advise", "--workload", str(ROOT / "examples" / "my_model.py") + ":build",
+            "--option", "hidden=8", "--mtbf", "20s", "--strategies", "none,scar-partial",
+            "--quiet", "--out", str(out))
+    assert r.code == 0, r.err
+    data = json.loads((out / "advice.json").read_text())
+    assert data["workload"].endswith("my_model.py:build") and data["recommended"]
+    assert data["config"]["workload_options"] == {"hidden": 8}
+
+
 @pytest.mark.parametrize("args", [
     [], ["--mtbf", "3s", "--fail", "shard=any@mtbf=3s"], ["--mtbf", "abc"], ["--mtbf", "0s"],
     ["--fail", "shards=1@iter=30"], ["--mtbf", "3s", "--strategies", "bogus"],
