@@ -80,14 +80,23 @@ class Advice:
         return self.predictions[1] if len(self.predictions) > 1 else None
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON: a number that is not finite (no progress, a bound for a
+        run that did not contract) is null, as JSON has no infinity."""
         d = asdict(self)
         d["recommended"] = self.recommended.name
         d["runner_up"] = self.runner_up.name if self.runner_up else None
-        for p in d["predictions"]:  # JSON has no infinity
-            for k in ("seconds_to_target", "overhead"):
-                if not math.isfinite(p[k]):
-                    p[k] = None
-        return d
+        out: dict[str, Any] = _finite(d)
+        return out
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v
 
 
 def _nodes(cfg: RunConfig, c: Candidate) -> int:

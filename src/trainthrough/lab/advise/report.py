@@ -124,7 +124,7 @@ def write(a: Advice, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     png = plot_advice(a, out / "advice.png")
     _atomic(out / "advice.md", markdown(a, png.name))
-    _atomic(out / "advice.json", json.dumps(a.to_dict(), indent=2) + "\n")
+    _atomic(out / "advice.json", json.dumps(a.to_dict(), indent=2, allow_nan=False) + "\n")
 
 
 def components(p: Prediction, a: Advice) -> dict[str, float]:
