@@ -20,7 +20,7 @@ from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import advise, trace_spec
 from trainthrough.lab.advise.calibrate import calibration_failure, failure_point
 from trainthrough.lab.advise.candidates import candidates
-from trainthrough.lab.advise.check import check
+from trainthrough.lab.advise.check import check, failure_free
 from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,8 +144,9 @@ def test_mlr_predictions_within_20_percent_of_the_seeded_trace() -> None:
     a = advise(RunConfig.from_toml(EXAMPLE), trace_spec("ps", "3s", None))
     assert a.clock == "simulated seconds"
     assert a.recommended.seconds_to_target <= a.runner_up.seconds_to_target  # type: ignore[union-attr]
+    free = failure_free(a, list(range(16)))
     for p in a.predictions[:2]:
-        c = check(a, p.name, list(range(16)))
+        c = check(a, p.name, list(range(16)), free)
         assert c.reached == 16, c
         assert c.measured_steady == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
         assert c.measured_blocked == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c

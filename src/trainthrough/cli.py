@@ -167,6 +167,9 @@ def _add_advise(sub: Any) -> None:
                                   "'shards=50%%@mtbf=30s'")
     p.add_argument("--strategies", help="weigh only these presets (comma-separated; default: "
                                         "every preset the engine runs for the paradigm)")
+    p.add_argument("--calibration-seeds", dest="calibration_seeds", type=_int, default=1,
+                   help="repeat the failure-free and failure runs on this many seeds and "
+                        "average (default 1; more where iterations to target vary by seed)")
     p.add_argument("--rank-by", dest="rank_by", choices=("time", "cost"), default="time",
                    help="rank by predicted time to target (default) or on-demand cloud cost")
     p.add_argument("--out", type=Path,
@@ -341,7 +344,8 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     check_out(out)  # before minutes of calibration
     say = (lambda m: None) if args.quiet else (
         lambda m: print(f"calibrating: {m}", file=sys.stderr, flush=True))
-    a = advise(cfg, trace, only=only, rank_by=args.rank_by, say=say)
+    a = advise(cfg, trace, only=only, rank_by=args.rank_by, say=say,
+               seeds=args.calibration_seeds)
     write(a, out)
     print(table_text(a))
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "

@@ -104,17 +104,17 @@ def _nodes(cfg: RunConfig, c: Candidate) -> int:
 
 
 def _measure_on(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec,
-                say: Callable[[str], None]) -> tuple[Baseline, list[Measured]]:
+                say: Callable[[str], None], seeds: int) -> tuple[Baseline, list[Measured]]:
     """:func:`measure`, sharing one Ray session (and its warm actors) between the runs
     on ``ray``, as suites do; shut down after if this call started it."""
     assert trace.mtbf is not None
     if cfg.engine != "ray":
-        return measure(cfg, cands, trace, trace.mtbf, say)
+        return measure(cfg, cands, trace, trace.mtbf, say, seeds)
     from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 
     started = ensure_ray(cfg.ray_address)
     try:
-        return measure(cfg, cands, trace, trace.mtbf, say)
+        return measure(cfg, cands, trace, trace.mtbf, say, seeds)
     finally:
         if started:
             shutdown_ray()
@@ -122,11 +122,12 @@ def _measure_on(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec,
 
 def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
            rank_by: str = "time", say: Callable[[str], None] | None = None,
-           pricing: Pricing | None = None) -> Advice:
+           pricing: Pricing | None = None, seeds: int = 1) -> Advice:
     """Calibrate, predict and rank (lab/advise/calibrate.py, model.py).
 
     ``cfg`` gives the workload, engine, sizes and cost model; its strategy and failures
     are ignored (every candidate is run, with the calibration's own failures).
+    ``seeds``: calibration seeds from ``cfg.seed`` on, averaged (lab/advise/calibrate.py).
 
     Raises:
         UserError: an invalid configuration or trace, or no candidate.
@@ -134,6 +135,8 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     say = say or (lambda _: None)
     if trace.mtbf is None:
         raise UserError("advise needs a trace with an mtbf= trigger")
+    if seeds < 1:
+        raise UserError(f"--calibration-seeds must be at least 1 (got {seeds})")
     if rank_by not in ("time", "cost"):
         raise UserError(f"--rank-by must be time or cost (got {rank_by!r})")
     if cfg.paradigm != "ps":
@@ -150,7 +153,7 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     cfg.validate()  # sizes, the engine's claims, the workload's options
     # The trace's ids against the sizes (runs check them only once built): before any run.
     validate([trace], {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
-    base, measured = _measure_on(cfg, cands, trace, say)
+    base, measured = _measure_on(cfg, cands, trace, say, seeds)
     by_name = {c.name: c for c in cands}
     preds = [predict(base, m, by_name[m.name].label, trace.mtbf, _nodes(cfg, by_name[m.name]),
                      pricing) for m in measured]

@@ -11,12 +11,15 @@
    an interval after a save: the recovery seconds, the rework (iterations to target
    minus the failure-free run's, same seed), the perturbation and SCAR's bound for it.
 
-Every run has the same seed, so rework is the failure's alone; seconds are on the
-engine's clock (simulated on ``sim``, wall on real engines).
+A failure run has its failure-free run's seed, so rework is the failure's alone; with
+several calibration seeds both are repeated per seed and averaged (a workload whose
+iterations to target vary by seed is otherwise predicted from one seed's luck). Seconds
+are on the engine's clock (simulated on ``sim``, wall on real engines).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -114,14 +117,51 @@ def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
     return s
 
 
+def _combine(bases: list[Baseline]) -> Baseline:
+    """The seeds' failure-free runs as one: mean iterations and seconds to target (the
+    contraction rate of the first seed's)."""
+    first = bases[0]
+    return replace(first, iterations=round(statistics.fmean(b.iterations for b in bases)),
+                   seconds=statistics.fmean(b.seconds for b in bases), seeds=len(bases))
+
+
+def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
+                 every: int | None, say: Say) -> dict[str, Any]:
+    """A seed's failure run reduced to what the model needs (None: not reached)."""
+    s = with_failure(cfg, c, base, trace, every, say)
+    recs = s["recoveries"]
+    out: dict[str, Any] = {
+        "failed_at": s["failed_at"],
+        "rework": (s["iterations_to_target"] - base.iterations
+                   if s["iterations_to_target"] is not None else None),
+        "recovery": sum(r["recovery_seconds"] for r in recs) if recs else None,
+        "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
+        "steady": float(s["checkpoint_blocked_seconds"]) / max(1, s["iterations"])
+        / base.step_seconds, "bound": None}
+    if base.contraction is not None and base.distance0 is not None and recs:
+        out["bound"] = Contraction(base.contraction, base.distance0, 0, 0.0).bound(
+            [(r["at_iteration"], r["perturbation_norm"]) for r in recs])
+    return out
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs]
+    return None if any(v is None for v in values) else statistics.fmean(values)
+
+
 def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: float,
-            say: Say) -> tuple[Baseline, list[Measured]]:
-    """Every step (module docstring), for every candidate.
+            say: Say, seeds: int = 1) -> tuple[Baseline, list[Measured]]:
+    """Every step (module docstring), for every candidate, on ``seeds`` seeds from
+    ``cfg.seed`` on: the failure-free runs and the failure runs are repeated per seed
+    (rework is each seed's against its own failure-free run) and averaged; the
+    checkpoint cost, which no seed changes, is measured once.
 
     ``cfg``'s fields not set resolve from the workload (interval, budgets, target).
     """
     cfg = resolve_defaults(cfg)[0]
-    base = baseline(cfg, cands, say)
+    cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
+    bases = [baseline(c, cands, say) for c in cfgs]
+    base = _combine(bases)
     t0 = base.step_seconds
     out = []
     for c in cands:
@@ -129,17 +169,9 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
         if c.checkpoints:
             cost, write = checkpoint_cost(cfg, c, base, say)
             every = interval(cost, write, mtbf, t0, base.iterations)
-        s = with_failure(cfg, c, base, trace, every, say)
-        recs = s["recoveries"]
-        rework = (s["iterations_to_target"] - base.iterations
-                  if s["iterations_to_target"] is not None else None)
-        bound = None
-        if base.contraction is not None and base.distance0 is not None and recs:
-            bound = Contraction(base.contraction, base.distance0, 0, 0.0).bound(
-                [(r["at_iteration"], r["perturbation_norm"]) for r in recs])
-        steady = float(s["checkpoint_blocked_seconds"]) / max(1, s["iterations"]) / t0
+        runs = [_one_failure(k, c, b, trace, every, say) for k, b in zip(cfgs, bases)]
         out.append(Measured(
-            c.name, every, cost, write, steady, s["failed_at"],
-            sum(r["recovery_seconds"] for r in recs) if recs else None, rework, bound,
-            sum(r["perturbation_norm"] for r in recs) if recs else None))
+            c.name, every, cost, write, _mean(runs, "steady") or 0.0, runs[0]["failed_at"],
+            _mean(runs, "recovery"), _mean(runs, "rework"), _mean(runs, "bound"),
+            _mean(runs, "norm")))
     return base, out

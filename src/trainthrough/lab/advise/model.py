@@ -39,6 +39,7 @@ class Baseline:
     contraction: float | None = None  #: c fitted as lab/bound.py does
     distance0: float | None = None
     fit_r2: float | None = None
+    seeds: int = 1  #: calibration seeds averaged
 
     @property
     def step_seconds(self) -> float:
@@ -56,7 +57,7 @@ class Measured:
     steady: float = 0.0  #: blocked seconds per iteration / t0, at ``interval``
     failed_at: int | None = None  #: iteration the calibration failure struck
     recovery_seconds: float | None = None  #: failure to recovered, as the engine reports
-    rework: int | None = None  #: iterations to target minus I0 (None: never reached it)
+    rework: float | None = None  #: iterations to target minus I0 (None: never reached it)
     rework_bound: float | None = None  #: SCAR's bound for the recorded perturbation
     perturbation_norm: float | None = None
 
@@ -111,7 +112,7 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
     # progress to lose: only the others cost rework.
     during = 1 - math.exp(-m.recovery_seconds / mtbf)
     lost = m.recovery_seconds + (1 - during) * rework * t0 * (1 + m.steady)
-    why.append(f"a failure costs {m.recovery_seconds:.3g} s recovering + {rework} it rework"
+    why.append(f"a failure costs {m.recovery_seconds:.3g} s recovering + {rework:.3g} it rework"
                + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
                   and math.isfinite(m.rework_bound) else ""))
     try:
