@@ -1,8 +1,9 @@
 """Calibration: short real runs on the chosen engine, measuring what the model needs.
 
 1. The failure-free run (a candidate without checkpoints; on a real engine after a
-   short warm-up run) to the target and 50% past it, as lab/runner.py's baselines: iterations and seconds to target, hence the step
-   time, and the contraction rate fitted on its iterates (lab/bound.py).
+   short warm-up run) to the target and 50% past it, as lab/runner.py's baselines:
+   iterations and seconds to target, hence the step time, and the contraction rate
+   fitted on its iterates (lab/bound.py).
 2. Each checkpointing candidate, failure-free for a few intervals at the workload's
    interval: ``C``, seconds blocked per interval of saves. An asynchronous one also
    runs its synchronous twin (``persist=sync``): the write it does in the background.
@@ -53,12 +54,12 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
         _run(replace(cfg, strategy=plain.name, failures=[], stop_at_target=False,
                      max_iterations=min(cfg.max_iterations or 50, 50)))
     tracker = IterateTracker()
-    say(f"failure-free run ({plain.name}) to the target")
+    say(f"failure-free run ({plain.name}, seed {cfg.seed}) to the target")
     s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5), tracker)
     if s["iterations_to_target"] is None or not s.get("sim_seconds_to_target"):
         raise UserError(f"{cfg.workload} does not reach its target {s['target']} without "
                         f"failures within {s['iterations']} iterations; raise "
-                        "--max-iterations or lower --target")
+                        "--max-iterations or choose an easier --target")
     seconds = float(s["sim_seconds_to_target"])
     if plain.checkpoints and s["sim_seconds"] > 0:  # only if no candidate skips saves
         seconds *= 1 - s["checkpoint_blocked_seconds"] / s["sim_seconds"]
@@ -107,7 +108,7 @@ def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
                  every: int | None, say: Say) -> dict[str, Any]:
     """Step 3: one failure, at ``every`` (None: no checkpoints); the run's summary."""
     at = failure_point(base.iterations, every)
-    say(f"{c.name}: one failure at iteration {at}"
+    say(f"{c.name}: one failure at iteration {at} (seed {cfg.seed})"
         + (f", checkpoint every {every}" if every else ""))
     run_cfg = replace(cfg, strategy=c.name, failures=[calibration_failure(trace, at)],
                       checkpoint_every=every or cfg.checkpoint_every,
