@@ -52,6 +52,16 @@ def test_a_failure_costing_an_mtbf_is_no_progress_and_ranks_last() -> None:
     assert [p.name for p in rank([slow, lost, ok])][0] == "ok"
 
 
+def test_rank_by_cost_weighs_nodes() -> None:
+    base = Baseline("none", iterations=100, seconds=10.0)
+    fast_big = predict(base, Measured("chain", None, recovery_seconds=0.1, rework=0), "chain",
+                       5.0, nodes=12)
+    slow_small = predict(base, Measured("ckpt", 10, steady=0.05, recovery_seconds=1.0,
+                                        rework=5), "ckpt", 5.0, nodes=8)
+    assert [p.name for p in rank([slow_small, fast_big], "time")] == ["chain", "ckpt"]
+    assert [p.name for p in rank([fast_big, slow_small], "cost")] == ["ckpt", "chain"]
+
+
 def test_interval_is_young_daly_in_iterations_and_at_least_one_write() -> None:
     assert interval(0.5, 0.0, 100.0, 0.1, 1000) == 100  # sqrt(2 * 0.5 * 100) = 10 s
     assert interval(1e-6, 0.35, 100.0, 0.1, 1000) == 4  # async: a write takes 3.5 steps
