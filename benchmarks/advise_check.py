@@ -81,11 +81,11 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
     ff_note = "" if ff_ratio is not None else " (no checkpoints)"
     print(f"{engine} {workload} #{rank} {c.name} every {c.interval or '-'} it, "
           f"{c.reached}/{c.seeds} seeds reached the target; seconds are {clock}")
-    print(f"  failure-free overhead  predicted {100 * c.predicted_steady:6.2f}%  measured "
-          f"{100 * c.measured_steady:6.2f}%  ratio {_r(ff_ratio)}  within 20%: "
+    print(f"  failure-free overhead  predicted {100 * c.predicted_steady:7.4f}%  measured "
+          f"{100 * c.measured_steady:7.4f}%  ratio {_r(ff_ratio)}  within 20%: "
           f"{_ok(ff_ratio)}{ff_note}")
     b_ratio = c.measured_blocked / c.predicted_steady if c.predicted_steady > 0 else None
-    print(f"  ... as paid on the trace (blocked share) measured {100 * c.measured_blocked:7.3f}%"
+    print(f"  ... as paid on the trace (blocked share) measured {100 * c.measured_blocked:7.4f}%"
           f"  ratio {_r(b_ratio)}  within 20%: {_ok(b_ratio)}")
     print(f"  time to target         predicted {c.predicted_seconds:7.2f}   measured "
           f"{_r(c.measured_seconds):>7}   ratio {_r(c.seconds_ratio)}  within 20%: "
