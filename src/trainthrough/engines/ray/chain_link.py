@@ -7,7 +7,7 @@ turn). The head forwards pushes as they are applied, without waiting for the pre
 ones to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding on each
 link, and pushes applied meanwhile go together in the next call (a Ray call costs
 more CPU than applying a push, and the CPU is what a replicated chain runs out of);
-and a link lingers a few ms for a fuller batch.
+and an asynchronous link lingers for a fuller batch.
 Order is kept by the positions, not by waiting.
 
 Acknowledgement. ``durable`` is the highest position the rest of the chain has
@@ -44,19 +44,18 @@ REORDER_SECONDS = 5.0
 # A synchronous push waits this long for the tail (a dead replica is rewired in ms).
 ACK_SECONDS = 30.0
 RETRY_PAUSE = 0.01
-# Forward calls outstanding per link. Measured (benchmarks/overhead.py, cnn): the CPU,
-# not the wait, is what a chain runs out of on 2 cores, and a Ray call costs each side
-# ~1 ms of CPU, 4-10 times a push's apply. With 2 in flight nearly every push went
+# Forward calls outstanding per link. Measured (CPU seconds of each actor process per
+# update, cnn, 2 cores): the CPU, not the wait, is what a chain runs out of, and a Ray
+# call costs each side ~1 ms of CPU, 4-10 times a push's apply. With 2 in flight nearly every push went
 # alone; with 1, the pushes applied during a call's round trip go together in the next.
 IN_FLIGHT = 1
-# A link also waits a little for a fuller batch: at most LINGER[mode] seconds for
-# BATCH[mode] pushes (or ``max_lag``, if smaller: the head would block first). Nobody
-# waits on an asynchronous forward, so there it costs lag, not throughput (at ~130
-# pushes/s, 20 ms gathered only 2-3). A synchronous push's sender waits for it, but
-# on a machine the workers keep busy another worker computes meanwhile; a batch
-# beyond the number of workers cannot fill (each waits for its own acknowledgement).
-BATCH = {"sync": 4, "async": 16}
-LINGER = {"sync": 0.004, "async": 0.1}
+# An asynchronous link also waits for a fuller batch: at most ASYNC_LINGER seconds for
+# ASYNC_BATCH pushes (or ``max_lag``, if smaller: the head would block first). Nobody
+# waits on an asynchronous forward, so it costs lag, not throughput (at ~130 pushes/s,
+# 20 ms gathered only 2-3). A synchronous push's sender waits for the tail, and each
+# worker has one push outstanding: a batch there is what arrived during the last call.
+ASYNC_BATCH = 16
+ASYNC_LINGER = 0.1
 
 
 class ChainBroken(RuntimeError):
@@ -181,9 +180,9 @@ class ChainLink:
 
     def _linger(self) -> float:
         """Seconds the sender still waits for more pushes before sending (0: now)."""
-        if self.mode not in BATCH or len(self._out) >= min(BATCH[self.mode], self.max_lag):
+        if self.mode != "async" or len(self._out) >= min(ASYNC_BATCH, self.max_lag):
             return 0.0
-        return LINGER[self.mode] - (time.monotonic() - self._out_since)
+        return ASYNC_LINGER - (time.monotonic() - self._out_since)
 
     def _await_durable(self, pos: int) -> None:
         if not self._wait(lambda: self.durable >= pos or self._broken, ACK_SECONDS):
