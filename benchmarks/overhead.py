@@ -7,8 +7,9 @@ up, so start-up is not in it.
 
 The method, so that noise shows instead of passing for a result:
 
-* one warm-up run first (not counted): the first run on a fresh cluster pays for cold
-  caches and Ray's own start-up work;
+* one warm-up run of each strategy first (not counted): the first run on a fresh
+  cluster pays for cold caches and Ray's own start-up work, and the first run of a
+  chain for its replicas' start;
 * before every run, a wait until the cluster is quiet: Ray tears the last run's
   actors down and starts idle worker processes, which took up to 0.7 of a core into
   the next run when runs followed each other at once;
@@ -28,11 +29,11 @@ same file system; both times and the ratio (bandwidth reached) are printed, at t
 checkpoint's own size and at ``--large-mb`` (where bandwidth, not sync latency, counts).
 
     flock /tmp/tt-bench.lock python benchmarks/overhead.py [--seconds 6] [--repeats 5]
+    flock /tmp/tt-bench.lock python benchmarks/overhead.py --strategies chain-sync,chain-async
 
-Defaults took about 10 minutes on the shared 2-core machine: 31 runs of 6 s, each
-with ~10 s of actor start-up (4 workers and 4 shard processes importing torch) and the
-wait for a quiet cluster. Start-up, not training, is most of it; warm actors reused
-across runs (issue 11, start-up) would bring it to ~4 minutes.
+Defaults: 36 runs of 6 s (6 warm-ups), each after the wait for a quiet cluster; with
+the warm actor pool, ``--strategies chain-sync,chain-async --repeats 3`` took 86 s
+(with the single warm-up it had then).
 """
 
 from __future__ import annotations
@@ -178,45 +179,62 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seeds the run order")
     ap.add_argument("--large-mb", type=float, default=32.0,
                     help="also compare checkpoint and plain writes at about this size")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES),
+                    help="comma-separated subset to run (none is always run: ratios are "
+                         "taken against it); the disk comparison runs only with "
+                         "checkpoint-async, e.g. --strategies chain-sync,chain-async")
     args = ap.parse_args()
+    chosen = [x.strip() for x in args.strategies.split(",") if x.strip()]
+    unknown = sorted(set(chosen) - set(STRATEGIES))
+    if unknown or args.repeats < 1:
+        ap.error(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}"
+                 if unknown else "--repeats must be >= 1")
+    strategies = tuple(x for x in STRATEGIES if x == "none" or x in chosen)
     rng = random.Random(args.seed)
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
-    ratios: dict[str, list[float]] = {s: [] for s in STRATEGIES}
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
+    ratios: dict[str, list[float]] = {s: [] for s in strategies}
     t_start = time.perf_counter()
     ensure_ray()
     try:
-        one_run("none", args.seconds, args.checkpoint_every)  # warm-up, not counted
+        # Warm-up, not counted: every strategy once, so that no measured run is the
+        # first to need its actors (with only none warmed up, a chain's replicas were
+        # created in repetition 1: in 4 runs of --strategies chain-sync, repetition 1
+        # gave the lowest ratio every time).
+        for s in strategies:
+            one_run(s, args.seconds, args.checkpoint_every)
         for rep in range(args.repeats):
-            order = list(STRATEGIES)
+            order = list(strategies)
             rng.shuffle(order)
             this = {s: one_run(s, args.seconds, args.checkpoint_every) for s in order}
-            for s in STRATEGIES:
+            for s in strategies:
                 runs[s].append(this[s])
                 ratios[s].append(this[s]["rate"] / this["none"]["rate"])
             print(f"repetition {rep + 1}/{args.repeats}: "
                   + ", ".join(f"{s} {this[s]['rate']:.0f}" for s in order), flush=True)
     finally:
         shutdown_ray()
-    small = disk_comparison(1, 30)
-    base_bytes = max(small["bytes"], 1)
-    large = disk_comparison(max(1, round(args.large_mb * 2**20 / base_bytes)), 7)
+    small = large = None
+    if "checkpoint-async" in strategies:
+        small = disk_comparison(1, 30)
+        base_bytes = max(small["bytes"], 1)
+        large = disk_comparison(max(1, round(args.large_mb * 2**20 / base_bytes)), 7)
     report(args, runs, ratios, small, large, time.perf_counter() - t_start)
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-           ratios: dict[str, list[float]], small: dict[str, float], large: dict[str, float],
-           took: float) -> None:
+           ratios: dict[str, list[float]], small: dict[str, float] | None,
+           large: dict[str, float] | None, took: float) -> None:
     none_rates = [r["rate"] for r in runs["none"]]
     noise = (max(none_rates) - min(none_rates)) / statistics.median(none_rates)
     print()
     print(f"failure-free throughput on Ray: cnn, 1 shard, 4 async workers, chains of 3, "
           f"{args.seconds:g} s per run, checkpoint every {args.checkpoint_every}; "
-          f"1 warm-up + {args.repeats} repetitions, order shuffled (seed {args.seed}); "
+          f"1 warm-up each + {args.repeats} repetitions, order shuffled (seed {args.seed}); "
           f"{took:.0f} s in all")
     print(f"{'strategy':<18}{'updates/s':>10}{'vs none':>9}{'min-max':>14}{'IQR':>14}"
           f"{'overhead':>10}")
     suspect = []
-    for s in STRATEGIES:
+    for s in runs:
         rs = ratios[s]
         med = statistics.median(rs)
         lo, hi = quartiles(rs)
@@ -230,14 +248,16 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
     for s in suspect:
         print(f"WARNING: {s} beat none by more than the noise: the machine was busy; "
               f"rerun (more --repeats, quieter machine) before reading these ratios")
-    ca = runs["checkpoint-async"]
-    writes = sum(r.get("checkpoint_writes", 0) for r in ca)
-    skipped = sum(r.get("checkpoint_skipped", 0) for r in ca)
-    secs = sum(r.get("checkpoint_write_seconds", 0.0) for r in ca)
-    print(f"checkpoint-async in the runs: {writes} writes, {skipped} saves skipped "
-          f"(a write still running), {1e3 * secs / max(writes, 1):.2f} ms per write "
-          f"in the background")
-    for label, d in (("checkpoint size", small), ("large", large)):
+    disks = [("checkpoint size", small), ("large", large)] if small and large else []
+    if "checkpoint-async" in runs:
+        ca = runs["checkpoint-async"]
+        writes = sum(r.get("checkpoint_writes", 0) for r in ca)
+        skipped = sum(r.get("checkpoint_skipped", 0) for r in ca)
+        secs = sum(r.get("checkpoint_write_seconds", 0.0) for r in ca)
+        print(f"checkpoint-async in the runs: {writes} writes, {skipped} saves skipped "
+              f"(a write still running), {1e3 * secs / max(writes, 1):.2f} ms per write "
+              f"in the background")
+    for label, d in disks:
         mb = d["bytes"] / 2**20
         print(f"disk, {label} ({mb:.2f} MiB): checkpoint {1e3 * d['checkpoint']:.2f} ms "
               f"(durable {1e3 * d['written']:.2f} ms + prune), plain write+fsync "
@@ -246,11 +266,13 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
               f"(durable only {d['raw'] / d['written']:.2f})")
     print("targets (median ratio vs none; the range shows whether it holds every time):")
     for s, text, ok in TARGETS:
+        if s not in ratios:
+            continue
         med = statistics.median(ratios[s])
         every = all(ok(r) for r in ratios[s])
         print(f"  {s:<17} {text:<15} {'PASS' if ok(med) else 'MISS'}  median {med:.3f} "
               f"({'every repetition' if every else 'not every repetition'})")
-    for label, d in (("checkpoint size", small), ("large", large)):
+    for label, d in disks:
         r = d["raw"] / d["checkpoint"]
         print(f"  checkpoint write  >= {BANDWIDTH_TARGET:.0%} of raw ({label}) "
               f"{'PASS' if r >= BANDWIDTH_TARGET else 'MISS'}  {r:.2f}")

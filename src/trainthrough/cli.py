@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainthrough.config import FLOAT_TEXT, INT_TEXT, field_choices
-from trainthrough.errors import Terminated, UserError, terminated
+from trainthrough.errors import RunStalled, Terminated, UserError, terminated
 
 if TYPE_CHECKING:
     from trainthrough.config import RunConfig
@@ -403,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"trainthrough: error: {msg}", file=sys.stderr)
         return 2
+    except RunStalled as e:  # the run folder says so too (status.json: failed, reason)
+        print(f"trainthrough: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (``trainthrough list | head``): stop quietly. Python would
         # otherwise report the failed flush of stdout at exit as well.

@@ -36,3 +36,10 @@ def terminated(e: BaseException) -> bool:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+class RunStalled(RuntimeError):
+    """The run cannot make progress (a service it needs stays unreachable, nothing is
+    applied any more): it ends with this reason instead of waiting forever. Nothing the
+    user typed is wrong, so it is not a :class:`UserError`; the CLI prints the reason
+    on one line and exits with status 1. Takes one message argument (it pickles)."""

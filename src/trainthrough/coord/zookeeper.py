@@ -88,13 +88,20 @@ class ZooKeeperCoordinator(Coordinator):
             )
             self._client.start(timeout=connect_timeout)
         except ValueError as exc:
+            self._stop_quietly()
             raise UserError(f"ZooKeeper hosts {hosts!r}: {exc}; use 'host:port[,...]'") from None
         except Exception as exc:  # kazoo's timeout error type depends on the handler
+            self._stop_quietly()  # else its connection thread retries forever, unowned
             raise UserError(
                 f"no ZooKeeper server answered at {hosts!r} within {connect_timeout:g} s ({exc}); "
                 "start one (e.g. trainthrough.coord.zkserver.ZooKeeperServer) or fix the address"
             ) from None
         self._client.add_listener(self._on_state)
+
+    def _stop_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.stop()
+            self._client.close()
 
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's connection thread: only bookkeeping here. A LOST session has
@@ -169,6 +176,12 @@ class ZooKeeperCoordinator(Coordinator):
         with contextlib.suppress(NoNodeError):  # an expired session already deleted it
             self._call("leave", self._client.delete_async, self._path(chain, znode))
 
+    def joined(self, chain: str, member: str) -> bool:
+        """Whether ``member`` joined through this coordinator and its session lives on
+        (a session that expired deleted the znode: the member must join again)."""
+        with self._lock:
+            return (chain, member) in self._mine
+
     def members(self, chain: str) -> list[str]:
         return [m for _, m, _ in self._ordered(chain)]
 
@@ -191,7 +204,11 @@ class ZooKeeperCoordinator(Coordinator):
 
         # kazoo calls on_children now (this thread), then after each change (its
         # thread), one call at a time; it re-arms the watch after a reconnection.
-        ChildrenWatch(self._client, self._path(chain), on_children)
+        try:
+            ChildrenWatch(self._client, self._path(chain), on_children)
+        except (ConnectionLoss, SessionExpiredError) as exc:  # kazoo's retries ran out
+            raise CoordinatorError(f"ZooKeeper at {self._hosts} failed watch "
+                                   f"({type(exc).__name__})") from None
 
     def watch_predecessor(self, chain: str, member: str, callback: PredecessorCallback) -> None:
         me = self._mine.get((chain, member))

@@ -57,12 +57,21 @@ def apply(spec: OptimizerSpec, values: dict[str, torch.Tensor], update: dict[str
         state["step"] += 1
         t = float(state["step"])
         c1, c2 = 1 - b1 ** t, 1 - b2 ** t
-        for n, g in update.items():
-            m, v = state[f"{n}.m"], state[f"{n}.v"]
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v / c2).sqrt_().add_(spec.eps)
-            values[n].addcdiv_(m, denom, value=-lr / c1)
+        # The same element-wise operations as one call per operation over all tensors
+        # (torch's foreach kernels, bit-identical on CPU): a per-tensor loop paid ~5 us
+        # of Python per operation and tensor, 0.27 ms for cnn's 8 tensors against
+        # 0.11 ms, and a chain of R replicas applies every update R times.
+        gs = list(update.values())
+        ms = [state[f"{n}.m"] for n in update]
+        vs = [state[f"{n}.v"] for n in update]
+        torch._foreach_mul_(ms, b1)
+        torch._foreach_add_(ms, gs, alpha=1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, value=1 - b2)
+        denom = torch._foreach_div(vs, c2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, spec.eps)
+        torch._foreach_addcdiv_([values[n] for n in update], ms, denom, value=-lr / c1)
         return
     raise ValueError(f"unknown optimizer kind {kind!r}")
 

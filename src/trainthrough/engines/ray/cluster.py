@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -27,14 +27,24 @@ from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
 from trainthrough.engines.ray.pool import POOL
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
+from trainthrough.errors import RunStalled
 from trainthrough.ft.chain import on_death, on_join, successors
 from trainthrough.ft.strategy import Strategy
 from trainthrough.ps.layout import Layout
 from trainthrough.workloads.base import OptimizerSpec, Params
 
+if TYPE_CHECKING:
+    from trainthrough.engines.ray.zk_membership import ZooKeeperMembership
+
 # ZooKeeper session timeout for replicas: a SIGKILLed replica's node vanishes this
 # long after the kill (ENVIRONMENT.md measured 2 s for 2 s); detection costs it.
 ZK_SESSION_SECONDS = 2.0
+# A replica's registration makes a few ZooKeeper calls, each bounded by the
+# coordinator's 5 s connect timeout.
+ZK_JOIN_SECONDS = 30.0
+# Start-up of an actor (Python and torch imports) on a loaded machine: 6-12 s measured.
+START_SECONDS = 300.0
+PULL_SECONDS = 30.0
 
 
 @dataclass
@@ -89,6 +99,7 @@ class RayCluster:
             "scale": 1.0 / cfg.workers if aggregate == "mean" else 1.0}
         self.members: dict[str, Member] = {}
         self.zk: Any = None
+        self.membership: ZooKeeperMembership | None = None  # set by the driver once serving
         if cfg.coordinator == "zookeeper":
             from trainthrough.coord.zookeeper import ZooKeeperCoordinator
 
@@ -174,9 +185,25 @@ class RayCluster:
         ZooKeeper, the replica's own ephemeral node (deaths are then seen through it)."""
         self.coord.join(f"shard{m.index}", m.name)
         self.announce(m.index)
-        if self.zk is not None:
-            ray.get(m.handle.join_coordinator.remote(self.cfg.zookeeper_hosts, f"/{self.prefix}",
-                                                     f"shard{m.index}", ZK_SESSION_SECONDS))
+        if self.zk is None:
+            return
+        ref = self.join_zookeeper(m)
+        if self.membership is not None:  # serving: never wait on ZooKeeper here
+            self.membership.joining(m.name, ref)
+            return
+        try:  # start-up: every replica is registered before training starts
+            ray.get(ref, timeout=ZK_JOIN_SECONDS)
+        except ray.exceptions.RayError as e:
+            why = str(e).strip().splitlines()[-1][:300]
+            raise RunStalled(f"replica {m.name} could not join ZooKeeper at "
+                             f"{self.cfg.zookeeper_hosts} within {ZK_JOIN_SECONDS:g} s: "
+                             f"{why}") from None
+
+    def join_zookeeper(self, m: Member) -> Any:
+        """Ask replica ``m`` to join its chain in ZooKeeper (again, if its session
+        expired); the ref answers True if it joined, False if it already was a member."""
+        return m.handle.join_coordinator.remote(self.cfg.zookeeper_hosts, f"/{self.prefix}",
+                                                f"shard{m.index}", ZK_SESSION_SECONDS)
 
     def start_worker(self, w: int, start_step: int = 0, incarnation: int = 0) -> Member:
         args = (w, self.cfg.workload, self.cfg.workload_options, self.cfg.seed,
@@ -219,7 +246,12 @@ class RayCluster:
 
     def activate(self, m: Member) -> None:
         """Wait until ``m`` is up (start-up only; later callers check :meth:`ready`)."""
-        ray.get([m.whoami, *m.setup] if m.whoami is not None else m.setup)
+        try:
+            ray.get([m.whoami, *m.setup] if m.whoami is not None else m.setup,
+                    timeout=START_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise RunStalled(f"actor {m.name} did not start within {START_SECONDS:g} s "
+                             "(is the Ray cluster out of memory or processes?)") from None
         self.ready(m)
         m.in_service = True
 
@@ -304,8 +336,8 @@ class RayCluster:
         live = [r for r in readers if r is not None]
         if len(live) < len(readers):
             return None
-        try:
-            parts = ray.get([r.pull.remote() for r in live])
+        try:  # bounded: a reader that hangs is a failure, seen by its watch or ZooKeeper
+            parts = ray.get([r.pull.remote() for r in live], timeout=PULL_SECONDS)
         except ray.exceptions.RayError:
             return None
         return self.layout.assemble([p[1] for p in parts])

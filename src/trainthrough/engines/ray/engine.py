@@ -26,6 +26,8 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.ray.checkpoints import RayShardSaves
 from trainthrough.engines.ray.cluster import Member, RayCluster
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
+from trainthrough.engines.ray.stall import StallWatch
+from trainthrough.engines.ray.zk_membership import ZooKeeperMembership
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.checkpointer import Checkpointer
@@ -99,7 +101,9 @@ class RayEngine:
         runs = {m.name: m.handle.run.remote(self.max_iter)
                 for m in c.members.values() if m.kind == "worker"}
         iteration, done, progress = 0, False, {}
-        departed = self._watch_zookeeper(c)
+        if c.zk is not None:
+            c.membership = ZooKeeperMembership(c, self._emit)
+        stall = StallWatch(self.cfg.recovery_delay, lambda: self.pending)
         self._evaluate(0, {})
         while not done:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}
@@ -107,16 +111,17 @@ class RayEngine:
             for ref in ready:
                 m = watches[ref]
                 m.watch = None
-                if c.zk is not None and m.kind == "shard" and m.in_service:
-                    continue  # a serving replica's death is seen through ZooKeeper
+                if c.membership is not None and m.kind == "shard" and m.in_service:
+                    # A serving replica's death is seen through ZooKeeper (after a grace,
+                    # through this report if ZooKeeper stays silent).
+                    c.membership.ray_death(m)
+                    continue
                 self._on_death(m, iteration)
-            while departed:
-                name = departed.pop(0)
-                m = c.members.get(name)  # type: ignore[assignment]
-                if m is not None and m.in_service and name in c.chains[m.index].members:
-                    self._on_death(m, iteration)
+            for m in c.membership.step() if c.membership is not None else []:
+                self._on_death(m, iteration)
             now = self.ctx.wall()
             progress = self._progress()
+            stall.check(progress, iteration)
             if any(p["pushes"] for p in progress.values()):
                 self.started_training()
             iteration = self._logical(progress, iteration)
@@ -169,23 +174,6 @@ class RayEngine:
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(refs, timeout=30)
         self._rewound_to = step
-
-    def _watch_zookeeper(self, c: RayCluster) -> list[str]:
-        """With ZooKeeper, a replica's death is its ephemeral node vanishing: collect
-        the names that leave each chain (the callback runs on kazoo's thread)."""
-        departed: list[str] = []
-        if c.zk is None:
-            return departed
-        for i in range(self.layout.num_shards):
-            seen: set[str] = set()
-
-            def on_change(members: list[str], seen: set[str] = seen) -> None:
-                departed.extend(sorted(seen - set(members)))
-                seen.clear()
-                seen.update(members)
-
-            c.zk.watch(f"shard{i}", on_change)
-        return departed
 
     # -- observation ------------------------------------------------------------
     def _progress(self) -> dict[str, dict[str, Any]]:

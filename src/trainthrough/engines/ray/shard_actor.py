@@ -87,18 +87,32 @@ class ShardActor:
             self.link.reset(0, 0)
 
     def join_coordinator(self, hosts: str, namespace: str, chain: str,
-                         session_timeout: float) -> str:
+                         session_timeout: float) -> bool:
         """Register in ZooKeeper: an ephemeral sequential node tied to this process's
         session, so the node (and this replica's membership) vanishes when it dies.
-        Like the paper's replicas, it also watches its predecessor's node."""
+        Like the paper's replicas, it also watches its predecessor's node.
+
+        Called again after the session expired while this process lived (a pause of
+        the server or of this machine): joins anew in the new session. Every ZooKeeper
+        call is bounded (the coordinator's connect timeout).
+
+        Returns:
+            True if it joined now, False if it already was a member in a live session.
+
+        Raises:
+            CoordinatorError, UserError: ZooKeeper did not answer; the driver retries.
+        """
         from trainthrough.coord.zookeeper import ZooKeeperCoordinator
 
-        self.zk = ZooKeeperCoordinator(hosts, namespace=namespace,
-                                       session_timeout=session_timeout)
-        seq = self.zk.join(chain, self.name)
+        if self.zk is None:
+            self.zk = ZooKeeperCoordinator(hosts, namespace=namespace,
+                                           session_timeout=session_timeout)
+        if self.zk.joined(chain, self.name):
+            return False
+        self.zk.join(chain, self.name)
         self.predecessor: str | None = None
         self.zk.watch_predecessor(chain, self.name, self._on_predecessor)
-        return seq
+        return True
 
     def _on_predecessor(self, predecessor: str | None) -> None:
         self.predecessor = predecessor  # None: this replica is the head now
