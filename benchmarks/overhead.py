@@ -23,11 +23,16 @@ The method, so that noise shows instead of passing for a result:
 
 Checkpoint-async is also measured against the disk: the same checkpoint (the cnn
 shard's state, through the same store and write code as the actors) is written
-interleaved with a plain buffered write + fsync of a new file of the same size, in the
-same file system; both times and the ratio (bandwidth reached) are printed, at the
-checkpoint's own size and at ``--large-mb`` (where bandwidth, not sync latency, counts).
+interleaved with plain writes of a new file of the same size, in the same file system:
+a crash-safe one (temp file, fsync, rename, folder fsync: the two durable rounds a
+checkpoint needs too) and a bare write + fsync (one round, the disk's floor). Times and
+ratios (bandwidth reached) are printed at the checkpoint's own size and at
+``--large-mb`` (where bandwidth, not sync latency, counts); the prune that follows a
+save (deleting the oldest checkpoint) is printed apart, as the plain writes' deletes
+are not timed. ``--disk-only`` runs just this part (seconds, no Ray).
 
     flock /tmp/tt-bench.lock python benchmarks/overhead.py [--seconds 6] [--repeats 5]
+    flock /tmp/tt-bench.lock python benchmarks/overhead.py --disk-only
 
 Defaults took about 10 minutes on the shared 2-core machine: 31 runs of 6 s, each
 with ~10 s of actor start-up (4 workers and 4 shard processes importing torch) and the
@@ -124,22 +129,36 @@ def quartiles(xs: list[float]) -> tuple[float, float]:
 
 
 # -- the disk: checkpoint write vs a plain write of the same bytes --------------------
-def _raw_write(folder: str, data: bytes) -> float:
-    """A new file, buffered writes, one fsync: what the disk gives a plain writer."""
-    path = os.path.join(folder, f"raw-{uuid.uuid4().hex}")
+def _raw_write(folder: str, data: bytes, atomic: bool) -> float:
+    """A new file, buffered writes, fsync: what the disk gives a plain writer.
+
+    ``atomic``: as a crash-safe plain writer must, under a temp name, then renamed and
+    the folder fsynced: two durable rounds, as a checkpoint's (its files and manifest
+    fsynced together, then the rename). Without: one fsync, the disk's floor.
+    """
+    final = os.path.join(folder, f"raw-{uuid.uuid4().hex}")
+    path = final + ".tmp" if atomic else final
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    if atomic:
+        os.rename(path, final)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     took = time.perf_counter() - t0
-    os.remove(path)
+    os.remove(final)  # not timed, as the checkpoint's prune is timed apart
     return took
 
 
 def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
     """Median seconds of a cnn-shard checkpoint (``scale`` times wider rows: same code,
-    more bytes) against a plain write of as many bytes, interleaved; keep 3 saves."""
+    more bytes) against plain writes of as many bytes, all three interleaved; keep 3
+    saves (each save from the 4th on prunes one)."""
     from trainthrough.ft.checkpoint import CheckpointStore, run_location
     from trainthrough.ft.decisions import CheckpointDecision
     from trainthrough.ft.shard_checkpoint import ShardCheckpoint
@@ -153,21 +172,26 @@ def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
         x0 = {n: v.repeat(scale, *([1] * (v.dim() - 1))) for n, v in x0.items()}
     part = make_layout(x0, 1).split(x0)[0]
     shard = Shard(0, make_layout(x0, 1).shards[0], w.default_optimizer, part)
+    t: dict[str, list[float]] = {"checkpoint": [], "written": [], "prune": [], "raw": [],
+                                 "raw_atomic": []}
     with tempfile.TemporaryDirectory(prefix="tt-disk-") as folder:
         store = CheckpointStore(run_location(folder, "disk"), 3)
         saver = ShardCheckpoint(shard, part, store, reuse_snapshot=True)
         full = CheckpointDecision(asynchronous=True)
-        ckpt, raw, written, nbytes = [], [], [], 0
+        nbytes = 0
         for step in range(1, repeats + 1):
             plan = saver.plan(full, step)
             assert plan is not None
             t0 = time.perf_counter()
             nbytes = saver.write(plan).nbytes
-            ckpt.append(time.perf_counter() - t0)
-            written.append(store.last_timing[0])
-            raw.append(_raw_write(folder, os.urandom(nbytes)))
-    c, r = statistics.median(ckpt), statistics.median(raw)
-    return {"bytes": nbytes, "checkpoint": c, "written": statistics.median(written), "raw": r}
+            t["checkpoint"].append(time.perf_counter() - t0)
+            t["written"].append(store.last_timing[0])
+            t["prune"].append(store.last_timing[1])
+            data = os.urandom(nbytes)
+            # Alternate which plain write goes first: neither always follows the save.
+            for atomic in ((True, False) if step % 2 else (False, True)):
+                t["raw_atomic" if atomic else "raw"].append(_raw_write(folder, data, atomic))
+    return {"bytes": nbytes, **{k: statistics.median(v) for k, v in t.items()}}
 
 
 def main() -> None:
@@ -178,7 +202,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seeds the run order")
     ap.add_argument("--large-mb", type=float, default=32.0,
                     help="also compare checkpoint and plain writes at about this size")
+    ap.add_argument("--disk-only", action="store_true",
+                    help="only the checkpoint write vs the plain writes (no Ray)")
     args = ap.parse_args()
+    if args.disk_only:
+        disk_report(*disks(args.large_mb))
+        return
     rng = random.Random(args.seed)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
     ratios: dict[str, list[float]] = {s: [] for s in STRATEGIES}
@@ -197,10 +226,15 @@ def main() -> None:
                   + ", ".join(f"{s} {this[s]['rate']:.0f}" for s in order), flush=True)
     finally:
         shutdown_ray()
+    small, large = disks(args.large_mb)
+    report(args, runs, ratios, small, large, time.perf_counter() - t_start)
+
+
+def disks(large_mb: float) -> tuple[dict[str, float], dict[str, float]]:
+    """The disk comparison at the checkpoint's own size and at about ``large_mb``."""
     small = disk_comparison(1, 30)
     base_bytes = max(small["bytes"], 1)
-    large = disk_comparison(max(1, round(args.large_mb * 2**20 / base_bytes)), 7)
-    report(args, runs, ratios, small, large, time.perf_counter() - t_start)
+    return small, disk_comparison(max(1, round(large_mb * 2**20 / base_bytes)), 9)
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
@@ -237,21 +271,30 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
     print(f"checkpoint-async in the runs: {writes} writes, {skipped} saves skipped "
           f"(a write still running), {1e3 * secs / max(writes, 1):.2f} ms per write "
           f"in the background")
-    for label, d in (("checkpoint size", small), ("large", large)):
-        mb = d["bytes"] / 2**20
-        print(f"disk, {label} ({mb:.2f} MiB): checkpoint {1e3 * d['checkpoint']:.2f} ms "
-              f"(durable {1e3 * d['written']:.2f} ms + prune), plain write+fsync "
-              f"{1e3 * d['raw']:.2f} ms: {mb / d['checkpoint']:.0f} vs "
-              f"{mb / d['raw']:.0f} MiB/s, ratio {d['raw'] / d['checkpoint']:.2f} "
-              f"(durable only {d['raw'] / d['written']:.2f})")
+    disk_report(small, large)
     print("targets (median ratio vs none; the range shows whether it holds every time):")
     for s, text, ok in TARGETS:
         med = statistics.median(ratios[s])
         every = all(ok(r) for r in ratios[s])
         print(f"  {s:<17} {text:<15} {'PASS' if ok(med) else 'MISS'}  median {med:.3f} "
               f"({'every repetition' if every else 'not every repetition'})")
+
+
+def disk_report(small: dict[str, float], large: dict[str, float]) -> None:
+    print("disk (medians, interleaved): a checkpoint's durable write (temp folder, "
+          "files, manifest, fsyncs, rename, folder fsync) vs a crash-safe plain write "
+          "of as many bytes (temp file, fsync, rename, folder fsync: the same two "
+          "durable rounds) and a bare write + fsync (one round)")
     for label, d in (("checkpoint size", small), ("large", large)):
-        r = d["raw"] / d["checkpoint"]
+        mb = d["bytes"] / 2**20
+        print(f"  {label} ({mb:.2f} MiB): checkpoint {1e3 * d['written']:.2f} ms "
+              f"({mb / d['written']:.0f} MiB/s) + prune {1e3 * d['prune']:.2f} ms; plain "
+              f"crash-safe {1e3 * d['raw_atomic']:.2f} ms ({mb / d['raw_atomic']:.0f} MiB/s), "
+              f"bare {1e3 * d['raw']:.2f} ms: ratio {d['raw_atomic'] / d['written']:.2f} "
+              f"(vs bare {d['raw'] / d['written']:.2f}; with prune "
+              f"{d['raw_atomic'] / d['checkpoint']:.2f})")
+    for label, d in (("checkpoint size", small), ("large", large)):
+        r = d["raw_atomic"] / d["written"]
         print(f"  checkpoint write  >= {BANDWIDTH_TARGET:.0%} of raw ({label}) "
               f"{'PASS' if r >= BANDWIDTH_TARGET else 'MISS'}  {r:.2f}")
 
