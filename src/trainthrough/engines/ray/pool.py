@@ -123,6 +123,18 @@ class ActorPool:
         name, handle = create({"lifetime": "detached"} if detached else {})
         if detached:
             self._detached.add(name)
+            # Detached actors outlive us: the lease holds it from now on, so it is
+            # killed if this driver dies before giving it back.
+            try:
+                held = ray.get(self._warm.hold.remote(self._lease, name, handle, self._keep),
+                               timeout=30)
+            except (ray.exceptions.RayError, TimeoutError):
+                held = False
+            if not held:  # the pool is gone (killed by hand): an ordinary actor then
+                _kill(handle)
+                self._detached.discard(name)
+                self._warm = None
+                name, handle = create({})
         return name, handle, None
 
     def give_back(self, items: list[tuple[Hashable, str, Any, Any]]) -> None:

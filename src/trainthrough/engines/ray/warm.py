@@ -87,6 +87,16 @@ class WarmPool:
             self._leases[lease][1][name] = (handle, keep)
             return name, handle
 
+    def hold(self, lease: str, name: str, handle: Any, keep: float) -> bool:
+        """A warm actor the driver just created, held by its lease from the start, so
+        that it is killed if the driver dies before giving it back (False: no such
+        lease, the driver should not keep it)."""
+        with self._lock:
+            if lease not in self._leases:
+                return False
+            self._leases[lease][1][name] = (handle, keep)
+            return True
+
     def give(self, lease: str, key: Hashable, name: str, handle: Any,
              keep: float | None) -> bool:
         """Take back a released actor (``keep``: idle seconds; None: as it had).
