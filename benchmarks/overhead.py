@@ -271,6 +271,17 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
     print(f"checkpoint-async in the runs: {writes} writes, {skipped} saves skipped "
           f"(a write still running), {1e3 * secs / max(writes, 1):.2f} ms per write "
           f"in the background")
+    # Per repetition: does a bad ratio come with more of our own cost (time blocked,
+    # seconds writing) or with the machine (none's rate in that repetition)?
+    none_med = statistics.median(none_rates)
+    for i, (r, ratio) in enumerate(zip(ca, ratios["checkpoint-async"])):
+        wall = max(r["wall_seconds"], 1e-9)
+        print(f"  repetition {i + 1}: ratio {ratio:.3f}; none {runs['none'][i]['rate']:.0f}/s "
+              f"({100 * (runs['none'][i]['rate'] / none_med - 1):+.1f}% of its median); "
+              f"blocked {1e3 * r.get('checkpoint_blocked_seconds', 0.0):.1f} ms and writing "
+              f"{1e3 * r.get('checkpoint_write_seconds', 0.0):.0f} ms "
+              f"({100 * r.get('checkpoint_write_seconds', 0.0) / wall:.1f}% of the run) in "
+              f"{r.get('checkpoint_writes', 0)} writes")
     disk_report(small, large)
     print("targets (median ratio vs none; the range shows whether it holds every time):")
     for s, text, ok in TARGETS:
