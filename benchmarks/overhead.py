@@ -27,7 +27,7 @@ interleaved with plain writes of a new file of the same size, in the same file s
 a crash-safe one (temp file, fsync, rename, folder fsync: the two durable rounds a
 checkpoint needs too) and a bare write + fsync (one round, the disk's floor). Times and
 ratios (bandwidth reached) are printed at the checkpoint's own size and at
-``--large-mb`` (where bandwidth, not sync latency, counts); the prune that follows a
+``--mid-mb`` and ``--large-mb`` (where bandwidth, not sync latency, counts); the prune that follows a
 save (deleting the oldest checkpoint) is printed apart, as the plain writes' deletes
 are not timed. ``--disk-only`` runs just this part (seconds, no Ray).
 
@@ -43,6 +43,7 @@ across runs (issue 11, start-up) would bring it to ~4 minutes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import statistics
@@ -173,7 +174,7 @@ def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
     part = make_layout(x0, 1).split(x0)[0]
     shard = Shard(0, make_layout(x0, 1).shards[0], w.default_optimizer, part)
     t: dict[str, list[float]] = {"checkpoint": [], "written": [], "prune": [], "raw": [],
-                                 "raw_atomic": []}
+                                 "raw_atomic": [], "sha256": []}
     with tempfile.TemporaryDirectory(prefix="tt-disk-") as folder:
         store = CheckpointStore(run_location(folder, "disk"), 3)
         saver = ShardCheckpoint(shard, part, store, reuse_snapshot=True)
@@ -191,6 +192,9 @@ def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
             # Alternate which plain write goes first: neither always follows the save.
             for atomic in ((True, False) if step % 2 else (False, True)):
                 t["raw_atomic" if atomic else "raw"].append(_raw_write(folder, data, atomic))
+            t0 = time.perf_counter()  # the checksum every checkpoint file needs, alone
+            hashlib.sha256(data).digest()
+            t["sha256"].append(time.perf_counter() - t0)
     return {"bytes": nbytes, **{k: statistics.median(v) for k, v in t.items()}}
 
 
@@ -200,13 +204,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="measured repetitions (>= 1)")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0, help="seeds the run order")
+    ap.add_argument("--mid-mb", type=float, default=4.0,
+                    help="also compare checkpoint and plain writes at about this size")
     ap.add_argument("--large-mb", type=float, default=32.0,
                     help="also compare checkpoint and plain writes at about this size")
     ap.add_argument("--disk-only", action="store_true",
                     help="only the checkpoint write vs the plain writes (no Ray)")
     args = ap.parse_args()
     if args.disk_only:
-        disk_report(*disks(args.large_mb))
+        disk_report(disks(args.mid_mb, args.large_mb))
         return
     rng = random.Random(args.seed)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
@@ -226,19 +232,21 @@ def main() -> None:
                   + ", ".join(f"{s} {this[s]['rate']:.0f}" for s in order), flush=True)
     finally:
         shutdown_ray()
-    small, large = disks(args.large_mb)
-    report(args, runs, ratios, small, large, time.perf_counter() - t_start)
+    report(args, runs, ratios, disks(args.mid_mb, args.large_mb),
+           time.perf_counter() - t_start)
 
 
-def disks(large_mb: float) -> tuple[dict[str, float], dict[str, float]]:
-    """The disk comparison at the checkpoint's own size and at about ``large_mb``."""
+def disks(*sizes_mb: float) -> list[tuple[str, dict[str, float]]]:
+    """The disk comparison at the checkpoint's own size and at about each of ``sizes_mb``."""
     small = disk_comparison(1, 30)
     base_bytes = max(small["bytes"], 1)
-    return small, disk_comparison(max(1, round(large_mb * 2**20 / base_bytes)), 9)
+    return [("checkpoint size", small)] + [
+        (f"~{mb:g} MiB", disk_comparison(max(1, round(mb * 2**20 / base_bytes)), 9))
+        for mb in sizes_mb]
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-           ratios: dict[str, list[float]], small: dict[str, float], large: dict[str, float],
+           ratios: dict[str, list[float]], disk_rows: list[tuple[str, dict[str, float]]],
            took: float) -> None:
     none_rates = [r["rate"] for r in runs["none"]]
     noise = (max(none_rates) - min(none_rates)) / statistics.median(none_rates)
@@ -282,7 +290,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
               f"{1e3 * r.get('checkpoint_write_seconds', 0.0):.0f} ms "
               f"({100 * r.get('checkpoint_write_seconds', 0.0) / wall:.1f}% of the run) in "
               f"{r.get('checkpoint_writes', 0)} writes")
-    disk_report(small, large)
+    disk_report(disk_rows)
     print("targets (median ratio vs none; the range shows whether it holds every time):")
     for s, text, ok in TARGETS:
         med = statistics.median(ratios[s])
@@ -291,20 +299,21 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
               f"({'every repetition' if every else 'not every repetition'})")
 
 
-def disk_report(small: dict[str, float], large: dict[str, float]) -> None:
+def disk_report(rows: list[tuple[str, dict[str, float]]]) -> None:
     print("disk (medians, interleaved): a checkpoint's durable write (temp folder, "
           "files, manifest, fsyncs, rename, folder fsync) vs a crash-safe plain write "
           "of as many bytes (temp file, fsync, rename, folder fsync: the same two "
           "durable rounds) and a bare write + fsync (one round)")
-    for label, d in (("checkpoint size", small), ("large", large)):
+    for label, d in rows:
         mb = d["bytes"] / 2**20
         print(f"  {label} ({mb:.2f} MiB): checkpoint {1e3 * d['written']:.2f} ms "
               f"({mb / d['written']:.0f} MiB/s) + prune {1e3 * d['prune']:.2f} ms; plain "
               f"crash-safe {1e3 * d['raw_atomic']:.2f} ms ({mb / d['raw_atomic']:.0f} MiB/s), "
               f"bare {1e3 * d['raw']:.2f} ms: ratio {d['raw_atomic'] / d['written']:.2f} "
               f"(vs bare {d['raw'] / d['written']:.2f}; with prune "
-              f"{d['raw_atomic'] / d['checkpoint']:.2f})")
-    for label, d in (("checkpoint size", small), ("large", large)):
+              f"{d['raw_atomic'] / d['checkpoint']:.2f}); sha256 of the bytes alone "
+              f"{1e3 * d['sha256']:.2f} ms")
+    for label, d in rows:
         r = d["raw_atomic"] / d["written"]
         print(f"  checkpoint write  >= {BANDWIDTH_TARGET:.0%} of raw ({label}) "
               f"{'PASS' if r >= BANDWIDTH_TARGET else 'MISS'}  {r:.2f}")
