@@ -68,6 +68,8 @@ def namespace(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         with contextlib.suppress(ray.exceptions.RayActorError):  # it may have ended itself
             ray.get(pool.release.remote())
             ray.kill(pool, no_restart=True)
+    # Its name is free only once it is gone: the next test's pool must be a new one.
+    assert _until(lambda: warm.find_pool() is None)
 
 
 @pytest.fixture
@@ -90,6 +92,25 @@ def test_an_actor_is_leased_to_one_driver_and_a_crashed_drivers_actors_are_kille
     ray.kill(b)  # driver b crashes while it holds the actor: its state is unknown
     assert _until(lambda: _dead(handle)), "a crashed driver's actor was left running"
     assert ray.get(warm_pool.status.remote())["leased"] == 0
+
+
+def test_release_ends_idle_actors_now_and_leased_ones_when_given_back(
+        warm_pool: Any) -> None:
+    d = _Driver.remote()
+    ray.get(warm_pool.open.remote("a", ray.get(d.token.remote())))
+    idle, used = _Idle.remote(), _Idle.remote()
+    for name, actor in (("i", idle), ("u", used)):
+        ray.get(warm_pool.give.remote("a", "k", name, actor, 600.0))
+    ray.get(warm_pool.take.remote("a", "k"))  # one of them is in use
+    assert ray.get(warm_pool.release.remote()) == (1, 1)
+    leased = used if not _dead(used) else idle
+    assert not _dead(leased), "an actor in use was ended under its run"
+    name = "u" if leased is used else "i"
+    assert ray.get(warm_pool.give.remote("a", "k", name, leased, None)) is False
+    assert _dead(idle) and _dead(used)
+    later = _Idle.remote()  # a release is not sticky: a later keep is honoured
+    assert ray.get(warm_pool.give.remote("a", "k", "later", later, 600.0)) is True
+    ray.get(warm_pool.close.remote("a"))
 
 
 def test_idle_actors_end_after_keep_and_the_empty_pool_ends_itself(warm_pool: Any) -> None:

@@ -52,6 +52,7 @@ class ActorPool:
         self._lease = ""
         self._keep: float | None = None
         self._detached: set[str] = set()  # names of the warm (detached) actors we hold
+        self._token: Any = None  # the object whose owner (us) keeps the lease alive
 
     @property
     def attached(self) -> bool:
@@ -158,14 +159,15 @@ class ActorPool:
 
     def _give_warm(self, key: Hashable, name: str, handle: Any, ok: bool) -> None:
         self._detached.discard(name)
-        try:
-            if ok:
-                ray.get(self._warm.give.remote(self._lease, _shared_key(key), name, handle,
-                                               self._keep), timeout=30)
-                return
-            self._warm.forget.remote(self._lease, name)
-        except (ray.exceptions.RayError, TimeoutError):
-            pass
+        if self._warm is not None:  # else the pool went away under us (see ``get``)
+            try:
+                if ok:
+                    ray.get(self._warm.give.remote(self._lease, _shared_key(key), name,
+                                                   handle, self._keep), timeout=30)
+                    return
+                self._warm.forget.remote(self._lease, name)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
         _kill(handle)  # not reusable, or the pool is gone: a detached actor never lingers
 
     def clear(self, kill: bool = True) -> None:

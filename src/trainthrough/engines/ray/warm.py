@@ -66,7 +66,7 @@ class WarmPool:
         self._idle: dict[Hashable, list[tuple[str, Any, float, float]]] = {}
         # lease id -> (the driver's token ref, {name: (handle, keep seconds)})
         self._leases: dict[str, tuple[Any, dict[str, tuple[Any, float]]]] = {}
-        self._released = False
+        self._doomed: set[str] = set()  # leased when a release came: end when given back
         self.reaped = 0
         threading.Thread(target=self._reap_loop, daemon=True, name="warm-reaper").start()
 
@@ -78,7 +78,7 @@ class WarmPool:
     def take(self, lease: str, key: Hashable) -> Entry | None:
         """An idle actor for ``key``, now leased to ``lease`` (None: none idle)."""
         with self._lock:
-            if lease not in self._leases or self._released:
+            if lease not in self._leases:
                 return None
             idle = self._idle.get(key)
             if not idle:
@@ -108,7 +108,8 @@ class WarmPool:
             held = self._leases.get(lease, (None, {}))[1].pop(name, None)
             keep = keep if keep is not None else (held[1] if held is not None else None)
             idle = self._idle.setdefault(key, [])
-            if self._released or keep is None or len(idle) >= MAX_IDLE:
+            if name in self._doomed or keep is None or len(idle) >= MAX_IDLE:
+                self._doomed.discard(name)
                 _kill(handle)
                 return False
             idle.append((name, handle, keep, time.monotonic()))
@@ -125,6 +126,7 @@ class WarmPool:
             _, held = self._leases.pop(lease, (None, {}))
             for handle, _ in held.values():
                 _kill(handle)
+            self._doomed.difference_update(held)
             return len(held)
 
     def release(self) -> tuple[int, int]:
@@ -134,7 +136,7 @@ class WarmPool:
             (idle actors ended, actors still leased).
         """
         with self._lock:
-            self._released = True
+            self._doomed.update(n for _, held in self._leases.values() for n in held)
             n = sum(len(v) for v in self._idle.values())
             for idle in self._idle.values():
                 for _, handle, _, _ in idle:
