@@ -24,12 +24,17 @@ The method, so that noise shows instead of passing for a result:
 
 Checkpoint-async is also measured against the disk: the same checkpoint (the cnn
 shard's state, through the same store and write code as the actors) is written
-interleaved with a plain buffered write + fsync of a new file of the same size, in the
-same file system; both times and the ratio (bandwidth reached) are printed, at the
-checkpoint's own size and at ``--large-mb`` (where bandwidth, not sync latency, counts).
+interleaved with plain writes of a new file of the same size, in the same file system:
+a crash-safe one (temp file, fsync, rename, folder fsync: the two durable rounds a
+checkpoint needs too) and a bare write + fsync (one round, the disk's floor). Times and
+ratios (bandwidth reached) are printed at the checkpoint's own size and at
+``--mid-mb`` and ``--large-mb`` (where bandwidth, not sync latency, counts); the prune that follows a
+save (deleting the oldest checkpoint) is printed apart, as the plain writes' deletes
+are not timed. ``--disk-only`` runs just this part (seconds, no Ray).
 
     flock /tmp/tt-bench.lock python benchmarks/overhead.py [--seconds 6] [--repeats 5]
     flock /tmp/tt-bench.lock python benchmarks/overhead.py --strategies chain-sync,chain-async
+    flock /tmp/tt-bench.lock python benchmarks/overhead.py --disk-only
 
 Defaults: 36 runs of 6 s (6 warm-ups), each after the wait for a quiet cluster; with
 the warm actor pool, ``--strategies chain-sync,chain-async --repeats 3`` took 86 s
@@ -39,6 +44,7 @@ the warm actor pool, ``--strategies chain-sync,chain-async --repeats 3`` took 86
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import statistics
@@ -125,22 +131,36 @@ def quartiles(xs: list[float]) -> tuple[float, float]:
 
 
 # -- the disk: checkpoint write vs a plain write of the same bytes --------------------
-def _raw_write(folder: str, data: bytes) -> float:
-    """A new file, buffered writes, one fsync: what the disk gives a plain writer."""
-    path = os.path.join(folder, f"raw-{uuid.uuid4().hex}")
+def _raw_write(folder: str, data: bytes, atomic: bool) -> float:
+    """A new file, buffered writes, fsync: what the disk gives a plain writer.
+
+    ``atomic``: as a crash-safe plain writer must, under a temp name, then renamed and
+    the folder fsynced: two durable rounds, as a checkpoint's (its files and manifest
+    fsynced together, then the rename). Without: one fsync, the disk's floor.
+    """
+    final = os.path.join(folder, f"raw-{uuid.uuid4().hex}")
+    path = final + ".tmp" if atomic else final
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    if atomic:
+        os.rename(path, final)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     took = time.perf_counter() - t0
-    os.remove(path)
+    os.remove(final)  # not timed, as the checkpoint's prune is timed apart
     return took
 
 
 def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
     """Median seconds of a cnn-shard checkpoint (``scale`` times wider rows: same code,
-    more bytes) against a plain write of as many bytes, interleaved; keep 3 saves."""
+    more bytes) against plain writes of as many bytes, all three interleaved; keep 3
+    saves (each save from the 4th on prunes one)."""
     from trainthrough.ft.checkpoint import CheckpointStore, run_location
     from trainthrough.ft.decisions import CheckpointDecision
     from trainthrough.ft.shard_checkpoint import ShardCheckpoint
@@ -154,21 +174,29 @@ def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
         x0 = {n: v.repeat(scale, *([1] * (v.dim() - 1))) for n, v in x0.items()}
     part = make_layout(x0, 1).split(x0)[0]
     shard = Shard(0, make_layout(x0, 1).shards[0], w.default_optimizer, part)
+    t: dict[str, list[float]] = {"checkpoint": [], "written": [], "prune": [], "raw": [],
+                                 "raw_atomic": [], "sha256": []}
     with tempfile.TemporaryDirectory(prefix="tt-disk-") as folder:
         store = CheckpointStore(run_location(folder, "disk"), 3)
         saver = ShardCheckpoint(shard, part, store, reuse_snapshot=True)
         full = CheckpointDecision(asynchronous=True)
-        ckpt, raw, written, nbytes = [], [], [], 0
+        nbytes = 0
         for step in range(1, repeats + 1):
             plan = saver.plan(full, step)
             assert plan is not None
             t0 = time.perf_counter()
             nbytes = saver.write(plan).nbytes
-            ckpt.append(time.perf_counter() - t0)
-            written.append(store.last_timing[0])
-            raw.append(_raw_write(folder, os.urandom(nbytes)))
-    c, r = statistics.median(ckpt), statistics.median(raw)
-    return {"bytes": nbytes, "checkpoint": c, "written": statistics.median(written), "raw": r}
+            t["checkpoint"].append(time.perf_counter() - t0)
+            t["written"].append(store.last_timing[0])
+            t["prune"].append(store.last_timing[1])
+            data = os.urandom(nbytes)
+            # Alternate which plain write goes first: neither always follows the save.
+            for atomic in ((True, False) if step % 2 else (False, True)):
+                t["raw_atomic" if atomic else "raw"].append(_raw_write(folder, data, atomic))
+            t0 = time.perf_counter()  # the checksum every checkpoint file needs, alone
+            hashlib.sha256(data).digest()
+            t["sha256"].append(time.perf_counter() - t0)
+    return {"bytes": nbytes, **{k: statistics.median(v) for k, v in t.items()}}
 
 
 def main() -> None:
@@ -177,13 +205,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="measured repetitions (>= 1)")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0, help="seeds the run order")
+    ap.add_argument("--mid-mb", type=float, default=4.0,
+                    help="also compare checkpoint and plain writes at about this size")
     ap.add_argument("--large-mb", type=float, default=32.0,
                     help="also compare checkpoint and plain writes at about this size")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help="comma-separated subset to run (none is always run: ratios are "
                          "taken against it); the disk comparison runs only with "
                          "checkpoint-async, e.g. --strategies chain-sync,chain-async")
+    ap.add_argument("--disk-only", action="store_true",
+                    help="only the checkpoint write vs the plain writes (no Ray)")
     args = ap.parse_args()
+    if args.disk_only:
+        disk_report(disks(args.mid_mb, args.large_mb))
+        return
     chosen = [x.strip() for x in args.strategies.split(",") if x.strip()]
     unknown = sorted(set(chosen) - set(STRATEGIES))
     if unknown or args.repeats < 1:
@@ -213,17 +248,23 @@ def main() -> None:
                   + ", ".join(f"{s} {this[s]['rate']:.0f}" for s in order), flush=True)
     finally:
         shutdown_ray()
-    small = large = None
-    if "checkpoint-async" in strategies:
-        small = disk_comparison(1, 30)
-        base_bytes = max(small["bytes"], 1)
-        large = disk_comparison(max(1, round(args.large_mb * 2**20 / base_bytes)), 7)
-    report(args, runs, ratios, small, large, time.perf_counter() - t_start)
+    disk_rows = (disks(args.mid_mb, args.large_mb) if "checkpoint-async" in strategies
+                 else [])
+    report(args, runs, ratios, disk_rows, time.perf_counter() - t_start)
+
+
+def disks(*sizes_mb: float) -> list[tuple[str, dict[str, float]]]:
+    """The disk comparison at the checkpoint's own size and at about each of ``sizes_mb``."""
+    small = disk_comparison(1, 30)
+    base_bytes = max(small["bytes"], 1)
+    return [("checkpoint size", small)] + [
+        (f"~{mb:g} MiB", disk_comparison(max(1, round(mb * 2**20 / base_bytes)), 9))
+        for mb in sizes_mb]
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-           ratios: dict[str, list[float]], small: dict[str, float] | None,
-           large: dict[str, float] | None, took: float) -> None:
+           ratios: dict[str, list[float]], disk_rows: list[tuple[str, dict[str, float]]],
+           took: float) -> None:
     none_rates = [r["rate"] for r in runs["none"]]
     noise = (max(none_rates) - min(none_rates)) / statistics.median(none_rates)
     print()
@@ -248,7 +289,6 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
     for s in suspect:
         print(f"WARNING: {s} beat none by more than the noise: the machine was busy; "
               f"rerun (more --repeats, quieter machine) before reading these ratios")
-    disks = [("checkpoint size", small), ("large", large)] if small and large else []
     if "checkpoint-async" in runs:
         ca = runs["checkpoint-async"]
         writes = sum(r.get("checkpoint_writes", 0) for r in ca)
@@ -257,13 +297,19 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         print(f"checkpoint-async in the runs: {writes} writes, {skipped} saves skipped "
               f"(a write still running), {1e3 * secs / max(writes, 1):.2f} ms per write "
               f"in the background")
-    for label, d in disks:
-        mb = d["bytes"] / 2**20
-        print(f"disk, {label} ({mb:.2f} MiB): checkpoint {1e3 * d['checkpoint']:.2f} ms "
-              f"(durable {1e3 * d['written']:.2f} ms + prune), plain write+fsync "
-              f"{1e3 * d['raw']:.2f} ms: {mb / d['checkpoint']:.0f} vs "
-              f"{mb / d['raw']:.0f} MiB/s, ratio {d['raw'] / d['checkpoint']:.2f} "
-              f"(durable only {d['raw'] / d['written']:.2f})")
+        # Per repetition: does a bad ratio come with more of our own cost (time blocked,
+        # seconds writing) or with the machine (none's rate in that repetition)?
+        none_med = statistics.median(none_rates)
+        for i, (r, ratio) in enumerate(zip(ca, ratios["checkpoint-async"])):
+            wall = max(r["wall_seconds"], 1e-9)
+            print(f"  repetition {i + 1}: ratio {ratio:.3f}; none {runs['none'][i]['rate']:.0f}/s "
+                  f"({100 * (runs['none'][i]['rate'] / none_med - 1):+.1f}% of its median); "
+                  f"blocked {1e3 * r.get('checkpoint_blocked_seconds', 0.0):.1f} ms and writing "
+                  f"{1e3 * r.get('checkpoint_write_seconds', 0.0):.0f} ms "
+                  f"({100 * r.get('checkpoint_write_seconds', 0.0) / wall:.1f}% of the run) in "
+                  f"{r.get('checkpoint_writes', 0)} writes")
+    if disk_rows:
+        disk_report(disk_rows)
     print("targets (median ratio vs none; the range shows whether it holds every time):")
     for s, text, ok in TARGETS:
         if s not in ratios:
@@ -272,8 +318,24 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         every = all(ok(r) for r in ratios[s])
         print(f"  {s:<17} {text:<15} {'PASS' if ok(med) else 'MISS'}  median {med:.3f} "
               f"({'every repetition' if every else 'not every repetition'})")
-    for label, d in disks:
-        r = d["raw"] / d["checkpoint"]
+
+
+def disk_report(rows: list[tuple[str, dict[str, float]]]) -> None:
+    print("disk (medians, interleaved): a checkpoint's durable write (temp folder, "
+          "files, manifest, fsyncs, rename, folder fsync) vs a crash-safe plain write "
+          "of as many bytes (temp file, fsync, rename, folder fsync: the same two "
+          "durable rounds) and a bare write + fsync (one round)")
+    for label, d in rows:
+        mb = d["bytes"] / 2**20
+        print(f"  {label} ({mb:.2f} MiB): checkpoint {1e3 * d['written']:.2f} ms "
+              f"({mb / d['written']:.0f} MiB/s) + prune {1e3 * d['prune']:.2f} ms; plain "
+              f"crash-safe {1e3 * d['raw_atomic']:.2f} ms ({mb / d['raw_atomic']:.0f} MiB/s), "
+              f"bare {1e3 * d['raw']:.2f} ms: ratio {d['raw_atomic'] / d['written']:.2f} "
+              f"(vs bare {d['raw'] / d['written']:.2f}; with prune "
+              f"{d['raw_atomic'] / d['checkpoint']:.2f}); sha256 of the bytes alone "
+              f"{1e3 * d['sha256']:.2f} ms")
+    for label, d in rows:
+        r = d["raw_atomic"] / d["written"]
         print(f"  checkpoint write  >= {BANDWIDTH_TARGET:.0%} of raw ({label}) "
               f"{'PASS' if r >= BANDWIDTH_TARGET else 'MISS'}  {r:.2f}")
 

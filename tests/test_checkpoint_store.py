@@ -344,3 +344,32 @@ def test_streamed_tensor_files_are_byte_for_byte_what_safetensors_writes() -> No
     ref = safetensors.torch.save(tensors)
     assert f.getvalue() == ref and size == len(ref)
     assert sha == hashlib.sha256(ref).hexdigest()
+
+
+def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_path) -> None:  # noqa: ANN001
+    """Files of at least ``stream.PARALLEL_BYTES`` are hashed on a thread while the store
+    fsyncs them: the bytes, checksums and manifest are the same as safetensors' own."""
+    import hashlib
+    import io
+
+    import safetensors.torch
+
+    from trainthrough.ft.checkpoint import stream
+
+    n = stream.PARALLEL_BYTES // 4 + 1000  # float32: just past the threshold
+    big = {"value/w": torch.randn(n), "value/b": torch.randn(7)}
+    f = io.BytesIO()
+    sha, size = stream.write(f, big)
+    ref = safetensors.torch.save(big)
+    assert f.getvalue() == ref and sha == hashlib.sha256(ref).hexdigest()
+
+    store = CheckpointStore(str(tmp_path / "ck"), keep_last=2)
+    tensors = {**big, "opt/m": torch.randn(n), "step": torch.tensor([5])}
+    store.save(5, tensors, {"iteration": 5})
+    loaded, info = store.load_latest()  # type: ignore[misc]
+    assert info.step == 5 and set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    path = tmp_path / "ck" / "ckpt-00000005" / "value.safetensors"
+    path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # a flipped tail: caught
+    with pytest.raises(CheckpointCorrupt, match="sha256"):
+        store.load(5)

@@ -48,7 +48,8 @@ _FLOAT_BAD = {"--lr": ["0", "-1", "nan", "inf", "1e999", "abc", ""],
               "--target": ["nan", "inf", "1e999", "abc", "NaN"],
               "--checkpoint-fraction": ["0", "-0.5", "1.5", "nan", "inf", "abc"],
               "--recovery-delay": ["-1", "nan", "inf", "abc"],
-              "--wall-limit": ["0", "-1", "nan", "inf", "abc"]}
+              "--wall-limit": ["0", "-1", "nan", "inf", "abc"],
+              "--keep-warm": ["0", "-1", "nan", "inf", "abc"]}
 _ENUM_FLAGS = ["--engine", "--paradigm", "--consistency", "--elastic", "--checkpoint-rule",
                "--coordinator", "--merge-rule", "--workload", "--strategy"]
 
@@ -84,6 +85,10 @@ CLI.update({
     "async consistency on sim": _args("--consistency", "async"),
     "ssp on ray": _args("--engine", "ray", "--consistency", "ssp"),
     "zookeeper without hosts": _args("--coordinator", "zookeeper"),
+    "keep-warm without a cluster": _args("--engine", "ray", "--keep-warm", "60"),
+    "keep-warm on sim": _args("--ray-address", "127.0.0.1:1", "--keep-warm", "60"),
+    "keep-warm zero": _args("--engine", "ray", "--ray-address", "127.0.0.1:1",
+                            "--keep-warm", "0"),
     "dp strategy on ps": _args("--strategy", "lossy-forward"),
     "ps strategy on dp": _args("--paradigm", "dp", "--strategy", "scar"),
     "chain strategy under bsp": _args("--engine", "ray", "--strategy", "chain-sync"),
@@ -416,7 +421,9 @@ def test_bad_input_exits_2_with_one_line(name: str, cli, tmp_path: Path,  # noqa
 
 OTHER_COMMANDS = [[], ["bogus"], ["list", "extra"], ["compare", "--suite", "nope"],
                   ["compare", "--seeds", "0"], ["compare", "--seeds", "x"],
-                  ["compare", "--seeds", "-3"], ["run", "--help-me"]]
+                  ["compare", "--seeds", "-3"], ["run", "--help-me"], ["release"],
+                  ["release", "--ray-address", "nope"],
+                  ["release", "--ray-address", "127.0.0.1:1"]]
 
 
 @pytest.mark.parametrize("argv", OTHER_COMMANDS, ids=" ".join)

@@ -1,4 +1,4 @@
-"""The ``trainthrough`` command: ``run``, ``list``, ``compare``, ``advise``.
+"""The ``trainthrough`` command: ``run``, ``list``, ``compare``, ``advise``, ``release``.
 
 Bad input ends with one line on stderr and exit code 2 (argparse's own errors too);
 everything else is a bug and keeps its traceback.
@@ -54,6 +54,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--engine", help="engine: sim, ray or dist (dp only)")
     p.add_argument("--ray-address", dest="ray_address",
                    help="join this Ray cluster (default: start one on 127.0.0.1)")
+    p.add_argument("--keep-warm", type=_float, dest="keep_warm", metavar="SECONDS",
+                   help="with --ray-address: leave this run's actors on the cluster for "
+                        "later runs (they start training in a fraction of a second), each "
+                        "ended after SECONDS idle; `trainthrough release` ends them sooner")
     p.add_argument("--recovery-delay", type=_float, dest="recovery_delay",
                    help="seconds a lost shard or worker stays down (ray)")
     p.add_argument("--replicas", type=_int, help="chain length per shard (chain strategies)")
@@ -188,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print what each engine runs (the capability matrix)")
     _add_compare(sub)
     _add_advise(sub)
+    rp = sub.add_parser("release", help="end the warm actors runs kept on a Ray cluster "
+                                        "(--keep-warm)")
+    rp.add_argument("--ray-address", dest="ray_address", required=True,
+                    help="the cluster (host:port)")
     return parser
 
 
@@ -350,6 +358,18 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     print(table_text(a))
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
           f"{out / 'advice.json'}")
+
+
+def _cmd_release(address: str) -> int:
+    from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+
+    ensure_ray(address)  # Ray missing or the cluster unreachable: one line, exit 2
+    try:
+        from trainthrough.engines.ray.warm import release
+
+        print(release(address))
+    finally:
+        shutdown_ray()
     return 0
 
 
@@ -363,7 +383,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def _left_behind(args: argparse.Namespace | None) -> str:
     """What an interrupted command left on disk, as its folder says."""
-    if args is None or args.command == "list":
+    if args is None or args.command in ("list", "release"):
         return "nothing was written"
     if args.command == "compare":
         return "the suite folder has no report"
@@ -398,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list(args.engines)
         if args.command == "advise":
             return _cmd_advise(args)
+        if args.command == "release":
+            return _cmd_release(args.ray_address)
         return _cmd_compare(args)
     except UserError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

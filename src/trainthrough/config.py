@@ -51,7 +51,7 @@ FLAG_FIELDS = (
     "workload", "strategy", "engine", "paradigm", "ranks", "elastic", "shards", "workers",
     "consistency", "staleness", "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir",
     "checkpoint_fraction", "checkpoint_rule", "max_iterations", "eval_every", "target", "lr",
-    "baseline", "ray_address", "recovery_delay", "replicas", "coordinator", "zookeeper_hosts",
+    "baseline", "ray_address", "keep_warm", "recovery_delay", "replicas", "coordinator", "zookeeper_hosts",
     "merge_rule", "merge_threshold", "wall_limit", "allreduce_buckets", "micro_batches")
 
 
@@ -241,6 +241,9 @@ class RunConfig:
     workload_options: dict[str, Any] = field(default_factory=dict)
     # -- real engines (ray) ---------------------------------------------------------
     ray_address: str | None = None  #: join this Ray cluster instead of starting one
+    #: with ray_address: leave this run's clean actors on the cluster, warm, for later
+    #: runs, each ended after this many idle seconds (``trainthrough release`` ends them)
+    keep_warm: float | None = _f(gt=0)
     #: seconds a lost shard, worker or (dist) rank stays down
     recovery_delay: float = _f(0.0, ge=0)
     replicas: int = _f(3, ge=1)  #: chain length R per shard (chain strategies)
@@ -281,6 +284,11 @@ class RunConfig:
         specs = parse(self.failures)
         # The chosen engine says what it runs; everything else is refused here.
         check_supported(self.engine, self.paradigm, self.consistency, strategy, specs)
+        if self.keep_warm is not None and (self.engine != "ray" or self.paradigm != "ps"
+                                           or not self.ray_address):
+            raise UserError("--keep-warm keeps parameter-server actors on a Ray cluster that "
+                            "outlives the run: it needs --engine ray --ray-address ADDR "
+                            "(and --paradigm ps)")
         if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
             raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
         _check_storage_url(self.checkpoint_dir)

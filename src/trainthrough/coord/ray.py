@@ -58,11 +58,14 @@ class Registry:
 class RayCoordinator(Coordinator):
     """Coordinator backed by a named :class:`Registry` actor."""
 
-    def __init__(self, name: str, create: bool = True, handle: Any = None) -> None:
-        """``handle``: an existing (empty) registry named ``name`` to use."""
+    def __init__(self, name: str, create: bool = True, handle: Any = None,
+                 options: dict[str, Any] | None = None) -> None:
+        """``handle``: an existing (empty) registry named ``name`` to use; ``options``:
+        more Ray actor options for a new one."""
         self.name = name
         self.registry = handle if handle is not None else (
-            Registry.options(name=name, get_if_exists=True).remote()  # type: ignore[attr-defined]
+            Registry.options(  # type: ignore[attr-defined]
+                name=name, get_if_exists=True, **(options or {})).remote()
             if create else ray.get_actor(name))
         self._watches: dict[str, list[MembersCallback]] = {}
         self._lock = threading.Lock()

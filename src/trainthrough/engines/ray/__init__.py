@@ -14,6 +14,8 @@ from trainthrough.engines.gloo import CAPABILITIES as GLOO_CAPABILITIES
 # again before starting Ray, for callers that imported Ray first).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_DEDUP_LOGS": "0"}
+#: The Ray namespace of every driver that joins a cluster (warm.py: actors kept warm).
+NAMESPACE = "trainthrough"
 for _k, _v in LOOPBACK_ENV.items():
     os.environ.setdefault(_k, _v)
 

@@ -125,9 +125,9 @@ class RayCluster:
 
     def _registry(self) -> RayCoordinator:
         """The run's registry: a pooled one, emptied, or a new one."""
-        def create() -> tuple[str, Any]:
+        def create(options: dict[str, Any]) -> tuple[str, Any]:
             name = f"{self.prefix}-registry"
-            return name, RayCoordinator(name).handle()
+            return name, RayCoordinator(name, options=options).handle()
 
         name, h, reset = POOL.get(("registry",), create, lambda n, h: h.reset.remote())
         if reset is not None:
@@ -138,10 +138,10 @@ class RayCluster:
         args = (shard, self.layout.shards[shard], self.spec,
                 {n: v.clone() for n, v in self.x0_parts[shard].items()})
 
-        def create() -> tuple[str, Any]:
+        def create(options: dict[str, Any]) -> tuple[str, Any]:
             name = self._name(what)
-            return name, self._shard_cls.options(name=name).remote(  # type: ignore[attr-defined]
-                *args, name, self.cfg.max_lag)
+            return name, self._shard_cls.options(  # type: ignore[attr-defined]
+                name=name, **options).remote(*args, name, self.cfg.max_lag)
 
         name, h, reset = POOL.get(("shard",), create,
                                   lambda n, h: h.reset.remote(*args, n, self.cfg.max_lag))
@@ -210,9 +210,10 @@ class RayCluster:
                 self.cfg.workers, self.layout, self.coord.handle(), self.worker_settings,
                 start_step, incarnation)
 
-        def create() -> tuple[str, Any]:
+        def create(options: dict[str, Any]) -> tuple[str, Any]:
             name = self._name(f"w{w}")
-            return name, self._worker_cls.options(name=name).remote(*args)  # type: ignore[attr-defined]
+            return name, self._worker_cls.options(  # type: ignore[attr-defined]
+                name=name, **options).remote(*args)
 
         key = ("worker", self.cfg.workload)
         name, h, reset = POOL.get(key, create, lambda n, h: h.reset.remote(*args))

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainthrough.engines.ray import LOOPBACK_ENV
+from trainthrough.engines.ray import LOOPBACK_ENV, NAMESPACE
 from trainthrough.errors import UserError
 
 # Longest temp root that leaves room for Ray's nested socket paths (107-byte limit).
@@ -111,9 +111,11 @@ def ensure_ray(address: str | None = None,
             check_address(address)
             # A cluster of nodes on loopback addresses (127.0.0.2, ...: several nodes on
             # one host): this driver is on its head's address, not the external one.
+            # Every driver of ours on a cluster shares one namespace: actors a driver
+            # keeps warm (warm.py) look the next driver's actors up by name.
             ray.init(address=address, log_to_driver=False, configure_logging=False,
                      _node_ip_address=host if host.startswith("127.") else None,
-                     runtime_env=runtime_env)
+                     runtime_env=runtime_env, namespace=NAMESPACE)
         else:
             logging.getLogger("ray._private.authentication.authentication_token_setup"
                               ).setLevel(logging.ERROR)
@@ -146,6 +148,8 @@ def shutdown_ray() -> None:
 
     from trainthrough.engines.ray.pool import POOL
 
+    if ray.is_initialized():
+        POOL.detach()  # the cluster's warm pool kills whatever we still lease
     POOL.clear(kill=False)  # its actors end with the session
     if ray.is_initialized():
         ray.shutdown()

@@ -18,7 +18,7 @@ import json
 import queue
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO
 
 import torch
@@ -31,7 +31,8 @@ _DTYPES = {torch.int64: ("I64", 9), torch.float64: ("F64", 8), torch.float32: ("
            torch.bool: ("BOOL", 0)}
 
 
-#: Below this many bytes the file is hashed on the writing thread.
+#: Below this many bytes the file is hashed on the writing thread. (1 MiB was tried: a
+#: ~4 MiB checkpoint took as long, 7.6-7.8 ms, its hash threads competing with its fsyncs.)
 PARALLEL_BYTES = 4 << 20
 
 
@@ -70,6 +71,23 @@ def write(f: IO[bytes], tensors: Mapping[str, torch.Tensor]) -> tuple[str, int]:
     Returns:
         (sha256 hex digest, bytes written) of the file.
     """
+    digest, total = write_deferred(f, tensors)
+    return digest(), total
+
+
+def write_deferred(f: IO[bytes],
+                   tensors: Mapping[str, torch.Tensor]) -> tuple[Callable[[], str], int]:
+    """:func:`write`, returning as soon as the bytes are written: a large file's hash
+    may still be running on its thread, and the caller collects it with ``digest()``.
+
+    Why: sha256 runs at ~1.1 GiB/s here and the disk takes a 32 MiB write and fsync
+    at ~1.4 GiB/s, so a caller that waited for the hash before starting the fsync paid
+    for both one after the other; this lets it sync the file while the hash finishes.
+    The tensors must stay unchanged until ``digest()`` returns (the hash reads them).
+
+    Returns:
+        (``digest()``: the sha256 hex digest, waiting for the hash; bytes written).
+    """
     head, order = _layout(tensors)
     digest = hashlib.sha256(head)
     pending: queue.Queue[memoryview | None] = queue.Queue()
@@ -91,8 +109,17 @@ def write(f: IO[bytes], tensors: Mapping[str, torch.Tensor]) -> tuple[str, int]:
             hash_piece(buf)
             f.write(buf)
             total += buf.nbytes
-    finally:
+    except BaseException:
         if hasher is not None:
             pending.put(None)
             hasher.join()
-    return digest.hexdigest(), total
+        raise
+    if hasher is not None:
+        pending.put(None)
+
+    def result() -> str:
+        if hasher is not None:
+            hasher.join()
+        return digest.hexdigest()
+
+    return result, total

@@ -1,0 +1,237 @@
+"""Warm actors kept on a Ray cluster between drivers, leased so no two runs share one.
+
+A driver that joins a running cluster (``--ray-address``) would otherwise start every
+actor anew: a Python process importing torch, seconds each. With ``--keep-warm
+SECONDS`` a run leaves the actors that ended it cleanly (released, as the in-driver
+pool does: pool.py) on the cluster as *detached* actors in the ``trainthrough``
+namespace, and any later driver on that cluster leases them and ``reset``s them
+before use, exactly as the in-driver pool reuses its own.
+
+The policy, so that nothing runs that nobody asked to keep:
+
+* Only runs given ``--keep-warm`` leave actors behind; each idle actor ends after
+  that many idle seconds (every time it is given back its clock starts again).
+* A run without ``--keep-warm`` still leases idle warm actors that exist, and gives
+  them back when it ends (someone asked to keep them); the actors it had to create
+  itself are ordinary ones and end with it.
+* One detached :class:`WarmPool` actor holds the idle actors and the leases, and does
+  every hand-out: its calls run one at a time, so an actor is leased to one driver
+  at most. A lease lives as long as its driver: the driver hands the pool an object
+  it owns, and when getting it fails with ``OwnerDiedError`` the driver is gone
+  (crashed or killed); whatever it still held is killed (its state is unknown, so it
+  is never reused). The pool ends itself once it holds nothing and no lease is open.
+* ``trainthrough release --ray-address ADDR`` ends every idle warm actor at once, and
+  every leased one as soon as its run gives it back.
+
+What is shared: shard replicas and the registry (trainthrough's own code) and workers
+of a built-in workload, each keyed by a fingerprint of trainthrough's source files,
+so a driver running edited code never gets an actor that imported the old code.
+Workers of a user's workload (a reference) are kept only within one driver: a later
+driver may bring an edited file, and a shipped working directory is per job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from trainthrough.engines.ray import NAMESPACE
+
+POOL_NAME = "trainthrough-warm-pool"
+#: Idle warm actors kept per key (as pool.MAX_IDLE); more would only hold memory.
+MAX_IDLE = 8
+REAP_SECONDS = 1.0
+
+Entry = tuple[str, Any]  # (actor name, handle)
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)  # type: ignore[call-overload]
+class WarmPool:
+    """Idle warm actors by key and the leases of the drivers using them.
+
+    Every method takes ``self._lock``: one hand-out at a time (the reaper thread runs
+    beside the calls).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # key -> [(name, handle, seconds to keep idle, idle since)]
+        self._idle: dict[Hashable, list[tuple[str, Any, float, float]]] = {}
+        # lease id -> (the driver's token ref, {name: (handle, keep seconds)})
+        self._leases: dict[str, tuple[Any, dict[str, tuple[Any, float]]]] = {}
+        self._doomed: set[str] = set()  # leased when a release came: end when given back
+        self.reaped = 0
+        threading.Thread(target=self._reap_loop, daemon=True, name="warm-reaper").start()
+
+    def open(self, lease: str, token: list[Any]) -> None:
+        """Start a lease; ``token[0]``: an object the driver owns (its liveness)."""
+        with self._lock:
+            self._leases.setdefault(lease, (token[0], {}))
+
+    def take(self, lease: str, key: Hashable) -> Entry | None:
+        """An idle actor for ``key``, now leased to ``lease`` (None: none idle)."""
+        with self._lock:
+            if lease not in self._leases:
+                return None
+            idle = self._idle.get(key)
+            if not idle:
+                return None
+            name, handle, keep, _ = idle.pop()
+            self._leases[lease][1][name] = (handle, keep)
+            return name, handle
+
+    def hold(self, lease: str, name: str, handle: Any, keep: float) -> bool:
+        """A warm actor the driver just created, held by its lease from the start, so
+        that it is killed if the driver dies before giving it back (False: no such
+        lease, the driver should not keep it)."""
+        with self._lock:
+            if lease not in self._leases:
+                return False
+            self._leases[lease][1][name] = (handle, keep)
+            return True
+
+    def give(self, lease: str, key: Hashable, name: str, handle: Any,
+             keep: float | None) -> bool:
+        """Take back a released actor (``keep``: idle seconds; None: as it had).
+
+        Returns:
+            False if it was not kept (pool released, or full): it has been killed.
+        """
+        with self._lock:
+            held = self._leases.get(lease, (None, {}))[1].pop(name, None)
+            keep = keep if keep is not None else (held[1] if held is not None else None)
+            idle = self._idle.setdefault(key, [])
+            if name in self._doomed or keep is None or len(idle) >= MAX_IDLE:
+                self._doomed.discard(name)
+                _kill(handle)
+                return False
+            idle.append((name, handle, keep, time.monotonic()))
+            return True
+
+    def forget(self, lease: str, name: str) -> None:
+        """The driver killed (or lost) a leased actor: not held any more."""
+        with self._lock:
+            self._leases.get(lease, (None, {}))[1].pop(name, None)
+
+    def close(self, lease: str) -> int:
+        """End a lease: what it still holds is killed. Returns how many."""
+        with self._lock:
+            _, held = self._leases.pop(lease, (None, {}))
+            for handle, _ in held.values():
+                _kill(handle)
+            self._doomed.difference_update(held)
+            return len(held)
+
+    def release(self) -> tuple[int, int]:
+        """End every idle actor now; leased ones end when given back.
+
+        Returns:
+            (idle actors ended, actors still leased).
+        """
+        with self._lock:
+            self._doomed.update(n for _, held in self._leases.values() for n in held)
+            n = sum(len(v) for v in self._idle.values())
+            for idle in self._idle.values():
+                for _, handle, _, _ in idle:
+                    _kill(handle)
+            self._idle.clear()
+            return n, sum(len(h) for _, h in self._leases.values())
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return {"idle": sum(len(v) for v in self._idle.values()),
+                    "leases": len(self._leases),
+                    "leased": sum(len(h) for _, h in self._leases.values()),
+                    "reaped": self.reaped}
+
+    # -- the reaper: expired idle actors, dead drivers' leases, an empty pool --------
+    def _reap_loop(self) -> None:
+        while True:
+            time.sleep(REAP_SECONDS)
+            with contextlib.suppress(Exception):  # never let the reaper die
+                if self._reap():
+                    # Nothing held, nobody attached: the pool itself goes.
+                    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+    def _reap(self) -> bool:
+        with self._lock:
+            tokens = {lease: token for lease, (token, _) in self._leases.items()}
+        gone = [lease for lease, token in tokens.items() if not _owner_alive(token)]
+        with self._lock:
+            for lease in gone:
+                _, held = self._leases.pop(lease, (None, {}))
+                for handle, _ in held.values():
+                    _kill(handle)
+                    self.reaped += 1
+            now = time.monotonic()
+            for key, idle in self._idle.items():
+                keep = [e for e in idle if now - e[3] < e[2]]
+                for e in idle:
+                    if e not in keep:
+                        _kill(e[1])
+                        self.reaped += 1
+                self._idle[key] = keep
+            return not self._leases and not any(self._idle.values())
+
+
+def _owner_alive(token: Any) -> bool:
+    """Whether the driver that owns ``token`` is still there."""
+    try:
+        ray.get(token, timeout=5)
+        return True
+    except ray.exceptions.OwnerDiedError:
+        return False
+    except Exception:  # a slow answer is not a death
+        return True
+
+
+def _kill(handle: Any) -> None:
+    with contextlib.suppress(Exception):  # already dead is fine
+        ray.kill(handle, no_restart=True)
+
+
+def find_pool() -> Any | None:
+    """The cluster's warm pool, if there is one."""
+    try:
+        return ray.get_actor(POOL_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def pool_handle() -> Any:
+    """The cluster's warm pool, started if there is none."""
+    return WarmPool.options(  # type: ignore[attr-defined]
+        name=POOL_NAME, namespace=NAMESPACE, get_if_exists=True,
+        lifetime="detached").remote()
+
+
+_FINGERPRINT: list[str] = []
+
+
+def code_fingerprint() -> str:
+    """A hash of trainthrough's source files as this process sees them on disk."""
+    if not _FINGERPRINT:
+        root = Path(__file__).resolve().parents[2]  # the trainthrough package
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _FINGERPRINT.append(h.hexdigest()[:16])
+    return _FINGERPRINT[0]
+
+
+def release(address: str) -> str:
+    """End the warm actors kept on the cluster at ``address`` (this process must be
+    connected to it); what happened, in words."""
+    pool = find_pool()
+    if pool is None:
+        return f"no warm actors on {address}"
+    idle, leased = ray.get(pool.release.remote(), timeout=60)
+    more = f"; {leased} in use end when their runs finish" if leased else ""
+    return f"ended {idle} warm actor{'s' if idle != 1 else ''} on {address}{more}"
