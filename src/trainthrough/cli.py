@@ -358,6 +358,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     print(table_text(a))
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
           f"{out / 'advice.json'}")
+    return 0
 
 
 def _cmd_release(address: str) -> int:
@@ -370,6 +371,7 @@ def _cmd_release(address: str) -> int:
         print(release(address))
     finally:
         shutdown_ray()
+    return 0
     return 0
 
 
