@@ -372,7 +372,6 @@ def _cmd_release(address: str) -> int:
     finally:
         shutdown_ray()
     return 0
-    return 0
 
 
 _TERMINATED: list[bool] = []  # set by the handler: Ray may re-raise it as KeyboardInterrupt
