@@ -17,6 +17,7 @@ from trainthrough.faults.schedule import FailureEvent, FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.recovery import RecoveryPolicy
+from trainthrough.ft.worker_copy import load_rebuilt, rebuild, record
 from trainthrough.workloads.base import Params
 
 
@@ -48,6 +49,7 @@ class SimRecovery:
             return logical, None, 0
         t_fail = self.clock.now
         before = self.c.snapshot()
+        versions = self.c.versions()  # what each shard had applied when it was lost
         self.before = (before, t_fail)  # the state the failure struck, for its evaluation
         lost: set[int] = set()
         failed: list[str] = []
@@ -62,12 +64,14 @@ class SimRecovery:
             self._strike(more, executed, lost, failed, during_recovery=True)
             self.clock.advance(self.costs.detection + self.costs.restart)
         decision = self.policy.decide(tuple(sorted(lost)), self.checkpointer.has_checkpoint())
-        restored_from, undone = None, 0
+        restored_from, undone, copies = None, 0, None
         new_logical = logical
-        if decision.action is RecoveryAction.REINIT:
+        if decision.action is RecoveryAction.REINIT or (
+                decision.action is RecoveryAction.WORKER_COPY and not decision.from_checkpoint):
             for i in decision.shards:
                 self.c.reinit(i)
-        elif decision.action in (RecoveryAction.ROLLBACK_ALL, RecoveryAction.RESTORE_LOST):
+        elif decision.action in (RecoveryAction.ROLLBACK_ALL, RecoveryAction.RESTORE_LOST,
+                                 RecoveryAction.WORKER_COPY):
             targets = (list(range(len(self.c.shards)))
                        if decision.action is RecoveryAction.ROLLBACK_ALL else list(decision.shards))
             restored_from = self.checkpointer.restore(
@@ -76,14 +80,34 @@ class SimRecovery:
             if decision.rewind:
                 undone = (logical - restored_from) * len(self.c.workers)
                 new_logical = restored_from
+        if decision.action is RecoveryAction.WORKER_COPY:
+            copies = self._from_copies(decision.shards, versions, restored_from is not None)
         norm, norm_lost = perturbation(before, self.c.params(),
                                        self.c.shard_rows_mask(tuple(sorted(lost))))
         rec = Recovery(failed=failed, at_iteration=executed,
                        recovery_seconds=self.clock.now - t_fail,
                        perturbation_norm=norm, perturbation_norm_lost=norm_lost,
-                       action=decision.action.value, restored_from=restored_from)
+                       action=decision.action.value, restored_from=restored_from,
+                       worker_copy=copies)
         self.emit({"type": "recovery", **rec.__dict__, "logical_iteration": new_logical})
         return new_logical, rec, undone
+
+    def _from_copies(self, lost: tuple[int, ...], versions: tuple[int, ...],
+                     from_checkpoint: bool) -> dict[str, int | None]:
+        """Overwrite the lost shards' rows that live workers hold with their freshest
+        copy (a worker lost meanwhile was restarted and holds none); charge the
+        transfer to the clock as network bytes."""
+        held = [wk.copy for wk in self.c.workers if wk.copy is not None]
+        rebuilt, lags = [], []
+        for i in lost:
+            r = rebuild(i, self.c.layout.shards[i], held)
+            load_rebuilt(self.c.shards[i], r)
+            rebuilt.append(r)
+            lags.append(None if r.version is None else versions[i] - r.version)
+        out = record(rebuilt, from_checkpoint, lags)
+        self.clock.advance(self.costs.network(int(out["bytes"] or 0),
+                                              requests=int(out["messages"] or 0) // 2))
+        return out
 
     def _strike(self, events: list[FailureEvent], executed: int, lost: set[int],
                 failed: list[str], during_recovery: bool = False) -> None:

@@ -1,0 +1,133 @@
+"""Rebuilding a lost shard's rows from the parameters the workers last pulled.
+
+In a parameter server every worker holds the parameters it last pulled, to compute
+its next update: bulk-synchronous, the ones of the round before the failure (one
+step old); bounded staleness, at most a few clocks old. A
+:class:`~trainthrough.ps.worker.WorkerCopy` is that pull plus what makes it
+comparable: the version of every shard when it was read.
+:func:`rebuild` picks, for each row of a lost shard, the freshest copy a live worker
+holds; rows no live worker holds (its worker was lost too, or workers pull only some
+rows) are left for the checkpoint, or initial values without one.
+
+Optimizer state is never rebuilt from workers (they never see it): it comes from the
+checkpoint if there is one, else it starts fresh (our choice; docs in
+:class:`~trainthrough.ft.recovery.FromWorkerCopies`).
+
+Pure functions over tensors: engines gather the copies (in process, or from worker
+actors, asking only for the lost shard's rows) and load the result into the shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainthrough.ps.layout import RowBlock
+from trainthrough.ps.shard import Shard
+from trainthrough.ps.worker import WorkerCopy
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class Rebuilt:
+    """One lost shard's rows as rebuilt from worker copies.
+
+    ``values[name]``: the shard's rows of ``name`` (local row order); valid where
+    ``covered[name]`` is True. ``sources[worker]``: rows taken from that worker's copy
+    (the workers asked: one request and one reply each). ``version``: the freshest copy
+    version used for this shard (None: no live copy held any row).
+    """
+
+    values: Params = field(default_factory=dict)
+    covered: Params = field(default_factory=dict)
+    sources: dict[int, int] = field(default_factory=dict)
+    version: int | None = None
+    nbytes: int = 0
+
+    @property
+    def rows_from_workers(self) -> int:
+        return sum(int(c.sum()) for c in self.covered.values())
+
+    @property
+    def rows(self) -> int:
+        return sum(int(c.numel()) for c in self.covered.values())
+
+
+def rebuild(shard_id: int, blocks: tuple[RowBlock, ...],
+            copies: list[WorkerCopy]) -> Rebuilt:
+    """Each row of shard ``shard_id`` from the freshest live copy that holds it.
+
+    Copies are ranked by the shard's version at their pull (ties: the lower worker
+    id, so the choice is deterministic); a row takes its value from the first ranked
+    copy that holds it.
+
+    Args:
+        shard_id: the lost shard.
+        blocks: its row blocks (the layout's ``shards[shard_id]``).
+        copies: the copies of live workers only (a lost worker's copy is gone).
+    """
+    ranked = sorted(copies, key=lambda c: (-c.versions[shard_id], c.worker))
+    out = Rebuilt()
+    for b in blocks:
+        covered = torch.zeros(b.rows, dtype=torch.bool)
+        values: torch.Tensor | None = None
+        for c in ranked:
+            src = c.params[b.name][b.start:b.stop]
+            mask = c.holds(b.name)
+            take = ~covered if mask is None else (mask[b.start:b.stop] & ~covered)
+            n = int(take.sum())
+            if n == 0:
+                continue
+            if values is None:
+                values = torch.empty_like(src)
+            values[take] = src[take]
+            covered |= take
+            out.sources[c.worker] = out.sources.get(c.worker, 0) + n
+            out.nbytes += n * (src[0].numel() if src.dim() > 1 else 1) * src.element_size()
+            v = c.versions[shard_id]
+            out.version = v if out.version is None else max(out.version, v)
+            if bool(covered.all()):
+                break
+        if values is not None:
+            out.values[b.name] = values
+        out.covered[b.name] = covered
+    return out
+
+
+def local_rows(covered: torch.Tensor) -> torch.Tensor:
+    """The local row indices a mask marks (for :meth:`Shard.load_rows`)."""
+    return covered.nonzero(as_tuple=True)[0]
+
+
+def load_rebuilt(shard: Shard, rebuilt: Rebuilt) -> None:
+    """Overwrite the shard's covered rows with the rebuilt values (optimizer state stays
+    as the checkpoint or the reset left it).
+
+    The shard's version becomes at least the freshest copy's, so versions keep
+    counting forward and a later failure still ranks copies correctly (a checkpoint's
+    older version would make copies pulled before this failure look fresher).
+    """
+    for name, covered in rebuilt.covered.items():
+        if name in rebuilt.values and bool(covered.any()):
+            rows = local_rows(covered)
+            shard.load_rows(name, rows, rebuilt.values[name][rows])
+    if rebuilt.version is not None:
+        shard.version = max(shard.version, rebuilt.version)
+
+
+def record(rebuilt: list[Rebuilt], from_checkpoint: bool,
+           lags: list[int | None]) -> dict[str, int | None]:
+    """What a worker-copy recovery reports: rows by source, the freshest copy's lag in
+    updates (max over the lost shards; None: no copy used) and the transfer (one request
+    and one reply per worker asked per shard; reply bytes are row values only)."""
+    from_workers = sum(r.rows_from_workers for r in rebuilt)
+    rest = sum(r.rows for r in rebuilt) - from_workers
+    used = [lag for lag in lags if lag is not None]
+    return {"rows_from_workers": from_workers,
+            "rows_from_checkpoint": rest if from_checkpoint else 0,
+            "rows_initial": 0 if from_checkpoint else rest,
+            "copy_lag": max(used) if used else None,
+            "messages": 2 * sum(len(r.sources) for r in rebuilt),
+            "bytes": sum(r.nbytes for r in rebuilt)}
