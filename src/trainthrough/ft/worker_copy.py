@@ -117,17 +117,54 @@ def load_rebuilt(shard: Shard, rebuilt: Rebuilt) -> None:
         shard.version = max(shard.version, rebuilt.version)
 
 
-def record(rebuilt: list[Rebuilt], from_checkpoint: bool,
-           lags: list[int | None]) -> dict[str, int | None]:
+def record(rebuilt: list[Rebuilt], from_checkpoint: bool, lags: list[int | None],
+           replayed: list[int], copies: list[WorkerCopy]) -> dict[str, int | None]:
     """What a worker-copy recovery reports: rows by source, the freshest copy's lag in
-    updates (max over the lost shards; None: no copy used) and the transfer (one request
-    and one reply per worker asked per shard; reply bytes are row values only)."""
+    updates (max over the lost shards; None: no copy used), the shards whose missed
+    round was replayed, and the transfer: one request and one reply per worker asked
+    per shard (reply bytes: row values), plus, per replayed shard, one more pair per
+    worker for its push slice (its bytes)."""
     from_workers = sum(r.rows_from_workers for r in rebuilt)
     rest = sum(r.rows for r in rebuilt) - from_workers
     used = [lag for lag in lags if lag is not None]
+    push_bytes = sum(_nbytes(c.pushed[i]) for i in replayed for c in copies
+                     if c.pushed is not None)
     return {"rows_from_workers": from_workers,
             "rows_from_checkpoint": rest if from_checkpoint else 0,
             "rows_initial": 0 if from_checkpoint else rest,
             "copy_lag": max(used) if used else None,
-            "messages": 2 * sum(len(r.sources) for r in rebuilt),
-            "bytes": sum(r.nbytes for r in rebuilt)}
+            "rounds_replayed": len(replayed),
+            "messages": 2 * sum(len(r.sources) for r in rebuilt)
+            + 2 * len(replayed) * len(copies),
+            "bytes": sum(r.nbytes for r in rebuilt) + push_bytes}
+
+
+def _nbytes(t: Params) -> int:
+    return sum(v.numel() * v.element_size() for v in t.values())
+
+
+def replay(shard: Shard, rebuilt: Rebuilt, copies: list[WorkerCopy], lost_version: int,
+           round_size: int, divide_by: int) -> bool:
+    """Bulk-synchronous only: re-apply the one round the rebuilt rows missed.
+
+    A copy pulled at version ``v`` is one round behind a shard lost at ``v + 1``; the
+    live workers still hold the pushes of that round, computed from the copy. If all
+    ``round_size`` of them are held (no worker of the round was lost), the shard
+    applies their slices again through :meth:`Shard.apply_aggregate` (the same sum in
+    the same order as the round did), which gives back the lost rows exactly when the
+    optimizer keeps no state (``add``, ``sgd``) and every row came from a copy. With
+    momentum or Adam the optimizer state is the checkpoint's, so the replay is close,
+    not exact. Otherwise nothing is replayed and the rows stay one round old.
+
+    Returns:
+        True if the round was replayed.
+    """
+    if rebuilt.version is None or lost_version != rebuilt.version + 1:
+        return False
+    pushes = [c.pushed for c in copies
+              if c.pushed is not None and c.versions[shard.shard_id] == rebuilt.version]
+    if len(pushes) != round_size:
+        return False
+    shard.apply_aggregate([p[shard.shard_id] for p in pushes], divide_by)
+    shard.version = lost_version
+    return True

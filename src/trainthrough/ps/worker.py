@@ -7,7 +7,7 @@ a sequence number, so a server can drop a re-delivered push.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -26,14 +26,16 @@ class WorkerCopy:
 
     ``params``: full-shape tensors (rows not pulled may hold anything); ``versions``:
     each shard's version at the pull (the number of updates it had applied);
-    ``held``: per parameter, a boolean mask of the rows pulled (None: every row).
-    Tensors are read-only: the worker computed on them and keeps them unchanged.
+    ``held``: per parameter, a boolean mask of the rows pulled (None: every row);
+    ``pushed``: the update the worker computed from it, split per shard (None: not
+    pushed yet, or not kept). Tensors are read-only: nothing changes them once kept.
     """
 
     worker: int
     versions: tuple[int, ...]
     params: Params
     held: Params | None = None
+    pushed: list[Params] | None = None
 
     def holds(self, name: str) -> torch.Tensor | None:
         """The row mask of ``name`` (None: every row)."""
@@ -73,3 +75,9 @@ class Worker:
         """Keep the parameters just pulled (not copied: the caller hands over tensors
         no one changes) with each shard's version at the pull."""
         self.copy = WorkerCopy(self.worker_id, versions, params, held)
+
+    def keep_push(self, parts: list[Params]) -> None:
+        """Keep the push (per shard) just computed from the kept copy: a bulk-synchronous
+        recovery replays the round from it (ft/worker_copy.py's ``replay``)."""
+        if self.copy is not None:
+            self.copy = replace(self.copy, pushed=parts)

@@ -69,7 +69,11 @@ class SimCluster:
         return tuple(s.version for s in self.shards)
 
     def compute(self, step: int, params: Params) -> list[list[Params]]:
-        return [self.layout.split_partial(wk.compute(params, step)) for wk in self.workers]
+        parts = [self.layout.split_partial(wk.compute(params, step)) for wk in self.workers]
+        if self.keep_copies:
+            for wk, p in zip(self.workers, parts):
+                wk.keep_push(p)
+        return parts
 
     def apply_parts(self, step: int, parts: list[list[Params]], divide_by: int) -> bool:
         for shard, p in zip(self.shards, parts):

@@ -75,7 +75,8 @@ class SimEngine:
         self.checkpointer = SimCheckpointer(self.cluster, policy, self.clock, self.costs,
                                             self._emit, cfg.seed)
         self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
-                                    self.checkpointer, self.clock, self.costs, self._emit)
+                                    self.checkpointer, self.clock, self.costs, self._emit,
+                                    replay_rounds=cfg.consistency == "bsp")
         self.max_iter = ctx.limits.max_iterations
         self.result = ctx.result
         self._wall0 = time.perf_counter()

@@ -17,7 +17,7 @@ from trainthrough.faults.schedule import FailureEvent, FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.recovery import RecoveryPolicy
-from trainthrough.ft.worker_copy import load_rebuilt, rebuild, record
+from trainthrough.ft.worker_copy import load_rebuilt, rebuild, record, replay
 from trainthrough.workloads.base import Params
 
 
@@ -26,8 +26,11 @@ class SimRecovery:
 
     def __init__(self, cluster: SimCluster, schedule: FailureSchedule, policy: RecoveryPolicy,
                  checkpointer: SimCheckpointer, clock: VirtualClock, costs: Costs,
-                 emit: Any) -> None:
+                 emit: Any, replay_rounds: bool = False) -> None:
+        """``replay_rounds``: worker-copy recovery re-applies the round its copies
+        missed (bulk-synchronous only; see ft/worker_copy.py's ``replay``)."""
         self.c = cluster
+        self.replay_rounds = replay_rounds
         self.checkpointer = checkpointer
         self.schedule = schedule
         self.policy = policy
@@ -98,13 +101,18 @@ class SimRecovery:
         copy (a worker lost meanwhile was restarted and holds none); charge the
         transfer to the clock as network bytes."""
         held = [wk.copy for wk in self.c.workers if wk.copy is not None]
-        rebuilt, lags = [], []
+        n = len(self.c.workers)
+        divide_by = n if self.c.workload.aggregate == "mean" else 1
+        rebuilt, lags, replayed = [], [], []
         for i in lost:
             r = rebuild(i, self.c.layout.shards[i], held)
             load_rebuilt(self.c.shards[i], r)
             rebuilt.append(r)
             lags.append(None if r.version is None else versions[i] - r.version)
-        out = record(rebuilt, from_checkpoint, lags)
+            if self.replay_rounds and replay(self.c.shards[i], r, held, versions[i], n,
+                                             divide_by):
+                replayed.append(i)
+        out = record(rebuilt, from_checkpoint, lags, replayed, held)
         self.clock.advance(self.costs.network(int(out["bytes"] or 0),
                                               requests=int(out["messages"] or 0) // 2))
         return out
