@@ -8,8 +8,9 @@ from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
 from trainthrough.lab.suites.scar import OPTIONS, SETTINGS
 
-DESCRIPTION = "every workload, 50% of shards lost once: none, checkpoint-restart, SCAR"
-STRATEGIES = ("none", "checkpoint-restart", "scar-partial", "scar")
+DESCRIPTION = ("every workload, 50% of shards lost once: none, checkpoint-restart, SCAR, "
+               "worker-copy")
+STRATEGIES = ("none", "checkpoint-restart", "scar-partial", "scar", "worker-copy")
 
 
 def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
