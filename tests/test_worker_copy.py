@@ -144,3 +144,12 @@ def test_data_parallel_and_other_engines_refuse_it_with_one_line(cli, tmp_path: 
 def test_core_suite_puts_worker_copy_next_to_the_others() -> None:
     spec = core.build(quick=True)
     assert "worker-copy" in {r.config.strategy for r in spec.runs}
+
+
+def test_a_worker_lost_with_a_shard_restarts_from_the_recovered_parameters() -> None:
+    """lda builds a worker's state from the parameters: a replacement that read a lost
+    shard's wiped rows failed with NaN probabilities before restarts waited for recovery."""
+    s = run_silent(RunConfig(workload="lda", strategy="scar", seed=0, max_iterations=8,
+                             checkpoint_every=5, stop_at_target=False,
+                             failures=["shards=1@iter=7", "worker=0@iter=7"]))
+    assert s["failures"] == 2 and s["recoveries"][0]["perturbation_norm"] > 0

@@ -117,25 +117,30 @@ def load_rebuilt(shard: Shard, rebuilt: Rebuilt) -> None:
         shard.version = max(shard.version, rebuilt.version)
 
 
-def record(rebuilt: list[Rebuilt], from_checkpoint: bool, lags: list[int | None],
+def record(lost: tuple[int, ...], rebuilt: list[Rebuilt], from_checkpoint: bool,
+           lags: list[int | None],
            replayed: list[int], copies: list[WorkerCopy]) -> dict[str, int | None]:
-    """What a worker-copy recovery reports: rows by source, the freshest copy's lag in
-    updates (max over the lost shards; None: no copy used), the shards whose missed
-    round was replayed, and the transfer: one request and one reply per worker asked
-    per shard (reply bytes: row values), plus, per replayed shard, one more pair per
-    worker for its push slice (its bytes)."""
+    """What a worker-copy recovery reports.
+
+    Rows by source; the freshest copy's lag in updates (max over the lost shards;
+    None: no copy used); ``rounds_replayed``: lost shards whose missed round was
+    replayed; the transfer: one request and one reply per worker asked for rows, per
+    shard (reply bytes: the row values), plus one pair per push slice replayed.
+    """
     from_workers = sum(r.rows_from_workers for r in rebuilt)
     rest = sum(r.rows for r in rebuilt) - from_workers
     used = [lag for lag in lags if lag is not None]
+    version = {i: r.version for i, r in zip(lost, rebuilt)}
     push_bytes = sum(_nbytes(c.pushed[i]) for i in replayed for c in copies
-                     if c.pushed is not None)
+                     if c.pushed is not None and c.versions[i] == version[i])
     return {"rows_from_workers": from_workers,
             "rows_from_checkpoint": rest if from_checkpoint else 0,
             "rows_initial": 0 if from_checkpoint else rest,
             "copy_lag": max(used) if used else None,
             "rounds_replayed": len(replayed),
             "messages": 2 * sum(len(r.sources) for r in rebuilt)
-            + 2 * len(replayed) * len(copies),
+            + 2 * sum(1 for i in replayed for c in copies
+                      if c.pushed is not None and c.versions[i] == version[i]),
             "bytes": sum(r.nbytes for r in rebuilt) + push_bytes}
 
 
@@ -145,16 +150,20 @@ def _nbytes(t: Params) -> int:
 
 def replay(shard: Shard, rebuilt: Rebuilt, copies: list[WorkerCopy], lost_version: int,
            round_size: int, divide_by: int) -> bool:
-    """Bulk-synchronous only: re-apply the one round the rebuilt rows missed.
+    """Bulk-synchronous only: re-apply the one round the rebuilt rows missed, if whole.
 
     A copy pulled at version ``v`` is one round behind a shard lost at ``v + 1``; the
-    live workers still hold the pushes of that round, computed from the copy. If all
-    ``round_size`` of them are held (no worker of the round was lost), the shard
-    applies their slices again through :meth:`Shard.apply_aggregate` (the same sum in
-    the same order as the round did), which gives back the lost rows exactly when the
-    optimizer keeps no state (``add``, ``sgd``) and every row came from a copy. With
-    momentum or Adam the optimizer state is the checkpoint's, so the replay is close,
-    not exact. Otherwise nothing is replayed and the rows stay one round old.
+    live workers still hold their pushes of that round, computed from the copy. If all
+    ``round_size`` of them are held, the shard applies their slices again through
+    :meth:`Shard.apply_aggregate` (the same sum in the same order, divided by the
+    round's ``divide_by``): with every row from a copy and an optimizer that keeps no
+    state (``add``, ``sgd``) the lost rows come back exactly; with momentum or Adam the
+    optimizer state is the checkpoint's, so close, not exact.
+
+    A round missing a push (its worker died with the shard) is not replayed: the rows
+    stay as the copy had them, one step's update away. Replaying the pushes that
+    survived is no better in general: on lda it moved the lost rows further than the
+    whole step (its pushes subtract each worker's share of the pulled counts).
 
     Returns:
         True if the round was replayed.

@@ -38,6 +38,7 @@ class SimRecovery:
         self.costs = costs
         self.emit = emit
         self.failures = 0
+        self._restarting: set[int] = set()
         self.before: tuple[Params, float] = ({}, 0.0)
 
     def deliver(self, executed: int, logical: int) -> tuple[int, Recovery | None, int]:
@@ -56,6 +57,9 @@ class SimRecovery:
         self.before = (before, t_fail)  # the state the failure struck, for its evaluation
         lost: set[int] = set()
         failed: list[str] = []
+        # Struck workers restart once recovery is done: a replacement pulls what the
+        # shards then hold, not a lost shard's wiped rows (lda builds its state from them).
+        self._restarting = set()
         self._strike(events, executed, lost, failed)
         self.clock.advance(self.costs.detection)
         self.emit({"type": "detection", "iteration": executed, "failed": list(failed)})
@@ -85,6 +89,8 @@ class SimRecovery:
                 new_logical = restored_from
         if decision.action is RecoveryAction.WORKER_COPY:
             copies = self._from_copies(decision.shards, versions, restored_from is not None)
+        for w in sorted(self._restarting):
+            self.c.restart_worker(w)
         norm, norm_lost = perturbation(before, self.c.params(),
                                        self.c.shard_rows_mask(tuple(sorted(lost))))
         rec = Recovery(failed=failed, at_iteration=executed,
@@ -112,7 +118,7 @@ class SimRecovery:
             if self.replay_rounds and replay(self.c.shards[i], r, held, versions[i], n,
                                              divide_by):
                 replayed.append(i)
-        out = record(rebuilt, from_checkpoint, lags, replayed, held)
+        out = record(lost, rebuilt, from_checkpoint, lags, replayed, held)
         self.clock.advance(self.costs.network(int(out["bytes"] or 0),
                                               requests=int(out["messages"] or 0) // 2))
         return out
@@ -126,7 +132,8 @@ class SimRecovery:
                     lost.add(i)
                     self.c.wipe(i)
                 elif e.kind == "worker":
-                    self.c.restart_worker(i)
+                    self.c.workers[i].copy = None  # its memory is gone now
+                    self._restarting.add(i)
                 failed.append(f"{e.kind}{i}")
             self.emit({"type": "failure", "iteration": executed, "kind": e.kind,
                        "ids": list(e.ids), "spec": e.spec, "during_recovery": during_recovery})
