@@ -31,7 +31,7 @@ def test_policy_takes_the_checkpoint_for_what_workers_lack_when_there_is_one() -
 
 def test_preset_and_composition_are_parameter_server_only() -> None:
     p = PRESETS["worker-copy"]
-    assert (p.checkpoint, p.recovery) == ("prioritized", "worker-copy")
+    assert (p.checkpoint, p.recovery) == ("full", "worker-copy")
     c = resolve("checkpoint=full,recovery=worker-copy")
     assert c.paradigms == ("ps",) and isinstance(c.recovery_policy(), FromWorkerCopies)
     with pytest.raises(UserError, match="parameter-server"):

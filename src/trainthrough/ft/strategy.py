@@ -111,10 +111,11 @@ PRESETS: dict[str, Strategy] = {
                  "every r*N; r=0.25 by default) + partial recovery", checkpoint="prioritized",
                  recovery="restore-lost"),
         Strategy("worker-copy",
-                 "lost shard rows from the freshest copy live workers pulled (one step old "
-                 "in bsp, within the staleness bound in ssp); prioritized checkpoints as in "
-                 "scar supply optimizer state and rows no live worker holds",
-                 checkpoint="prioritized", recovery="worker-copy"),
+                 "lost shard rows from the freshest copy live workers pulled (bsp: one "
+                 "round old, then that round replayed from the pushes workers kept when "
+                 "none died; ssp: within the staleness bound); full checkpoint every N for "
+                 "optimizer state and rows no live worker holds, nothing rolled back",
+                 checkpoint="full", recovery="worker-copy"),
         Strategy("checkpoint-sync",
                  "TTF: full checkpoint every N, training blocked while it is written; a "
                  "lost shard restarts from it", checkpoint="full", recovery="restore-lost"),

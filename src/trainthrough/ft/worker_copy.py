@@ -177,3 +177,35 @@ def replay(shard: Shard, rebuilt: Rebuilt, copies: list[WorkerCopy], lost_versio
     shard.apply_aggregate([p[shard.shard_id] for p in pushes], divide_by)
     shard.version = lost_version
     return True
+
+
+Reply = tuple[int, int, Params, Params | None]  # worker, version, row slices, push slice
+
+
+def recover_from_replies(shard: Shard, replies: list[Reply], from_checkpoint: bool,
+                         lost_version: int | None, round_size: int,
+                         divide_by: int) -> dict[str, int | None]:
+    """The lost shard's side where workers send only its slices (Ray's shard actor).
+
+    ``replies``: one per live worker that holds a copy: its id, the shard's version at
+    its pull, its copy of this shard's rows, and its push slice of the round after the
+    pull (None: not kept). ``lost_version``: the shard's version when it was lost, for
+    a bulk-synchronous replay (None: no replay). Call after the checkpoint restore (or
+    on a fresh shard); same choice, loading and replay as :func:`rebuild`,
+    :func:`load_rebuilt` and :func:`replay`.
+
+    Returns:
+        The recovery's :func:`record`.
+    """
+    sid = shard.shard_id
+    local = tuple(RowBlock(b.name, 0, b.rows) for b in shard.blocks)
+    pad: list[Params] = [{} for _ in range(sid)]
+    copies = [WorkerCopy(w, (-1,) * sid + (v,), rows, None,
+                         None if push is None else [*pad, push])
+              for w, v, rows, push in replies]
+    r = rebuild(sid, local, copies)
+    load_rebuilt(shard, r)
+    replayed = [sid] if lost_version is not None and replay(
+        shard, r, copies, lost_version, round_size, divide_by) else []
+    lag = None if r.version is None or lost_version is None else lost_version - r.version
+    return record((sid,), [r], from_checkpoint, [lag], replayed, copies)
