@@ -112,9 +112,10 @@ PRESETS: dict[str, Strategy] = {
                  recovery="restore-lost"),
         Strategy("worker-copy",
                  "lost shard rows from the freshest copy live workers pulled (bsp: one "
-                 "round old, then that round replayed from the pushes workers kept when "
-                 "none died; ssp: within the staleness bound); full checkpoint every N for "
-                 "optimizer state and rows no live worker holds, nothing rolled back",
+                 "round old, then that round replayed from the pushes the workers kept, "
+                 "unless one of them died too; ssp/async: up to the staleness old); a full "
+                 "checkpoint every N supplies optimizer state and the rows no live worker "
+                 "holds; nothing rolls back",
                  checkpoint="full", recovery="worker-copy"),
         Strategy("checkpoint-sync",
                  "TTF: full checkpoint every N, training blocked while it is written; a "
