@@ -74,6 +74,8 @@ def rebuild(shard_id: int, blocks: tuple[RowBlock, ...],
         covered = torch.zeros(b.rows, dtype=torch.bool)
         values: torch.Tensor | None = None
         for c in ranked:
+            if b.name not in c.params:  # asked for its push only (Ray)
+                continue
             src = c.params[b.name][b.start:b.stop]
             mask = c.holds(b.name)
             take = ~covered if mask is None else (mask[b.start:b.stop] & ~covered)
@@ -118,14 +120,16 @@ def load_rebuilt(shard: Shard, rebuilt: Rebuilt) -> None:
 
 
 def record(lost: tuple[int, ...], rebuilt: list[Rebuilt], from_checkpoint: bool,
-           lags: list[int | None],
-           replayed: list[int], copies: list[WorkerCopy]) -> dict[str, int | None]:
+           lags: list[int | None], replayed: list[int], copies: list[WorkerCopy],
+           asked: int) -> dict[str, int | None]:
     """What a worker-copy recovery reports.
 
     Rows by source; the freshest copy's lag in updates (max over the lost shards;
     None: no copy used); ``rounds_replayed``: lost shards whose missed round was
-    replayed; the transfer: one request and one reply per worker asked for rows, per
-    shard (reply bytes: the row values), plus one pair per push slice replayed.
+    replayed; the transfer, per lost shard: a request and a reply to each of the
+    ``asked`` live workers (its copy's version: a few bytes, not in ``bytes``), a pair
+    to each worker whose rows are taken (the row values), and one per push slice
+    replayed (its bytes).
     """
     from_workers = sum(r.rows_from_workers for r in rebuilt)
     rest = sum(r.rows for r in rebuilt) - from_workers
@@ -138,7 +142,7 @@ def record(lost: tuple[int, ...], rebuilt: list[Rebuilt], from_checkpoint: bool,
             "rows_initial": 0 if from_checkpoint else rest,
             "copy_lag": max(used) if used else None,
             "rounds_replayed": len(replayed),
-            "messages": 2 * sum(len(r.sources) for r in rebuilt)
+            "messages": 2 * asked * len(lost) + 2 * sum(len(r.sources) for r in rebuilt)
             + 2 * sum(1 for i in replayed for c in copies
                       if c.pushed is not None and c.versions[i] == version[i]),
             "bytes": sum(r.nbytes for r in rebuilt) + push_bytes}
@@ -183,13 +187,15 @@ Reply = tuple[int, int, Params, Params | None]  # worker, version, row slices, p
 
 
 def recover_from_replies(shard: Shard, replies: list[Reply], from_checkpoint: bool,
-                         lost_version: int | None, round_size: int,
-                         divide_by: int) -> dict[str, int | None]:
+                         lost_version: int | None, round_size: int, divide_by: int,
+                         asked: int) -> dict[str, int | None]:
     """The lost shard's side where workers send only its slices (Ray's shard actor).
 
-    ``replies``: one per live worker that holds a copy: its id, the shard's version at
-    its pull, its copy of this shard's rows, and its push slice of the round after the
-    pull (None: not kept). ``lost_version``: the shard's version when it was lost, for
+    ``replies``: from the workers the host picked among the ``asked`` (the freshest
+    copy's holder, and for a replay every worker with a push from that version): its
+    id, the shard's version at its pull, its copy of this shard's rows (empty: only
+    its push was asked for), and its push slice of the round after the pull (None: not
+    kept or not asked). ``lost_version``: the shard's version when it was lost, for
     a bulk-synchronous replay (None: no replay). Call after the checkpoint restore (or
     on a fresh shard); same choice, loading and replay as :func:`rebuild`,
     :func:`load_rebuilt` and :func:`replay`.
@@ -208,4 +214,4 @@ def recover_from_replies(shard: Shard, replies: list[Reply], from_checkpoint: bo
     replayed = [sid] if lost_version is not None and replay(
         shard, r, copies, lost_version, round_size, divide_by) else []
     lag = None if r.version is None or lost_version is None else lost_version - r.version
-    return record((sid,), [r], from_checkpoint, [lag], replayed, copies)
+    return record((sid,), [r], from_checkpoint, [lag], replayed, copies, asked)

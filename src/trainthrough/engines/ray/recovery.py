@@ -172,18 +172,28 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
 
 def _from_workers(eng: RayEngine, m: Member, dead: Member,
                   from_checkpoint: bool) -> dict[str, Any]:
-    """Worker-copy: every live worker sends the restarted shard its copy of the shard's
-    rows (by reference: worker to shard, not through the driver); the transfer is
-    counted in the run's extras."""
+    """Worker-copy: ask every live worker which version of the shard it holds, then
+    the freshest holder for the shard's rows and, for a bulk-synchronous replay, every
+    holder of that version for its push slice. Rows and pushes go from worker to shard
+    by reference, not through the driver; the transfer is counted in the run's extras.
+    """
     c = eng.c
     workers = sorted((w for w in c.members.values() if w.kind == "worker" and w.in_service
                       and w.killed_at is None), key=lambda w: w.index)
-    replies = [w.handle.copy_rows.remote(m.index) for w in workers]
+    versions = ray.get([w.handle.copy_version.remote(m.index) for w in workers], timeout=30)
+    held = [(w, v) for w, v in zip(workers, versions) if v is not None]
+    replay = dead.version_at_kill is not None
+    replies = []
+    if held:
+        top = max(v for _, v in held)
+        fresh = next(w for w, v in held if v == top)  # the lowest id, as sim picks
+        replies = [w.handle.copy_rows.remote(m.index, w is fresh, replay)
+                   for w, v in held if w is fresh or (replay and v == top)]
     n = eng.cfg.workers
     divide_by = n if eng.w.aggregate == "mean" else 1
     out: dict[str, Any] = ray.get(m.handle.recover_from_workers.remote(
-        from_checkpoint, dead.version_at_kill, n, divide_by, *replies), timeout=60)
-    out["workers_asked"] = len(workers)
+        from_checkpoint, dead.version_at_kill, n, divide_by, len(workers), *replies),
+        timeout=60)
     extras = eng.result.extras
     for k in ("messages", "bytes"):
         extras[f"worker_copy_{k}"] = extras.get(f"worker_copy_{k}", 0) + int(out[k] or 0)

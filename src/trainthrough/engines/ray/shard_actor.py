@@ -286,15 +286,16 @@ class ShardActor:
         return {"step": step, "skipped": skipped, **out}
 
     def recover_from_workers(self, from_checkpoint: bool, lost_version: int | None,
-                             round_size: int, divide_by: int,
+                             round_size: int, divide_by: int, asked: int,
                              *replies: Any) -> dict[str, Any]:
         """Worker-copy recovery (after :meth:`restore`, or on a fresh shard): this
-        shard's rows from the freshest worker copy (``replies``: each live worker's
-        ``copy_rows``, passed by reference from worker to shard), then the missed
-        bulk-synchronous round replayed when whole (ft/worker_copy.py)."""
+        shard's rows from the freshest worker copy (``replies``: workers' ``copy_rows``,
+        passed by reference from worker to shard), then the missed bulk-synchronous
+        round replayed when whole (ft/worker_copy.py)."""
         with self.lock:
             return recover_from_replies(self.shard, [r for r in replies if r is not None],
-                                        from_checkpoint, lost_version, round_size, divide_by)
+                                        from_checkpoint, lost_version, round_size, divide_by,
+                                        asked)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:

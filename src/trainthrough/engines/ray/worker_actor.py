@@ -153,16 +153,25 @@ class WorkerActor:
             self.worker.keep_push(out)
         return out[0] if len(out) == 1 else out  # one return value per shard
 
-    def copy_rows(self, shard: int) -> tuple[int, int, Tensors, Tensors | None] | None:
-        """Worker-copy recovery asks for shard ``shard``'s rows only: (worker id, the
-        shard's version at the pull, the rows, the push slice made from them); None
-        when this worker holds no copy (a replacement that has not pulled yet)."""
+    def copy_version(self, shard: int) -> int | None:
+        """The version of shard ``shard`` in this worker's copy (None: it holds none,
+        e.g. a replacement that has not pulled yet)."""
+        c = self.worker.copy
+        return None if c is None else c.versions[shard]
+
+    def copy_rows(self, shard: int, rows: bool, push: bool
+                  ) -> tuple[int, int, Tensors, Tensors | None] | None:
+        """Worker-copy recovery asks for shard ``shard``'s slices only: (worker id, the
+        shard's version at the pull, the rows if ``rows``, the push slice made from them
+        if ``push`` and kept); None when this worker holds no copy."""
         c = self.worker.copy
         if c is None:
             return None
-        rows = {n: v.clone() for n, v in self.layout.split(c.params)[shard].items()}
-        push = None if c.pushed is None else {n: v.clone() for n, v in c.pushed[shard].items()}
-        return self.worker.worker_id, c.versions[shard], rows, push
+        values = ({n: v.clone() for n, v in self.layout.split(c.params)[shard].items()}
+                  if rows else {})
+        pushed = ({n: v.clone() for n, v in c.pushed[shard].items()}
+                  if push and c.pushed is not None else None)
+        return self.worker.worker_id, c.versions[shard], values, pushed
 
     def rewind(self, step: int) -> None:
         """A rollback to a checkpoint of ``step``: go back to that data position (the

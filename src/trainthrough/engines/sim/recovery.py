@@ -118,7 +118,7 @@ class SimRecovery:
             if self.replay_rounds and replay(self.c.shards[i], r, held, versions[i], n,
                                              divide_by):
                 replayed.append(i)
-        out = record(lost, rebuilt, from_checkpoint, lags, replayed, held)
+        out = record(lost, rebuilt, from_checkpoint, lags, replayed, held, n)
         self.clock.advance(self.costs.network(int(out["bytes"] or 0),
                                               requests=int(out["messages"] or 0) // 2))
         return out
