@@ -2,9 +2,14 @@
 
 Written the way torchft's own ``train_ddp.py`` is: a ``Manager`` over a
 ``ProcessGroupGloo``, its ``DistributedDataParallel`` and ``OptimizerWrapper``, the
-checkpoint of a healing replica sent over the process group (``PGTransport``), data
-sharded by its ``DistributedSampler``. The model, data, batch and optimizer are the
-ones of trainthrough's ``cnn`` workload.
+checkpoint of a healing replica sent over the process group (``PGTransport``). The
+model, its initial parameters, data, batch, optimizer and sample order are the ones of
+trainthrough's ``cnn`` workload on our data-parallel engines: committed step k trains
+on the k-th global batch of our epoch permutation (``dp/batching.SampleStream``), each
+replica on its contiguous share, as our ranks do, so that without failures both
+systems compute the same steps and a difference in accuracy comes from recovery. A
+replica that is alone trains on its own share only (the dead replica's share of the
+step is lost, torchft's behaviour).
 
     python benchmarks/_torchft_replica.py '<json spec>'
 
@@ -38,18 +43,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import torchft.manager
-from torch.utils.data import DataLoader, TensorDataset
 from torchft import (
     DistributedDataParallel,
-    DistributedSampler,
     Manager,
     Optimizer,
     ProcessGroupGloo,
 )
 from torchft.checkpointing.pg_transport import PGTransport
 
+from trainthrough.dp.batching import Cursor, SampleStream
 from trainthrough.workloads._data import digits_split
-from trainthrough.workloads.cnn import SmallConvNet
+from trainthrough.workloads.cnn import CNN, SmallConvNet
 
 Record = Callable[..., None]
 
@@ -106,6 +110,22 @@ def _average_gradients(manager: Manager, model: torch.nn.Module) -> None:
         i += p.numel()
 
 
+class StepBatches:
+    """The rows replica ``replica`` of ``replicas`` trains on at committed step k: its
+    share of our k-th global batch (one micro-batch per rank, as our benchmark runs)."""
+
+    def __init__(self, n: int, seed: int, replica: int, replicas: int, batch: int) -> None:
+        self.stream = SampleStream(n, seed)
+        self.share = slice(replica * batch, (replica + 1) * batch)
+        self.size = replicas * batch
+        self.cursors = [Cursor()]  # cursors[k]: where the k-th global batch starts
+
+    def rows(self, step: int) -> torch.Tensor:
+        while len(self.cursors) <= step:
+            self.cursors.append(self.stream.take(self.cursors[-1], self.size)[1])
+        return self.stream.take(self.cursors[step], self.size)[0][self.share]
+
+
 def train(spec: dict[str, Any], record: Record) -> None:
     """Set up as torchft's train_ddp.py does, train ``spec["steps"]`` committed steps,
     evaluate on the held-out digits."""
@@ -113,13 +133,12 @@ def train(spec: dict[str, Any], record: Record) -> None:
     torch.set_num_threads(1)  # one core per replica, as trainthrough's ranks
     _manager_on_loopback()
     x_train, y_train, x_test, y_test = digits_split()  # cnn's loader: the same split
-    train_set = TensorDataset(x_train.view(-1, 1, 8, 8), y_train)
-    sampler = DistributedSampler(train_set, replica_rank=spec["replica"],
-                                 num_replica_groups=spec["replicas"], group_rank=0,
-                                 num_replicas=1, shuffle=True, seed=spec["seed"])
-    loader = DataLoader(train_set, batch_size=spec["batch"], sampler=sampler, drop_last=True)
-    torch.manual_seed(spec["seed"])
-    model = SmallConvNet(side=8)
+    x_train = x_train.view(-1, 1, 8, 8)
+    batches = StepBatches(len(y_train), spec["seed"], spec["replica"], spec["replicas"],
+                          spec["batch"])
+    model = SmallConvNet(side=8)  # starts where our ranks start: the workload's x0
+    x0 = CNN(seed=spec["seed"]).init_params(torch.Generator().manual_seed(spec["seed"]))
+    model.load_state_dict(x0)
     adam = torch.optim.Adam(model.parameters(), lr=spec["lr"])
 
     def state_dict() -> dict[str, Any]:
@@ -136,6 +155,10 @@ def train(spec: dict[str, Any], record: Record) -> None:
                       store_addr="127.0.0.1", store_port=port, rank=0, world_size=1,
                       lighthouse_addr=spec["lighthouse"], hostname="127.0.0.1",
                       timeout=timedelta(seconds=30),
+                      # Every replica starts from the same x0 (torchft's documented case
+                      # for init_sync=False); with True, step 0 heals replica 1 from 0 and
+                      # drops its gradient. A restarted replica still heals (step behind).
+                      init_sync=False,
                       checkpoint_transport=PGTransport(pg, timedelta(seconds=10),
                                                        torch.device("cpu")))
     _kill_at(manager, list(spec["kills"]), record)
@@ -146,23 +169,21 @@ def train(spec: dict[str, Any], record: Record) -> None:
     while not go.exists():  # the first start: every replica is heartbeating first
         time.sleep(0.01)
 
-    epoch = 0
     while manager.current_step() < spec["steps"]:
-        sampler.set_epoch(epoch)
-        epoch += 1
-        for x, y in loader:
-            before = manager.current_step()
-            opt.zero_grad()  # starts the quorum
-            F.cross_entropy(forward(x), y).backward()
-            if not spec["ddp"]:
-                _average_gradients(manager, model)
-            opt.step()  # only if the manager's vote says commit
-            if manager.current_step() > before:
-                record(step=manager.current_step(), n=manager.num_participants())
-            else:
-                record(failed=before)
-            if manager.current_step() >= spec["steps"]:
-                break
+        opt.zero_grad()  # starts the quorum, which overlaps the forward and backward
+        # The step being attempted. A replica healing in this quorum learns its step
+        # only inside it, but its gradients are zeroed for this step (torchft's
+        # is_participating), so the rows it trains on here do not matter.
+        before = manager.current_step()
+        rows = batches.rows(before)
+        F.cross_entropy(forward(x_train[rows]), y_train[rows]).backward()
+        if not spec["ddp"]:
+            _average_gradients(manager, model)
+        opt.step()  # only if the manager's vote says commit
+        if manager.current_step() > before:
+            record(step=manager.current_step(), n=manager.num_participants())
+        else:
+            record(failed=before)
     model.eval()
     with torch.no_grad():
         acc = (model(x_test.view(-1, 1, 8, 8)).argmax(1) == y_test).float().mean().item()

@@ -98,7 +98,8 @@ CLI.update({
 _OPTIONS = {
     "mlr": ["batch_size=0", "batch_size=-1", "batch_size=abc", "batch_size=1.5",
             "batch_size=nan", "batch_size=true", "batch_size=", "batch_size=100000",
-            "l2=-1", "l2=nan", "l2=inf", "l2=abc", "bogus=1", "seed=3", "Batch_Size=32"],
+            "l2=-1", "l2=nan", "l2=inf", "l2=abc", "bogus=1", "seed=3", "Batch_Size=32",
+            "train_images=/x", "target=nan", "test_labels=/nonexistent"],
     "mf": ["eta=0", "eta=2", "rank=0", "density=0", "density=1.5", "n_users=0",
            "n_users=1000000000", "rank=100000000", "data_seed=-1", "data_seed=4294967296",
            "reg=-1", "noise=nan", "init_scale=-1", "density=0.0000001",

@@ -322,3 +322,32 @@ def test_cnn_idx_mismatch(tmp_path: Path) -> None:
             test_images=str(tmp_path / "xi"), test_labels=str(tmp_path / "yl"))
     with pytest.raises(UserError, match="all four"):
         CNN(train_images=str(tmp_path / "xi"))
+
+
+def test_mlr_trains_on_idx_files_the_larger_option(tmp_path: Path) -> None:
+    from trainthrough.workloads.mlr import MLR
+
+    rs = np.random.RandomState(1)
+    y = rs.randint(0, 10, 160).astype(np.uint8)
+    # Separable on purpose: each class lights up its own band of pixels.
+    x = np.zeros((160, 12, 12), np.uint8)
+    for i, c in enumerate(y):
+        x[i, c, :] = 255
+    files = {}
+    for name, arr in [("train_images", x[:128]), ("train_labels", y[:128]),
+                      ("test_images", x[128:]), ("test_labels", y[128:])]:
+        files[name] = str(tmp_path / name)
+        write_idx(files[name], arr)
+    w = MLR(**files, batch_size=16, target=0.5)
+    p = w.init_params(torch.Generator().manual_seed(0))
+    assert p["W"].shape == (144, 10) and w.default_target == 0.5
+    before = w.evaluate(p).metric
+    part = w.partition(2)[0]
+    for step in range(40):
+        g = w.compute_update(p, part, None, step, 0)
+        p = {k: v - 0.5 * g[k] for k, v in p.items()}
+    assert w.evaluate(p).metric < before / 2
+    assert MLR(**files).default_target == 0.35 and MLR().default_target == 0.16
+    assert w.describe()["train_images"] == files["train_images"]
+    with pytest.raises(UserError, match="all four"):
+        MLR(train_images=files["train_images"])

@@ -1,4 +1,4 @@
-"""The ``trainthrough`` command: ``run``, ``list``, ``compare``.
+"""The ``trainthrough`` command: ``run``, ``list``, ``compare``, ``advise``.
 
 Bad input ends with one line on stderr and exit code 2 (argparse's own errors too);
 everything else is a bug and keeps its traceback.
@@ -133,6 +133,51 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+#: The run fields ``advise`` takes as flags (the workload, where and how big; never a
+#: strategy or failures: it weighs every strategy against its own failure rate).
+ADVISE_FIELDS = ("workload", "engine", "paradigm", "consistency", "shards", "workers",
+                 "seed", "target", "max_iterations", "ray_address", "recovery_delay")
+
+
+def _add_advise(sub: Any) -> None:
+    p = sub.add_parser("advise", help="recommend a strategy and its checkpoint interval for "
+                                      "a workload, an engine and a failure rate")
+    p.add_argument("--config", type=Path,
+                   help="a config.toml for the workload, sizes and [cost] (its strategy and "
+                        "failures are not used: every strategy is weighed)")
+    p.add_argument("--workload", help="workload name or FILE.py:FACTORY")
+    p.add_argument("--option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+                   help="workload option, repeatable")
+    p.add_argument("--engine", help="engine to calibrate and predict on: sim or ray")
+    p.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster")
+    p.add_argument("--recovery-delay", type=_float, dest="recovery_delay",
+                   help="seconds a lost shard stays down (ray)")
+    p.add_argument("--paradigm", choices=field_choices("paradigm"),
+                   help="ps only for now (data parallel is refused, see lab/advise)")
+    p.add_argument("--consistency", choices=field_choices("consistency"))
+    p.add_argument("--shards", type=_int)
+    p.add_argument("--workers", type=_int)
+    p.add_argument("--seed", type=_int)
+    p.add_argument("--target", type=_float)
+    p.add_argument("--max-iterations", type=_int, dest="max_iterations")
+    p.add_argument("--mtbf", help="mean time between failures with a unit (e.g. 30s, 2min): "
+                                  "one random shard fails each time; simulated "
+                                  "seconds on sim, wall seconds on ray")
+    p.add_argument("--fail", help="or the failures as a spec with an mtbf= trigger, e.g. "
+                                  "'shards=50%%@mtbf=30s'")
+    p.add_argument("--strategies", help="weigh only these presets (comma-separated; default: "
+                                        "every preset the engine runs for the paradigm)")
+    p.add_argument("--calibration-seeds", dest="calibration_seeds", type=_int, default=1,
+                   help="repeat the failure-free and failure runs on this many seeds and "
+                        "average (default 1; more where iterations to target vary by seed)")
+    p.add_argument("--rank-by", dest="rank_by", choices=("time", "cost"), default="time",
+                   help="rank by predicted time to target (default) or on-demand cloud cost")
+    p.add_argument("--out", type=Path,
+                   help="folder for advice.md, advice.png, advice.json (default "
+                        "runs/<time>-advise-<workload>; must not exist or be empty)")
+    p.add_argument("--quiet", action="store_true", help="no calibration progress lines")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainthrough",
                      description="Train through failures and measure what recovery costs.")
@@ -142,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     lp.add_argument("--engines", action="store_true",
                     help="print what each engine runs (the capability matrix)")
     _add_compare(sub)
+    _add_advise(sub)
     return parser
 
 
@@ -271,6 +317,42 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from trainthrough.config import RunConfig
+    from trainthrough.lab.advise import advise, trace_spec
+    from trainthrough.lab.advise.report import check_out, table_text, write
+    from trainthrough.workloads.options import parse_option
+
+    cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    if args.config and (cfg.failures or cfg.baseline):
+        print(f"trainthrough: note: advise ignores the failures and baseline of "
+              f"{args.config}; it uses --mtbf/--fail", file=sys.stderr)
+    over = {k: getattr(args, k) for k in ADVISE_FIELDS if getattr(args, k) is not None}
+    if args.option:
+        workload = over.get("workload", cfg.workload)
+        over["workload_options"] = {**cfg.workload_options, **{
+            k: parse_option(workload, k, v) for k, v in args.option}}
+    cfg = replace(cfg, **over)
+    trace = trace_spec(cfg.paradigm, args.mtbf, args.fail)
+    only = None
+    if args.strategies is not None:
+        only = [n.strip() for n in args.strategies.split(",") if n.strip()]
+        if not only:
+            raise UserError("--strategies needs at least one preset name")
+    out = args.out or Path("runs") / (f"{time.strftime('%Y%m%d-%H%M%S')}-advise-"
+                                      f"{_slug(cfg.workload)}")
+    check_out(out)  # before minutes of calibration
+    say = (lambda m: None) if args.quiet else (
+        lambda m: print(f"calibrating: {m}", file=sys.stderr, flush=True))
+    a = advise(cfg, trace, only=only, rank_by=args.rank_by, say=say,
+               seeds=args.calibration_seeds)
+    write(a, out)
+    print(table_text(a))
+    print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
+          f"{out / 'advice.json'}")
+    return 0
+
+
 _TERMINATED: list[bool] = []  # set by the handler: Ray may re-raise it as KeyboardInterrupt
 
 
@@ -285,6 +367,8 @@ def _left_behind(args: argparse.Namespace | None) -> str:
         return "nothing was written"
     if args.command == "compare":
         return "the suite folder has no report"
+    if args.command == "advise":
+        return "no advice folder was written"
     import json
 
     out = args.out
@@ -312,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "list":
             return _cmd_list(args.engines)
+        if args.command == "advise":
+            return _cmd_advise(args)
         return _cmd_compare(args)
     except UserError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

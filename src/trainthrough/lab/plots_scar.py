@@ -66,3 +66,75 @@ def _at(row: dict[str, Any]) -> int | None:
     if "@iter=" not in fail:
         return None
     return int(fail.split("@iter=")[1].split(",")[0])
+
+
+def _bar(est: float | None, lo: float | None, hi: float | None) -> tuple[float, float] | None:
+    """Error bar lengths below and above ``est``; None when unbounded or missing."""
+    if est is None or lo is None or hi is None:
+        return None
+    return est - lo, hi - est
+
+
+def plot_reductions(summary: list[dict[str, Any]], out: Path, baseline: str,
+                    headline: float) -> Path:
+    """Two rows of panels, one column per workload, x = fraction of shards lost: mean
+    rework with its 95% interval per strategy, and the reduction vs ``baseline`` with
+    its interval (summary rows of ``report.summarize(..., intervals=True)``).
+
+    An unbounded interval is drawn as the point alone, marked with an open circle.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workloads = list(dict.fromkeys(r["workload"] for r in summary))
+    fractions = list(dict.fromkeys(r["fraction"] for r in summary))
+    strategies = list(dict.fromkeys(r["strategy"] for r in summary))
+    colors = strategy_colors(strategies)
+    fig = Figure(figsize=(4.2 * max(1, len(workloads)), 7.0), dpi=DPI)
+    axes = fig.subplots(2, max(1, len(workloads)), squeeze=False)
+    width = 0.8 / max(1, len(strategies))
+    labelled: set[tuple[int, str]] = set()  # (row of panels, strategy) in the legends
+    for col, w in enumerate(workloads):
+        top, bottom = axes[0][col], axes[1][col]
+        for j, s in enumerate(strategies):
+            for i, f in enumerate(fractions):
+                row = next((r for r in summary if r["workload"] == w and r["fraction"] == f
+                            and r["strategy"] == s), None)
+                if row is None:
+                    continue
+                x = i - 0.4 + width * (j + 0.5)
+                for k, (ax, est, lo, hi, scale) in enumerate((
+                        (top, row.get("rework_mean"), row.get("rework_lo"),
+                         row.get("rework_hi"), 1.0),
+                        (bottom, row.get("reduction_vs_baseline"), row.get("reduction_lo"),
+                         row.get("reduction_hi"), 100.0))):
+                    if est is None or (ax is bottom and s == baseline):
+                        continue
+                    bar = _bar(est, lo, hi)
+                    first = col == 0 and (k, s) not in labelled
+                    labelled.add((k, s))
+                    ax.errorbar([x], [scale * est],
+                                yerr=None if bar is None else [[scale * bar[0]],
+                                                               [scale * bar[1]]],
+                                fmt="o", ms=5, capsize=3, color=colors[s],
+                                mfc=colors[s] if bar is not None else "white",
+                                label=s if first else None)
+        for ax in (top, bottom):
+            ax.set_xticks(range(len(fractions)))
+            ax.set_xticklabels([f"{f} lost" for f in fractions])
+            ax.grid(axis="y", alpha=0.3)
+        bottom.axhline(100 * headline, color="k", ls="--", lw=1,
+                       label=f"SCAR's headline, {headline:.0%}" if col == 0 else None)
+        bottom.axhline(0, color="0.5", lw=0.8)
+        top.axhline(0, color="0.5", lw=0.8)
+        top.set_title(w)
+        top.set_ylabel("rework iterations (mean, 95% CI)")
+        bottom.set_ylabel(f"reduction vs {baseline} % (95% CI)")
+        lo_y, hi_y = bottom.get_ylim()
+        if lo_y < -100 or hi_y > 150:  # a noisy cell's interval would flatten the rest
+            bottom.set_ylim(max(lo_y, -100), min(hi_y, 150))
+            bottom.set_title("(axis clipped to -100..150%)", fontsize=8)
+    if workloads:
+        axes[0][0].legend(fontsize=7, loc="best", framealpha=0.9)
+        axes[1][0].legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(out)
+    return out

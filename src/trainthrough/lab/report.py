@@ -28,7 +28,8 @@ _TEXT = frozenset({"run_id", "workload", "strategy", "fail", "metric_name", "dir
 _MEANS = ("checkpoint_bytes", "checkpoint_blocked_seconds", "recovery_seconds",
           "perturbation_norm", "rework_bound", "updates_lost", "sim_seconds", "wall_seconds")
 _STATS = frozenset({"n", "converged", "rework_n", "rework_mean", "rework_sd",
-                    "reduction_vs_baseline", *(f"{c}_mean" for c in _MEANS)})
+                    "reduction_vs_baseline", "rework_lo", "rework_hi", "reduction_lo",
+                    "reduction_hi", "reduction_pairs", *(f"{c}_mean" for c in _MEANS)})
 _NA = "n/a"
 
 
@@ -76,7 +77,8 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str] = ("workload", "fail", "strategy"),
-              baseline_strategy: str = "checkpoint-restart") -> list[dict[str, Any]]:
+              baseline_strategy: str = "checkpoint-restart",
+              intervals: bool = False) -> list[dict[str, Any]]:
     """Aggregate runs per group (groups in order of first appearance).
 
     Each result holds the ``by`` keys, ``n``, ``converged`` (count), ``rework_n``,
@@ -86,6 +88,10 @@ def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str] = ("workload", "
     None if absent, undefined or its mean <= 0) and ``<column>_mean`` for
     checkpoint bytes/blocking, recovery seconds, perturbation norm, rework bound,
     updates lost, sim and wall seconds (None where no run has a value).
+
+    With ``intervals``, 95% intervals of the mean rework and of the reduction (paired
+    by seed; the reduction is then computed over the paired seeds): see
+    :func:`trainthrough.lab.intervals.add_intervals`.
     """
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
@@ -109,6 +115,10 @@ def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str] = ("workload", "
             b, m = base.get(k[:i] + k[i + 1:]), s["rework_mean"]
             if b is not None and b > 0 and m is not None:
                 s["reduction_vs_baseline"] = 1.0 - m / b
+    if intervals:
+        from trainthrough.lab.intervals import add_intervals
+
+        add_intervals(out, list(groups.values()), by, baseline_strategy)
     return out
 
 
@@ -127,15 +137,27 @@ def _label(v: Any) -> str:
 def _rework(s: dict[str, Any]) -> str:
     if s.get("rework_mean") is None:
         return _NA
+    if "rework_lo" in s:  # summarized with intervals
+        return f"{s['rework_mean']:.1f} " + _bounds(s["rework_lo"], s["rework_hi"], 1.0, "")
     sd = s.get("rework_sd")
     return f"{s['rework_mean']:.1f}" + ("" if sd is None else f" ± {sd:.1f}")
+
+
+def _bounds(lo: float | None, hi: float | None, scale: float, unit: str) -> str:
+    if lo is None or hi is None:
+        return "[unbounded]"
+    return f"[{scale * lo:.1f}, {scale * hi:.1f}{unit}]"
 
 
 def _reduction(s: dict[str, Any], baseline: str) -> str:
     if s.get("strategy") == baseline:
         return "baseline"
     r = s.get("reduction_vs_baseline")
-    return _NA if r is None else f"{100 * r:.1f}%"
+    if r is None:
+        return _NA
+    if "reduction_lo" in s:
+        return f"{100 * r:.1f}% " + _bounds(s["reduction_lo"], s["reduction_hi"], 100.0, "%")
+    return f"{100 * r:.1f}%"
 
 
 _OPTIONAL = (("rework_bound", "bound"), ("perturbation_norm", "‖δ‖"),
@@ -149,8 +171,11 @@ def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool
     """(header, field) pairs; optional columns only when some group has a value."""
     keys = [k for k in (rows[0] if rows else {}) if k not in _STATS]
     cols = [("failures" if k == "fail" else k, k) for k in keys]
-    cols += [("runs", "n"), ("converged", "converged"), ("rework (mean ± sd)", "rework_mean"),
-             (f"reduction vs {baseline}", "reduction_vs_baseline")]
+    ci = bool(rows) and "rework_lo" in rows[0]
+    cols += [("runs", "n"), ("converged", "converged"),
+             ("rework (mean [95% CI])" if ci else "rework (mean ± sd)", "rework_mean"),
+             (f"reduction vs {baseline}" + (" [95% CI]" if ci else ""),
+              "reduction_vs_baseline")]
     brief = {"recovery_seconds", "sim_seconds", "wall_seconds"}
     cols += [(head, f"{c}_mean") for c, head in _OPTIONAL if (full or c in brief)
              and any(s.get(f"{c}_mean") is not None for s in rows)]
@@ -160,6 +185,8 @@ def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool
 def _cell(s: dict[str, Any], field: str, baseline: str) -> str:
     if field not in _STATS:
         return _label(s.get(field))
+    if field == "n":  # a count: "10", not _f's "10.0"
+        return str(s["n"])
     if field == "converged":
         return f"{s['converged']}/{s['n']}"
     if field == "rework_mean":
@@ -233,7 +260,8 @@ def _auto_notes(suite_dir: Path, rows: list[dict[str, Any]], baseline: str) -> l
 def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
                  extra_sections: list[tuple[str, str]] | None = None,
                  by: Sequence[str] = ("workload", "fail", "strategy"),
-                 baseline_strategy: str = "checkpoint-restart") -> dict[str, Path]:
+                 baseline_strategy: str = "checkpoint-restart",
+                 intervals: bool = False) -> dict[str, Path]:
     """Write ``report.md``, ``report.html`` and the PNG plots (under ``plots/``).
 
     Args:
@@ -241,7 +269,8 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
         title: the report's title.
         notes: lines shown under the title (notes on missing runs are added).
         extra_sections: ``(heading, markdown body)`` pairs appended to the report.
-        by, baseline_strategy: grouping and baseline of the summary (see :func:`summarize`).
+        by, baseline_strategy, intervals: grouping, baseline and 95% intervals of the
+            summary (see :func:`summarize`).
 
     Returns:
         ``{"markdown": ..., "html": ..., "rework": ..., "<png stem>": ...}``.
@@ -252,16 +281,22 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
     suite_dir = Path(suite_dir)
     baseline = baseline_strategy
     rows = load_results(suite_dir)
-    summary = summarize(rows, by=by, baseline_strategy=baseline)
+    summary = summarize(rows, by=by, baseline_strategy=baseline, intervals=intervals)
     plots = suite_dir / "plots"
     bars = plot_rework_bars(summary, plots / "rework.png", baseline)
     curves = plot_metric_curves(suite_dir, rows, plots)
     md = [f"# {title}", ""]
     md += [f"- {n}" for n in [*(notes or []), *_auto_notes(suite_dir, rows, baseline)]]
+    how = (f"mean and 95% t interval over runs that reached it). *Reduction vs {baseline}*: "
+           f"1 − mean rework / mean rework of {baseline} under the same failures, over the "
+           "seeds both reached the target with, and its 95% Fieller interval paired by seed "
+           "(lab/intervals.py says why; *unbounded*: the baseline's own rework is not "
+           "clearly above 0)" if intervals else
+           f"mean ± sd over runs that reached it). *Reduction vs {baseline}*: "
+           f"1 − mean rework / mean rework of {baseline} under the same failures")
     md += ["", "## Summary", "",
            "Rework: extra iterations to reach the target compared with the failure-free run "
-           f"of the same seed (mean ± sd over runs that reached it). *Reduction vs {baseline}*: "
-           f"1 − mean rework / mean rework of {baseline} under the same failures.", "",
+           f"of the same seed ({how}.", "",
            _summary_md(summary, baseline), "", "## Plots", "",
            f"![rework iterations per strategy]({bars.relative_to(suite_dir).as_posix()})", ""]
     for workload, fail in dict.fromkeys((r.get("workload"), r.get("fail")) for r in rows):

@@ -45,6 +45,10 @@ class SuiteSpec:
     jobs: int | None = None  # 1 for suites whose runs use the whole machine (Ray)
     baselines: bool = True  # failure-free twins for rework (sim suites)
     headline: Any = None  # callable(rows) -> str replacing the default terminal table
+    intervals: bool = False  # 95% intervals of rework and reductions (lab/intervals.py)
+    # callable(RunConfig) -> RunConfig: the failure-free twin, where several cells share
+    # one (e.g. strategies that only differ in what they do on a failure)
+    baseline_of: Any = None
 
 
 def _baseline_job(cfg: RunConfig) -> dict[str, Any]:
@@ -127,8 +131,9 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
 def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
     from trainthrough.lab.report import headline_table, load_results, summarize, write_report
 
-    keys = {r.run_id: baseline_config(r.config).to_toml() for r in spec.runs}
-    unique = {k: baseline_config(r.config) for r in spec.runs for k in [keys[r.run_id]]}
+    twin = spec.baseline_of or baseline_config
+    keys = {r.run_id: twin(r.config).to_toml() for r in spec.runs}
+    unique = {k: twin(r.config) for r in spec.runs for k in [keys[r.run_id]]}
     baselines: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     with make_progress(quiet) as progress, _pool(jobs) as pool:
@@ -148,10 +153,11 @@ def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
             progress.update(task, status=r.run_id)
     _write_csv(out / "results.csv", rows)
     results = load_results(out)
-    summary_rows = summarize(results, by=spec.group_by, baseline_strategy=spec.baseline_strategy)
+    summary_rows = summarize(results, by=spec.group_by, baseline_strategy=spec.baseline_strategy,
+                             intervals=spec.intervals)
     sections = [section(out, results) for section in spec.sections]
     write_report(out, spec.title, spec.notes, extra_sections=sections, by=spec.group_by,
-                 baseline_strategy=spec.baseline_strategy)
+                 baseline_strategy=spec.baseline_strategy, intervals=spec.intervals)
     if not quiet:
         console.print(f"[dim]{len(rows)} runs in {out}[/dim]")
     if spec.headline is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,7 +23,7 @@ from trainthrough.errors import UserError
 from trainthrough.workloads._data import digits_split
 from trainthrough.workloads.base import OptimizerSpec
 from trainthrough.workloads.custom import TorchWorkload
-from trainthrough.workloads.idx import read_idx
+from trainthrough.workloads.idx import load_idx_pair
 
 
 class SmallConvNet(nn.Module):
@@ -44,24 +43,8 @@ class SmallConvNet(nn.Module):
 
 
 def _load_idx_pair(images: str, labels: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images scaled to [0, 1] as N x 1 x H x W, and labels, checked against each other."""
-    x = read_idx(images, ndim=3)
-    y = read_idx(labels, ndim=1)
-    if len(x) != len(y):
-        raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
-    if x.shape[1] != x.shape[2]:
-        raise UserError(f"{images}: expected square images, got {x.shape[1]}x{x.shape[2]}")
-    if x.shape[1] < 2:  # the 2x2 max-pool would leave nothing for the dense layers
-        raise UserError(f"{images}: images are {x.shape[1]}x{x.shape[2]}; the conv net "
-                        "needs at least 2x2")
-    if x.dtype.kind == "f" and not np.isfinite(x).all():
-        raise UserError(f"{images}: pixel values must be finite numbers")
-    if y.dtype.kind not in "iu":
-        raise UserError(f"{labels}: labels must be whole numbers, the file stores {y.dtype}")
-    if y.size and (y.min() < 0 or y.max() > 9):
-        raise UserError(f"{labels}: labels must be 0..9, found {y.min()}..{y.max()}")
-    xt = torch.from_numpy(x.astype("float32") / 255.0).unsqueeze(1)
-    return xt, torch.from_numpy(y.astype("int64"))
+    # the 2x2 max-pool would leave nothing of a smaller image for the dense layers
+    return load_idx_pair(images, labels, square=True, min_side=2, why="the conv net")
 
 
 class CNN(TorchWorkload):

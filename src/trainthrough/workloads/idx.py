@@ -13,11 +13,15 @@ import math
 import struct
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainthrough.errors import UserError
 from trainthrough.workloads._data import require_file
+
+if TYPE_CHECKING:
+    import torch
 
 # IDX type code -> numpy big-endian dtype.
 _TYPES: dict[int, str] = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4",
@@ -81,3 +85,38 @@ def write_idx(path: str | Path, array: np.ndarray) -> None:
     body += array.astype(_TYPES[code]).tobytes()
     path = Path(path)
     path.write_bytes(gzip.compress(body, mtime=0) if path.suffix == ".gz" else body)
+
+
+def load_idx_pair(images: str | Path, labels: str | Path, square: bool = False,
+                  min_side: int = 1, why: str = "the model"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images scaled to [0, 1] as N x 1 x H x W, and labels 0..9, checked against each
+    other (MNIST's and Fashion-MNIST's layout).
+
+    Args:
+        images, labels: the two IDX files (3 and 1 dimensions).
+        square, min_side: what ``why`` (named in the error) needs of the images.
+
+    Raises:
+        UserError: naming the file: counts that differ, images of the wrong shape,
+            non-finite pixels, labels that are not whole numbers in 0..9.
+    """
+    import torch
+
+    x = read_idx(images, ndim=3)
+    y = read_idx(labels, ndim=1)
+    if len(x) != len(y):
+        raise UserError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
+    if square and x.shape[1] != x.shape[2]:
+        raise UserError(f"{images}: expected square images, got {x.shape[1]}x{x.shape[2]}")
+    if min(x.shape[1], x.shape[2]) < min_side:
+        raise UserError(f"{images}: images are {x.shape[1]}x{x.shape[2]}; {why} "
+                        f"needs at least {min_side}x{min_side}")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise UserError(f"{images}: pixel values must be finite numbers")
+    if y.dtype.kind not in "iu":
+        raise UserError(f"{labels}: labels must be whole numbers, the file stores {y.dtype}")
+    if y.size and (y.min() < 0 or y.max() > 9):
+        raise UserError(f"{labels}: labels must be 0..9, found {y.min()}..{y.max()}")
+    xt = torch.from_numpy(x.astype("float32") / 255.0).unsqueeze(1)
+    return xt, torch.from_numpy(y.astype("int64"))

@@ -1,0 +1,6 @@
+"""``trainthrough advise``: which strategy, at which interval, for a workload, an engine
+and a failure rate; calibrated by short real runs, predicted by the project's models."""
+
+from trainthrough.lab.advise.advisor import Advice, advise, clock_name, trace_spec
+
+__all__ = ["Advice", "advise", "clock_name", "trace_spec"]

@@ -1,0 +1,178 @@
+"""Calibration: short real runs on the chosen engine, measuring what the model needs.
+
+1. The failure-free run (a candidate without checkpoints; on a real engine after a
+   short warm-up run) to the target and 50% past it, as lab/runner.py's baselines:
+   iterations and seconds to target, hence the step time, and the contraction rate
+   fitted on its iterates (lab/bound.py).
+2. Each checkpointing candidate, failure-free for a few intervals at the workload's
+   interval: ``C``, seconds blocked per interval of saves. An asynchronous one also
+   runs its synchronous twin (``persist=sync``): the write it does in the background.
+3. Each candidate at its Young/Daly interval with one failure of the trace's kind
+   (same components, ``iter=`` instead of ``mtbf=``) half way to the target and half
+   an interval after a save: the recovery seconds, the rework (iterations to target
+   minus the failure-free run's, same seed), the perturbation and SCAR's bound for it.
+
+A failure run has its failure-free run's seed, so rework is the failure's alone; with
+several calibration seeds both are repeated per seed and averaged (a workload whose
+iterations to target vary by seed is otherwise predicted from one seed's luck). Seconds
+are on the engine's clock (simulated on ``sim``, wall on real engines).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from trainthrough.config import RunConfig
+from trainthrough.errors import UserError
+from trainthrough.faults.spec import FailureSpec
+from trainthrough.lab.advise.candidates import Candidate
+from trainthrough.lab.advise.model import Baseline, Measured, interval
+from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
+from trainthrough.lab.runner import resolve_defaults, run_silent
+
+Say = Callable[[str], None]
+
+
+def _run(cfg: RunConfig, tracker: IterateTracker | None = None) -> dict[str, Any]:
+    return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
+
+
+def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
+    """Step 1 (module docstring).
+
+    Raises:
+        UserError: the failure-free run does not reach the target.
+    """
+    plain = next((c for c in cands if not c.checkpoints), cands[0])
+    if cfg.engine != "sim":
+        # Warm up first (actors, imports, first allocations): the first run of a session
+        # trains slower, and every step time and overhead is measured against this one.
+        say("warm-up run")
+        _run(replace(cfg, strategy=plain.name, failures=[], stop_at_target=False,
+                     max_iterations=min(cfg.max_iterations or 50, 50)))
+    tracker = IterateTracker()
+    say(f"failure-free run ({plain.name}, seed {cfg.seed}) to the target")
+    s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5), tracker)
+    if s["iterations_to_target"] is None or not s.get("sim_seconds_to_target"):
+        raise UserError(f"{cfg.workload} does not reach its target {s['target']} without "
+                        f"failures within {s['iterations']} iterations; raise "
+                        "--max-iterations or choose an easier --target")
+    seconds = float(s["sim_seconds_to_target"])
+    if plain.checkpoints and s["sim_seconds"] > 0:  # only if no candidate skips saves
+        seconds *= 1 - s["checkpoint_blocked_seconds"] / s["sim_seconds"]
+    fit = fit_contraction(tracker.iterations, tracker.iterates)
+    return Baseline(plain.name, int(s["iterations_to_target"]), seconds,
+                    fit.c if fit else None, fit.distance0 if fit else None,
+                    fit.r2 if fit else None)
+
+
+def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
+                    ) -> tuple[float, float]:
+    """Step 2: (C, write seconds): what one interval's saves block, and (async) what
+    writing them takes, whatever the interval (a full save, or r of the rows r*N apart)."""
+    every = cfg.checkpoint_every or 1
+    short = replace(cfg, failures=[], stop_at_target=False,
+                    max_iterations=min(base.iterations, 4 * every))
+
+    def per_interval(strategy: str) -> float:
+        s = _run(replace(short, strategy=strategy))
+        return float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
+
+    say(f"checkpoint cost of {c.name}")
+    blocked = per_interval(c.name)
+    write = 0.0
+    if c.strategy.persist == "async":
+        write = per_interval(f"base={c.name},persist=sync")
+    return blocked, write
+
+
+def calibration_failure(trace: FailureSpec, at: int) -> str:
+    """The trace's failure (its components and options) at iteration ``at``, once."""
+    target, _, rest = trace.text.partition("@")
+    options = [o for o in rest.split(",")[1:] if not o.strip().startswith("max=")]
+    return ",".join([f"{target}@iter={at}", *options])
+
+
+def failure_point(iterations: int, every: int | None) -> int:
+    """Half way to the target, half an interval after a save (checkpointing runs)."""
+    half = max(1, iterations // 2)
+    if not every or every >= iterations:
+        return half if not every else max(1, min(half, every // 2))
+    return (half // every) * every + max(1, every // 2)
+
+
+def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
+                 every: int | None, say: Say) -> dict[str, Any]:
+    """Step 3: one failure, at ``every`` (None: no checkpoints); the run's summary."""
+    at = failure_point(base.iterations, every)
+    say(f"{c.name}: one failure at iteration {at} (seed {cfg.seed})"
+        + (f", checkpoint every {every}" if every else ""))
+    run_cfg = replace(cfg, strategy=c.name, failures=[calibration_failure(trace, at)],
+                      checkpoint_every=every or cfg.checkpoint_every,
+                      max_iterations=max(cfg.max_iterations or 0, 3 * base.iterations))
+    s = _run(run_cfg)
+    s["failed_at"] = at
+    return s
+
+
+def _combine(bases: list[Baseline]) -> Baseline:
+    """The seeds' failure-free runs as one: mean iterations and seconds to target (the
+    contraction rate of the first seed's)."""
+    first = bases[0]
+    return replace(first, iterations=round(statistics.fmean(b.iterations for b in bases)),
+                   seconds=statistics.fmean(b.seconds for b in bases), seeds=len(bases))
+
+
+def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
+                 every: int | None, say: Say) -> dict[str, Any]:
+    """A seed's failure run reduced to what the model needs (None: not reached)."""
+    s = with_failure(cfg, c, base, trace, every, say)
+    recs = s["recoveries"]
+    out: dict[str, Any] = {
+        "failed_at": s["failed_at"],
+        "rework": (s["iterations_to_target"] - base.iterations
+                   if s["iterations_to_target"] is not None else None),
+        "recovery": sum(r["recovery_seconds"] for r in recs) if recs else None,
+        "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
+        "steady": float(s["checkpoint_blocked_seconds"]) / max(1, s["iterations"])
+        / base.step_seconds, "bound": None}
+    if base.contraction is not None and base.distance0 is not None and recs:
+        out["bound"] = Contraction(base.contraction, base.distance0, 0, 0.0).bound(
+            [(r["at_iteration"], r["perturbation_norm"]) for r in recs])
+    return out
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs]
+    return None if any(v is None for v in values) else statistics.fmean(values)
+
+
+def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: float,
+            say: Say, seeds: int = 1) -> tuple[Baseline, list[Measured]]:
+    """Every step (module docstring), for every candidate, on ``seeds`` seeds from
+    ``cfg.seed`` on: the failure-free runs and the failure runs are repeated per seed
+    (rework is each seed's against its own failure-free run) and averaged; the
+    checkpoint cost, which no seed changes, is measured once.
+
+    ``cfg``'s fields not set resolve from the workload (interval, budgets, target).
+    """
+    cfg = resolve_defaults(cfg)[0]
+    cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
+    bases = [baseline(c, cands, say) for c in cfgs]
+    base = _combine(bases)
+    t0 = base.step_seconds
+    out = []
+    for c in cands:
+        every, cost, write = None, 0.0, 0.0
+        if c.checkpoints:
+            cost, write = checkpoint_cost(cfg, c, base, say)
+            every = interval(cost, write, mtbf, t0, base.iterations)
+        runs = [_one_failure(k, c, b, trace, every, say) for k, b in zip(cfgs, bases)]
+        out.append(Measured(
+            c.name, every, cost, write, _mean(runs, "steady") or 0.0, runs[0]["failed_at"],
+            _mean(runs, "recovery"), _mean(runs, "rework"), _mean(runs, "bound"),
+            _mean(runs, "norm")))
+    return base, out

@@ -1,0 +1,144 @@
+"""The advisor's predictions: pure arithmetic on what calibration measured.
+
+All seconds are on the engine's clock (``Calibration.clock``): simulated seconds on
+``sim`` (engines/sim/clock.py), wall seconds since training started on real engines.
+
+For a strategy with failure-free step time ``t`` (checkpoints included), a failure
+costing ``L = recovery + rework * t`` seconds and failures arriving every ``MTBF``
+seconds on average (also while recovering: such a failure lengthens the outage
+but loses no progress, so only ``exp(-recovery / MTBF)`` of them cost rework), the time to
+target is the renewal model
+of :func:`trainthrough.lab.perf_model.expected_runtime`:
+
+    time_to_target = I0 * t0 * (1 + steady) / (1 - L / MTBF)
+
+with ``I0`` and ``t0`` the failure-free iterations to target and step time, and
+``steady`` the failure-free overhead of the strategy's checkpoints at its interval.
+The interval is Young/Daly's ``sqrt(2 C MTBF)`` (lab/perf_model.py) with ``C`` the
+checkpoint seconds per interval; an asynchronous save also needs the interval to be
+at least one write long, or writes queue behind each other. Expected failures to
+target are ``time_to_target / MTBF``; cloud cost is lab/cloud_cost.py's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trainthrough.lab import perf_model as pm
+from trainthrough.lab.cloud_cost import Pricing, cost_to_target
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The failure-free run everything is measured against (no checkpoints)."""
+
+    strategy: str
+    iterations: int  #: I0, iterations to target
+    seconds: float  #: seconds to target
+    contraction: float | None = None  #: c fitted as lab/bound.py does
+    distance0: float | None = None
+    fit_r2: float | None = None
+    seeds: int = 1  #: calibration seeds averaged
+
+    @property
+    def step_seconds(self) -> float:
+        return self.seconds / self.iterations
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One candidate's calibration: its checkpoint cost and one injected failure."""
+
+    name: str
+    interval: int | None  #: checkpoint every N iterations (None: no checkpoints)
+    checkpoint_seconds: float = 0.0  #: C, seconds blocked per N iterations of saves
+    write_seconds: float = 0.0  #: async: one interval's writes, done in the background
+    steady: float = 0.0  #: blocked seconds per iteration / t0, at ``interval``
+    failed_at: int | None = None  #: iteration the calibration failure struck
+    recovery_seconds: float | None = None  #: failure to recovered, as the engine reports
+    rework: float | None = None  #: iterations to target minus I0 (None: never reached it)
+    rework_bound: float | None = None  #: SCAR's bound for the recorded perturbation
+    perturbation_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the advisor predicts for one candidate at an MTBF."""
+
+    name: str
+    label: str
+    interval: int | None
+    interval_seconds: float | None
+    steady: float  #: failure-free overhead, a fraction of the failure-free time
+    rework: float | None  #: iterations redone per failure (measured at the interval)
+    recovery_seconds: float | None  #: R: failure to recovered
+    per_failure_seconds: float | None  #: L: R + rework of the failures that cost any
+    failures: float | None  #: expected failures before the target
+    seconds_to_target: float  #: inf: a failure costs at least an MTBF (no progress)
+    overhead: float  #: time to target / failure-free time - 1, failures included
+    nodes: int
+    cost_on_demand: float | None
+    cost_spot: float | None
+    why: list[str] = field(default_factory=list)
+
+
+def interval(checkpoint_seconds: float, write_seconds: float, mtbf: float, step: float,
+             most: int) -> int:
+    """Young/Daly's interval in whole iterations, at least one write long, at most ``most``."""
+    yd = pm.young_daly_interval(checkpoint_seconds, mtbf) / step
+    floor = max(1, math.ceil(write_seconds / step - 1e-9))
+    return int(min(most, max(floor, round(yd))))
+
+
+def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
+            pricing: Pricing | None = None) -> Prediction:
+    """The prediction for one measured candidate (see the module docstring)."""
+    pricing = pricing or Pricing()
+    t0 = base.step_seconds
+    why: list[str] = []
+    if m.interval is not None:
+        why.append(f"checkpoints every {m.interval} it (Young/Daly for C={m.checkpoint_seconds:.3g} s"
+                   + (f", >= one write of {m.write_seconds:.3g} s" if m.write_seconds else "")
+                   + f") cost {100 * m.steady:.2f}% failure-free")
+    if m.rework is None or m.recovery_seconds is None:
+        why.append("did not reach the target after one calibration failure")
+        return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, None,
+                          m.recovery_seconds, None, None, math.inf, math.inf, nodes, None,
+                          None, why)
+    rework = max(0, m.rework)  # a failure that happened to help is noise, not a gain
+    # A failure striking while an earlier one is still being recovered (probability
+    # 1 - exp(-R/MTBF): arrivals are memoryless) lengthens the outage but finds no new
+    # progress to lose: only the others cost rework.
+    during = 1 - math.exp(-m.recovery_seconds / mtbf)
+    lost = m.recovery_seconds + (1 - during) * rework * t0 * (1 + m.steady)
+    why.append(f"a failure costs {m.recovery_seconds:.3g} s recovering + {rework:.3g} it rework"
+               + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
+                  and math.isfinite(m.rework_bound) else ""))
+    try:
+        seconds = pm.expected_runtime(base.seconds, pm.Overhead(m.name, m.steady, lost,
+                                                                m.steady + lost / mtbf), mtbf)
+    except ValueError:
+        why.append(f"each failure costs {lost:.3g} s >= the MTBF: no progress")
+        return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
+                          m.recovery_seconds, lost, None, math.inf, math.inf, nodes, None,
+                          None, why)
+    return Prediction(
+        m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
+        m.recovery_seconds, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
+        cost_to_target(seconds, nodes, pricing.on_demand),
+        cost_to_target(seconds, nodes, pricing.spot), why)
+
+
+def _secs(n: int | None, step: float) -> float | None:
+    return None if n is None else n * step
+
+
+def rank(preds: list[Prediction], by: str = "time") -> list[Prediction]:
+    """Best first: least time to target (``by="cost"``: least on-demand cost), ties by
+    less failure-free overhead, then candidate order."""
+    def key(p: Prediction) -> tuple[float, float]:
+        main = p.seconds_to_target if by == "time" else (
+            p.cost_on_demand if p.cost_on_demand is not None else math.inf)
+        return (main, p.steady)
+    return sorted(preds, key=key)

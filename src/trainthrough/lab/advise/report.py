@@ -1,0 +1,138 @@
+"""What the advisor prints and writes: a table, the reasons, a plot, JSON and markdown.
+
+An advice folder holds ``advice.md``, ``advice.png`` and ``advice.json``; the JSON is
+written last, so its presence means the folder is complete. A folder that exists and
+is not empty is refused before anything runs: nothing of the user's is overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from trainthrough.errors import UserError
+from trainthrough.lab.advise.advisor import Advice
+from trainthrough.lab.advise.model import Prediction
+
+_HEAD = ("rank", "strategy", "interval it (s)", "failure-free overhead",
+         "rework it / failure", "lost s / failure", "failures to target", "time to target s",
+         "overhead", "$ on-demand", "$ spot")
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that exists and is not empty (before calibrating).
+
+    Raises:
+        UserError: naming the folder.
+    """
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not empty; choose another "
+                        "folder (advise never writes into a used one)")
+
+
+def _n(v: float | None, fmt: str = ".3g") -> str:
+    if v is None:
+        return "n/a"
+    return "no progress" if not math.isfinite(v) else format(v, fmt)
+
+
+def rows(a: Advice) -> list[tuple[str, ...]]:
+    """The table's rows, best first, as text."""
+    out: list[tuple[str, ...]] = []
+    for i, p in enumerate(a.predictions, 1):
+        interval = "-" if p.interval is None else f"{p.interval} ({p.interval_seconds:.3g})"
+        out.append((str(i), p.label, interval, f"{100 * p.steady:.2f}%", _n(p.rework, ".0f"),
+                    _n(p.per_failure_seconds), _n(p.failures, ".1f"),
+                    _n(p.seconds_to_target),
+                    f"{100 * p.overhead:.0f}%" if math.isfinite(p.overhead) else "no progress",
+                    _n(p.cost_on_demand, ".2g"), _n(p.cost_spot, ".2g")))
+    return out
+
+
+def verdict(a: Advice) -> str:
+    """One paragraph: the recommendation and why it beats the runner-up."""
+    r, u = a.recommended, a.runner_up
+    what = "time to target" if a.rank_by == "time" else "on-demand cost to target"
+    text = (f"Recommended: {r.name}"
+            + (f", checkpoint every {r.interval} iterations" if r.interval else "")
+            + f". Least predicted {what} at an MTBF of {a.mtbf:g} {a.clock}: "
+            + "; ".join(r.why) + ".")
+    if u is not None:
+        if math.isfinite(u.seconds_to_target) and math.isfinite(r.seconds_to_target):
+            gap = 100 * (u.seconds_to_target / r.seconds_to_target - 1)
+            text += f" Runner-up: {u.name}, {gap:.1f}% slower: " + "; ".join(u.why) + "."
+        else:
+            text += f" Runner-up: {u.name}: " + "; ".join(u.why) + "."
+    return text
+
+
+def table_text(a: Advice) -> str:
+    """The terminal table (aligned columns) and the verdict."""
+    body = [_HEAD, *rows(a)]
+    widths = [max(len(r[i]) for r in body) for i in range(len(_HEAD))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+    head = (f"{a.workload} on {a.engine} ({a.paradigm}), failures {a.trace}; seconds are "
+            f"{a.clock}; failure-free: {a.baseline.iterations} iterations, "
+            f"{a.baseline.seconds:.3g} s")
+    return "\n".join([head, "", *lines, "", verdict(a)])
+
+
+def markdown(a: Advice, plot: str | None) -> str:
+    """``advice.md``: the table, the reasons per candidate, the calibration, the plot."""
+    b = a.baseline
+    md = [f"# Advice: {a.workload} on {a.engine}", "",
+          f"Failures: `{a.trace}` (MTBF {a.mtbf:g} {a.clock}). Every second below is on that "
+          "clock" + (" (the sim engine's virtual clock, engines/sim/clock.py)"
+                     if a.engine == "sim" else "") + ".", "", verdict(a), "",
+          "| " + " | ".join(_HEAD) + " |", "|" + " --- |" * len(_HEAD)]
+    md += ["| " + " | ".join(r) + " |" for r in rows(a)]
+    md += ["", "## Why", ""]
+    md += [f"- **{p.label}**: " + "; ".join(p.why) + "." for p in a.predictions]
+    c = f"{b.contraction:.5f} (r2 {b.fit_r2:.2f})" if b.contraction is not None else "not fitted"
+    md += ["", "## Calibration", "",
+           f"Failure-free ({b.strategy}): {b.iterations} iterations, {b.seconds:.4g} s to "
+           f"target ({b.step_seconds:.4g} s a step); contraction rate c = {c}.", "",
+           "| strategy | interval | C s | async write s | failure at | recovery s | "
+           "rework it | SCAR bound it |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in a.measured:
+        md.append(f"| {m.name} | {m.interval or '-'} | {m.checkpoint_seconds:.4g} | "
+                  f"{m.write_seconds:.4g} | {m.failed_at} | {_n(m.recovery_seconds)} | "
+                  f"{_n(m.rework, '.0f')} | {_n(m.rework_bound)} |")
+    md += ["", "Model (lab/advise/model.py): time to target = failure-free time x (1 + "
+           "checkpoint overhead) / (1 - lost per failure / MTBF); the interval is Young/Daly's "
+           "sqrt(2 C MTBF); rework is measured from one failure half an interval after a save "
+           "half way to the target, with SCAR's bound next to it; cost = nodes x time x price "
+           "(lab/cloud_cost.py)."]
+    if plot:
+        md += ["", f"![predicted time to target]({plot})"]
+    return "\n".join(md) + "\n"
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write(a: Advice, out: Path) -> None:
+    """Write the advice folder (module docstring)."""
+    from trainthrough.lab.advise.plot import plot_advice
+
+    check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_advice(a, out / "advice.png")
+    _atomic(out / "advice.md", markdown(a, png.name))
+    _atomic(out / "advice.json", json.dumps(a.to_dict(), indent=2, allow_nan=False) + "\n")
+
+
+def components(p: Prediction, a: Advice) -> dict[str, float]:
+    """Predicted time to target split into its parts (they sum to it)."""
+    if not math.isfinite(p.seconds_to_target) or p.failures is None:
+        return {}
+    work = a.baseline.seconds
+    lost = p.per_failure_seconds or 0.0
+    rec = p.recovery_seconds or 0.0
+    return {"failure-free work": work, "checkpoints": work * p.steady,
+            "recovering": p.failures * rec, "rework": p.failures * (lost - rec)}
