@@ -85,6 +85,15 @@ def check(c: Cell, s: dict[str, Any], events: list[dict[str, Any]],
         if c.engine == "sim":
             assert math.isclose(rec["perturbation_norm"], rec["perturbation_norm_lost"],
                                 rel_tol=1e-9)
+    # 4b. worker-copy: survivors untouched (sim), and the lost rows came from the live
+    #     workers' copies (every worker holds every row it pulled).
+    if strategy.recovery == "worker-copy" and c.form.name == "iter":
+        rec = s["recoveries"][0]
+        assert rec["action"] == "worker-copy" and rec["worker_copy"]["rows_from_workers"] > 0
+        assert rec["worker_copy"]["rows_initial"] == 0
+        if c.engine == "sim":
+            assert math.isclose(rec["perturbation_norm"], rec["perturbation_norm_lost"],
+                                rel_tol=1e-9, abs_tol=1e-12)
     # 5. Prioritized saves write no more bytes per N than one full checkpoint.
     if strategy.checkpoint == "prioritized":
         logical = s.get("logical_iterations") or s["iterations"]

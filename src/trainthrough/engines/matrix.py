@@ -77,7 +77,7 @@ def all_cells() -> list[Cell]:
 
 
 # Strategies whose invariants (3, 4 below) are checked on an ``iter`` failure.
-_ON_ITER = {"checkpoint-restart", "scar-partial", "checkpoint-sync"}
+_ON_ITER = {"checkpoint-restart", "scar-partial", "checkpoint-sync", "worker-copy"}
 
 
 def covering(cells: list[Cell]) -> list[Cell]:

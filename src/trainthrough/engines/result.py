@@ -25,6 +25,9 @@ class Recovery:
     perturbation_norm_lost: float = 0.0
     action: str = ""
     restored_from: int | None = None
+    # worker-copy recovery only: rows by source, the copy's lag, messages and bytes
+    # (ft/worker_copy.py's record); None for every other action.
+    worker_copy: dict[str, Any] | None = None
 
 
 @dataclass

@@ -18,6 +18,9 @@ class RecoveryAction(enum.Enum):
     ROLLBACK_ALL = "rollback-all"  # every shard back to the checkpoint; iteration too
     RESTORE_LOST = "restore-lost"  # only lost shards from the checkpoint (SCAR partial)
     FAILOVER = "failover"  # promote a live replica; nothing is rolled back
+    # Lost rows from the freshest copy live workers pulled; the rest (and optimizer
+    # state) from the checkpoint, or initial values without one (ft/worker_copy.py).
+    WORKER_COPY = "worker-copy"
     RESTART_WORKER = "restart-worker"  # a worker restarts with fresh local state
     # Data parallel (every rank holds a full replica; see ft/dp_policies.py):
     MINI_BATCH_ROLLBACK = "mini-batch-rollback"  # undo the step, redo it on survivors

@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 from trainthrough.errors import UserError
 from trainthrough.ft.checkpointing import CheckpointPolicy, FullEvery, NoCheckpoints
 from trainthrough.ft.prioritized import PrioritizedEvery
-from trainthrough.ft.recovery import RecoveryPolicy, Reinitialize, RestoreLost, RollbackAll
+from trainthrough.ft.recovery import (
+    FromWorkerCopies,
+    RecoveryPolicy,
+    Reinitialize,
+    RestoreLost,
+    RollbackAll,
+)
 
 
 @dataclass(frozen=True)
@@ -21,7 +27,8 @@ class Strategy:
     """One fault-tolerance strategy.
 
     ``checkpoint``: ``none``, ``full`` or ``prioritized``; ``persist``: ``sync`` or ``async``;
-    ``recovery``: ``reinit``, ``rollback-all`` or ``restore-lost`` (parameter server),
+    ``recovery``: ``reinit``, ``rollback-all``, ``restore-lost`` or ``worker-copy`` (lost
+    rows from the parameters live workers last pulled; parameter server),
     ``failover`` (promote a chain replica), ``mini-batch-rollback`` or ``lossy-forward``
     (data parallel; ``rollback-all`` is checkpoint-restart in both); ``replication``:
     ``none``, ``chain-sync`` or ``chain-async``; ``outage`` (what workers do while a
@@ -83,7 +90,8 @@ class Strategy:
         self.require("ps")
         policies: dict[str, type[RecoveryPolicy]] = {
             "reinit": Reinitialize, "rollback-all": RollbackAll,
-            "restore-lost": RestoreLost, "failover": RestoreLost}
+            "restore-lost": RestoreLost, "failover": RestoreLost,
+            "worker-copy": FromWorkerCopies}
         return policies[self.recovery]()
 
 
@@ -102,6 +110,13 @@ PRESETS: dict[str, Strategy] = {
                  "SCAR: prioritized checkpoints (the rows that changed most, a fraction r "
                  "every r*N; r=0.25 by default) + partial recovery", checkpoint="prioritized",
                  recovery="restore-lost"),
+        Strategy("worker-copy",
+                 "lost shard rows from the freshest copy live workers pulled (bsp: one "
+                 "round old, then that round replayed from the pushes the workers kept, "
+                 "unless one of them died too; ssp/async: up to the staleness old); a full "
+                 "checkpoint every N supplies optimizer state and the rows no live worker "
+                 "holds; nothing rolls back",
+                 checkpoint="full", recovery="worker-copy"),
         Strategy("checkpoint-sync",
                  "TTF: full checkpoint every N, training blocked while it is written; a "
                  "lost shard restarts from it", checkpoint="full", recovery="restore-lost"),
@@ -134,7 +149,8 @@ PRESETS: dict[str, Strategy] = {
 
 _DP_ONLY = ("mini-batch-rollback", "lossy-forward")
 _CHOICES = {"checkpoint": ("none", "full", "prioritized"), "persist": ("sync", "async"),
-            "recovery": ("reinit", "rollback-all", "restore-lost", "failover", *_DP_ONLY),
+            "recovery": ("reinit", "rollback-all", "restore-lost", "failover", "worker-copy",
+                         *_DP_ONLY),
             "replication": ("none", "chain-sync", "chain-async"), "outage": ("wait", "buffer")}
 
 

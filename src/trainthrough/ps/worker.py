@@ -7,6 +7,7 @@ a sequence number, so a server can drop a re-delivered push.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -17,6 +18,28 @@ from trainthrough.workloads.base import Params, Workload
 def step_seed(run_seed: int, worker_id: int, step: int) -> int:
     """The sampling seed of a worker at a logical step (same on a replayed step)."""
     return (run_seed * 1_000_003 + worker_id * 7_919 + step * 104_729) % (2**63 - 1)
+
+
+@dataclass(frozen=True)
+class WorkerCopy:
+    """What one worker last pulled.
+
+    ``params``: full-shape tensors (rows not pulled may hold anything); ``versions``:
+    each shard's version at the pull (the number of updates it had applied);
+    ``held``: per parameter, a boolean mask of the rows pulled (None: every row);
+    ``pushed``: the update the worker computed from it, split per shard (None: not
+    pushed yet, or not kept). Tensors are read-only: nothing changes them once kept.
+    """
+
+    worker: int
+    versions: tuple[int, ...]
+    params: Params
+    held: Params | None = None
+    pushed: list[Params] | None = None
+
+    def holds(self, name: str) -> torch.Tensor | None:
+        """The row mask of ``name`` (None: every row)."""
+        return None if self.held is None else self.held.get(name)
 
 
 class Worker:
@@ -30,9 +53,13 @@ class Worker:
         self.state: Any = None
         self.clock = 0  # logical steps completed (SSP uses it)
         self.seq = 0  # pushes sent, for de-duplication of re-delivered pushes
+        # The parameters last pulled, kept for worker-copy recovery (None: not kept,
+        # or lost with the worker's memory).
+        self.copy: WorkerCopy | None = None
 
     def start(self, params: Params, incarnation: int = 0) -> None:
         """(Re)build local state, e.g. after a crash: everything in memory is gone."""
+        self.copy = None
         gen = torch.Generator().manual_seed(step_seed(self.run_seed, self.worker_id, -1 - incarnation))
         self.state = self.workload.init_worker_state(self.worker_id, self.data, params, gen)
 
@@ -42,3 +69,15 @@ class Worker:
         update = self.workload.compute_update(params, self.data, self.state, step, seed)
         self.seq += 1
         return update
+
+    def keep(self, params: Params, versions: tuple[int, ...],
+             held: Params | None = None) -> None:
+        """Keep the parameters just pulled (not copied: the caller hands over tensors
+        no one changes) with each shard's version at the pull."""
+        self.copy = WorkerCopy(self.worker_id, versions, params, held)
+
+    def keep_push(self, parts: list[Params]) -> None:
+        """Keep the push (per shard) just computed from the kept copy: a bulk-synchronous
+        recovery replays the round from it (ft/worker_copy.py's ``replay``)."""
+        if self.copy is not None:
+            self.copy = replace(self.copy, pushed=parts)

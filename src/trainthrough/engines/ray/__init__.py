@@ -30,7 +30,7 @@ CAPABILITIES = {
     # rollback of everything rewinds the workers to the checkpoint's step.
     "ps": caps(consistency=("bsp", "async"), checkpoint=("none", "full", "prioritized"),
                persist=("sync", "async"),
-               recovery=("reinit", "rollback-all", "restore-lost", "failover"),
+               recovery=("reinit", "rollback-all", "restore-lost", "failover", "worker-copy"),
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
                phases=("",), replica_position=True),

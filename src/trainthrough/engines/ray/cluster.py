@@ -65,6 +65,7 @@ class Member:
     fail_iteration: int | None = None
     before: Params | None = None
     work_at_kill: tuple[float, float] | None = None
+    version_at_kill: int | None = None  # a shard's version (worker-copy's replay needs it)
     pool_key: tuple[str, ...] = ()  # what a pooled actor of its kind needs (pool.py)
 
 
@@ -96,7 +97,8 @@ class RayCluster:
             "outage": "buffer" if strategy.outage == "buffer" else "wait",
             "merge_rule": cfg.merge_rule, "merge_threshold": cfg.merge_threshold,
             "backlog": cfg.backlog, "read_from": "tail" if self.mode == "sync" else "head",
-            "scale": 1.0 / cfg.workers if aggregate == "mean" else 1.0}
+            "scale": 1.0 / cfg.workers if aggregate == "mean" else 1.0,
+            "keep_copies": strategy.recovery == "worker-copy"}
         self.members: dict[str, Member] = {}
         self.zk: Any = None
         self.membership: ZooKeeperMembership | None = None  # set by the driver once serving

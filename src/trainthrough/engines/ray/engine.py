@@ -221,6 +221,10 @@ class RayEngine:
         for name in victims(self.c, e):
             m = self.c.members[name]
             before = self.c.pull() if m.kind == "shard" else None
+            if m.kind == "shard" and self.bsp is not None:
+                # Between rounds nothing changes it: the version a worker-copy replay
+                # checks its copies against (async: pushes race the kill, no replay).
+                m.version_at_kill = int(ray.get(m.handle.stats.remote(), timeout=10)["version"])
             self.c.kill(name)
             self.result.failures += 1
             self._emit({"type": "failure", "iteration": iteration, "kind": m.kind,

@@ -132,10 +132,13 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
         return True
     # The strategy's recovery policy decides; this only carries the decision out.
     decision = eng.recovery_policy.decide((m.index,), eng.checkpointer.count > 0)
-    restored = None
+    restored, copies = None, None
     try:
-        if decision.action is RecoveryAction.RESTORE_LOST:
+        if decision.action in (RecoveryAction.RESTORE_LOST, RecoveryAction.WORKER_COPY) \
+                and decision.from_checkpoint:
             restored = eng.saves.restore([m.handle], eng._emit)
+        if decision.action is RecoveryAction.WORKER_COPY:
+            copies = _from_workers(eng, m, dead, restored is not None)
         elif decision.action is RecoveryAction.ROLLBACK_ALL:
             heads = [m.handle if i == m.index else c.head(i)
                      for i in range(eng.layout.num_shards)]
@@ -159,12 +162,42 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
                       perturbation_norm=(d := _delta(eng, dead.before, m.index))[0],
                       perturbation_norm_lost=d[1],
                       action=decision.action.value if restored is not None or
-                      decision.rewind else "reinit",
-                      restored_from=restored)
+                      decision.rewind or copies is not None else "reinit",
+                      restored_from=restored, worker_copy=copies)
     eng.measuring.append({"handle": m.handle, "version": _version(m.handle),
                           "kill_time": kill_time, "record": record,
                           "work_at_kill": dead.work_at_kill})
     return True
+
+
+def _from_workers(eng: RayEngine, m: Member, dead: Member,
+                  from_checkpoint: bool) -> dict[str, Any]:
+    """Worker-copy: ask every live worker which version of the shard it holds, then
+    the freshest holder for the shard's rows and, for a bulk-synchronous replay, every
+    holder of that version for its push slice. Rows and pushes go from worker to shard
+    by reference, not through the driver; the transfer is counted in the run's extras.
+    """
+    c = eng.c
+    workers = sorted((w for w in c.members.values() if w.kind == "worker" and w.in_service
+                      and w.killed_at is None), key=lambda w: w.index)
+    versions = ray.get([w.handle.copy_version.remote(m.index) for w in workers], timeout=30)
+    held = [(w, v) for w, v in zip(workers, versions) if v is not None]
+    replay = dead.version_at_kill is not None
+    replies = []
+    if held:
+        top = max(v for _, v in held)
+        fresh = next(w for w, v in held if v == top)  # the lowest id, as sim picks
+        replies = [w.handle.copy_rows.remote(m.index, w is fresh, replay)
+                   for w, v in held if w is fresh or (replay and v == top)]
+    n = eng.cfg.workers
+    divide_by = n if eng.w.aggregate == "mean" else 1
+    out: dict[str, Any] = ray.get(m.handle.recover_from_workers.remote(
+        from_checkpoint, dead.version_at_kill, n, divide_by, len(workers), *replies),
+        timeout=60)
+    extras = eng.result.extras
+    for k in ("messages", "bytes"):
+        extras[f"worker_copy_{k}"] = extras.get(f"worker_copy_{k}", 0) + int(out[k] or 0)
+    return out
 
 
 def _version(handle: Any) -> int:

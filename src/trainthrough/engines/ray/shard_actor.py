@@ -27,6 +27,7 @@ from trainthrough.engines.ray.chain_link import ChainLink
 from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
+from trainthrough.ft.worker_copy import recover_from_replies
 from trainthrough.ps.layout import RowBlock
 from trainthrough.ps.shard import Shard, clone_state
 from trainthrough.workloads.base import OptimizerSpec
@@ -297,6 +298,18 @@ class ShardActor:
                 # Rounds after the restored step are undone: replayed, they must apply.
                 self._rounds = {r for r in self._rounds if step is not None and r < step}
         return {"step": step, "skipped": skipped, **out}
+
+    def recover_from_workers(self, from_checkpoint: bool, lost_version: int | None,
+                             round_size: int, divide_by: int, asked: int,
+                             *replies: Any) -> dict[str, Any]:
+        """Worker-copy recovery (after :meth:`restore`, or on a fresh shard): this
+        shard's rows from the freshest worker copy (``replies``: workers' ``copy_rows``,
+        passed by reference from worker to shard), then the missed bulk-synchronous
+        round replayed when whole (ft/worker_copy.py)."""
+        with self.lock:
+            return recover_from_replies(self.shard, [r for r in replies if r is not None],
+                                        from_checkpoint, lost_version, round_size, divide_by,
+                                        asked)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:

@@ -87,6 +87,7 @@ class WorkerActor:
         self._handles: dict[int, tuple[int, Any, Any]] = {}  # shard -> (epoch, write, read)
         self._recheck: dict[int, float] = {}  # shard -> when to ask the registry again
         self._params: Tensors | None = None
+        self._versions: tuple[int, ...] = ()
         self._backlogs = [Backlog[Tensors](settings.get("backlog", 256))
                           for _ in layout.shards]
         # busy: computing; idle: waiting for a shard that is down; comm: the rest
@@ -145,7 +146,32 @@ class WorkerActor:
         self.step = step + 1
         self.pushes += 1
         out = self.layout.split_partial(update)
+        if self.s.get("keep_copies"):
+            # Kept for worker-copy recovery: the pull (fresh tensors from the shards,
+            # never changed here) and the push made from it.
+            self.worker.keep(params, tuple(p[0] for p in parts))
+            self.worker.keep_push(out)
         return out[0] if len(out) == 1 else out  # one return value per shard
+
+    def copy_version(self, shard: int) -> int | None:
+        """The version of shard ``shard`` in this worker's copy (None: it holds none,
+        e.g. a replacement that has not pulled yet)."""
+        c = self.worker.copy
+        return None if c is None else c.versions[shard]
+
+    def copy_rows(self, shard: int, rows: bool, push: bool
+                  ) -> tuple[int, int, Tensors, Tensors | None] | None:
+        """Worker-copy recovery asks for shard ``shard``'s slices only: (worker id, the
+        shard's version at the pull, the rows if ``rows``, the push slice made from them
+        if ``push`` and kept); None when this worker holds no copy."""
+        c = self.worker.copy
+        if c is None:
+            return None
+        values = ({n: v.clone() for n, v in self.layout.split(c.params)[shard].items()}
+                  if rows else {})
+        pushed = ({n: v.clone() for n, v in c.pushed[shard].items()}
+                  if push and c.pushed is not None else None)
+        return self.worker.worker_id, c.versions[shard], values, pushed
 
     def rewind(self, step: int) -> None:
         """A rollback to a checkpoint of ``step``: go back to that data position (the
@@ -204,12 +230,16 @@ class WorkerActor:
             return [None] * len(handles)
         refs = [h[1].pull.remote() if h is not None else None for h in handles]
         parts: list[Tensors | None] = []
+        versions: list[int] = []
         for i, ref in enumerate(refs):
             try:
-                parts.append(ray.get(ref)[1] if ref is not None else None)
+                version, part = ray.get(ref) if ref is not None else (-1, None)
             except ray.exceptions.RayError:
                 self._handles.pop(i, None)
-                parts.append(None)
+                version, part = -1, None
+            parts.append(part)
+            versions.append(version)
+        self._versions = tuple(versions)  # each shard's version at this pull
         return parts
 
     # -- the loop ---------------------------------------------------------------
@@ -236,6 +266,8 @@ class WorkerActor:
                     self.idle += self._pause(t0)
                 continue
             self._params = params
+            if self.s.get("keep_copies"):  # held anyway as _params: no extra memory
+                self.worker.keep(params, self._versions)
             t1 = time.perf_counter()
             update = self.worker.compute(params, self.step)
             t2 = time.perf_counter()

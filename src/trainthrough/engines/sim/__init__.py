@@ -10,7 +10,8 @@ ENGINE = "trainthrough.engines.sim.factory:build"
 _TRIGGERS = ("iter", "time", "mtbf")
 CAPABILITIES = {
     "ps": caps(consistency=("bsp", "ssp"), checkpoint=("none", "full", "prioritized"),
-               persist=("sync", "async"), recovery=("reinit", "rollback-all", "restore-lost"),
+               persist=("sync", "async"),
+               recovery=("reinit", "rollback-all", "restore-lost", "worker-copy"),
                replication=("none",), outage=("wait",), targets=("shard", "worker"),
                triggers=_TRIGGERS, phases=("", "recovery"), resume=True),
     "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync", "async"),

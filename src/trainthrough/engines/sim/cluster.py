@@ -29,6 +29,9 @@ class SimCluster:
         self.store = store
         self.param_bytes = sum(v.numel() * v.element_size() for v in x0.values())
         self.worker_incarnations = [0] * len(workers)
+        # Worker-copy recovery: every pull is kept by the workers that made it. Off
+        # otherwise, so other strategies pay nothing for it.
+        self.keep_copies = False
 
     # -- reading ----------------------------------------------------------------
     def params(self) -> Params:
@@ -45,10 +48,32 @@ class SimCluster:
 
     # -- the bulk-synchronous round (ps/round.py's host) --------------------------
     def pull(self) -> Params:
-        return self.params()
+        """The round's pull; every worker keeps it when worker copies are on (one frozen
+        copy in this process stands for the one each worker holds in a deployment)."""
+        if not self.keep_copies:
+            return self.params()
+        params, versions = self.snapshot(), self.versions()
+        for wk in self.workers:
+            wk.keep(params, versions)
+        return params
+
+    def pull_for(self, w: int) -> Params:
+        """Worker ``w``'s own pull (bounded staleness), kept when copies are on."""
+        if not self.keep_copies:
+            return self.params()
+        params = self.snapshot()
+        self.workers[w].keep(params, self.versions())
+        return params
+
+    def versions(self) -> tuple[int, ...]:
+        return tuple(s.version for s in self.shards)
 
     def compute(self, step: int, params: Params) -> list[list[Params]]:
-        return [self.layout.split_partial(wk.compute(params, step)) for wk in self.workers]
+        parts = [self.layout.split_partial(wk.compute(params, step)) for wk in self.workers]
+        if self.keep_copies:
+            for wk, p in zip(self.workers, parts):
+                wk.keep_push(p)
+        return parts
 
     def apply_parts(self, step: int, parts: list[list[Params]], divide_by: int) -> bool:
         for shard, p in zip(self.shards, parts):

@@ -66,6 +66,7 @@ class SimEngine:
         store = (CheckpointStore(checkpoint_url, keep_last=keep)
                  if self.strategy.checkpoint != "none" else None)
         self.cluster = SimCluster(workload, layout, x0, shards, workers, store)
+        self.cluster.keep_copies = self.strategy.recovery == "worker-copy"
         self.clock = VirtualClock()
         self.costs = Costs(cfg.cost, workload.step_seconds)
         every = cfg.checkpoint_every or workload.default_checkpoint_every
@@ -74,7 +75,8 @@ class SimEngine:
         self.checkpointer = SimCheckpointer(self.cluster, policy, self.clock, self.costs,
                                             self._emit, cfg.seed)
         self.recovery = SimRecovery(self.cluster, self.schedule, self.strategy.recovery_policy(),
-                                    self.checkpointer, self.clock, self.costs, self._emit)
+                                    self.checkpointer, self.clock, self.costs, self._emit,
+                                    replay_rounds=cfg.consistency == "bsp")
         self.max_iter = ctx.limits.max_iterations
         self.result = ctx.result
         self._wall0 = time.perf_counter()
@@ -173,7 +175,7 @@ class SimEngine:
                 heapq.heappush(self._ready, (t + base, i))
                 continue
             self.clock.now = max(self.clock.now, t)
-            upd = self.cluster.workers[i].compute(self.cluster.params(), self._clocks[i])
+            upd = self.cluster.workers[i].compute(self.cluster.pull_for(i), self._clocks[i])
             self.cluster.apply(upd, scale)
             self.result.updates_applied += 1
             self._clocks[i] += 1

@@ -1,6 +1,7 @@
 """The default suite (``make run``): every workload loses half its shards once, late in a
 checkpoint interval and well before convergence; no fault tolerance, traditional
-checkpoint-restart, and SCAR's two improvements, on the same failure trace."""
+checkpoint-restart, SCAR's two improvements and worker-copy recovery, on the same failure
+trace."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
 
-DESCRIPTION = "every workload, 50% of shards lost once: none, checkpoint-restart, SCAR"
-STRATEGIES = ("none", "checkpoint-restart", "scar-partial", "scar")
+DESCRIPTION = ("every workload, 50% of shards lost once: none, checkpoint-restart, SCAR, "
+               "worker-copy")
+STRATEGIES = ("none", "checkpoint-restart", "scar-partial", "scar", "worker-copy")
 # (failure iteration, checkpoint interval N) per workload, at the workloads' defaults:
 # a quick look (`make run`, under 3 minutes). The scar suite runs slower-converging
 # settings where checkpoint-restart's rework is 20+ iterations (suites/scar.py).
