@@ -1,4 +1,5 @@
-"""The SCAR suite: partial recovery and prioritized checkpoints vs checkpoint-restart.
+"""The SCAR suite: partial recovery, prioritized checkpoints and recovery
+from the workers' copies vs checkpoint-restart.
 
 Grid: workloads x fraction of shards lost {25, 50, 75}% x one failure late in a
 checkpoint interval (80% of the way through it) x :data:`STRATEGIES` x seeds (10 by
@@ -68,7 +69,7 @@ SETTINGS: dict[str, Setting] = {
 FRACTIONS = ("25%", "50%", "75%")
 #: every recovery compared; the first is the baseline of the reductions. A strategy
 #: added here gets its rows, report columns, reductions and plot points everywhere.
-STRATEGIES = ("checkpoint-restart", "scar-partial", "scar")
+STRATEGIES = ("checkpoint-restart", "scar-partial", "scar", "worker-copy")
 BASELINE = STRATEGIES[0]
 ABLATION_RULES = ("random", "round-robin")
 #: seeds by default: the full suite, and --quick
@@ -141,10 +142,14 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                   "targets are the workloads' defaults for real data, not tuned here; "
                   "check that the failure-free runs reach them well after the failure."]
                  if real else []),
-               "Equal checkpoint interval N for every strategy: checkpoint-restart and "
-               "scar-partial write a full checkpoint every N, scar a quarter of the bytes "
-               "every N/4 (r = 0.25, largest change first), so the payload bytes match; "
-               "see the bytes table.",
+               "Equal checkpoint interval N for every strategy: checkpoint-restart, "
+               "scar-partial and worker-copy write a full checkpoint every N, scar a "
+               "quarter of the bytes every N/4 (r = 0.25, largest change first), so the "
+               "payload bytes match; see the bytes table.",
+               "worker-copy rebuilds a lost shard's rows from the copy live workers "
+               "pulled (bsp: replaying the round they missed from their kept pushes), "
+               "the checkpoint only for the optimizer state and rows no worker holds "
+               "(ft/worker_copy.py).",
                "Intervals are 95%: Student t for the mean rework, Fieller's for the "
                "reduction (a ratio of means paired by seed); lab/intervals.py says why.",
                "cnn is scored by test loss in this suite (a smooth metric), not accuracy.",
