@@ -97,6 +97,14 @@ def ensure_ray(address: str | None = None,
     except ImportError:
         raise UserError("the ray engine needs Ray: pip install 'trainthrough[ray]'") from None
     if ray.is_initialized():
+        # Already connected (a suite's shared session, a library caller's own): an
+        # address naming another cluster is refused, not silently ignored.
+        if address and address != "auto":
+            check_address(address)
+            current = ray.get_runtime_context().gcs_address
+            if address.split("://", 1)[-1] != current:
+                raise UserError(f"this process is already connected to the Ray cluster at "
+                                f"{current}; it cannot also join {address}")
         return False
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
