@@ -91,7 +91,8 @@ WINDOW_FROM = 10  # steps/s from this committed step (all N in), so start-up is 
 # parameters to the controller, which scores the held-out digits on a core the ranks
 # need. torchft's replicas evaluate only at the end, so ours evaluate every 50 steps,
 # not every 10 (measured, one 3-repetition run each: 205-213 free steps/s with
-# evaluations every 10 steps, 220-277 with every 50).
+# evaluations every 10 steps, 220-277 with every 50). A run shorter than 150 steps
+# evaluates every third of it: the rate needs two evaluations after WINDOW_FROM.
 EVAL_EVERY = 50
 TIMEOUT = 5.0  # torchft's ProcessGroupGloo timeout and trainthrough's collective timeout
 DEFAULT_HEARTBEAT_MS = 5000  # torchft_lighthouse --heartbeat_timeout_ms default
@@ -201,7 +202,7 @@ def trainthrough_config(strategy: str, steps: int, kills: list[int],
         shift += strategy == "rollback"
     cfg = RunConfig(workload="cnn", paradigm="dp", engine=engine, ranks=REPLICAS,
                     strategy=strategy, elastic="keep-local", stop_at_target=False,
-                    max_iterations=steps + shift, eval_every=EVAL_EVERY, failures=specs, seed=seed,
+                    max_iterations=steps + shift, eval_every=min(EVAL_EVERY, steps // 3), failures=specs, seed=seed,
                     cost=CostModel(timeout_seconds=TIMEOUT))
     cfg.validate()
     return cfg
