@@ -51,7 +51,7 @@ from torchft import (
 )
 from torchft.checkpointing.pg_transport import PGTransport
 
-from trainthrough.dp.batching import Cursor, SampleStream
+from trainthrough.dp.batching import Cursor, SampleStream, plan_batch
 from trainthrough.workloads._data import digits_split
 from trainthrough.workloads.cnn import CNN, SmallConvNet
 
@@ -112,18 +112,22 @@ def _average_gradients(manager: Manager, model: torch.nn.Module) -> None:
 
 class StepBatches:
     """The rows replica ``replica`` of ``replicas`` trains on at committed step k: its
-    share of our k-th global batch (one micro-batch per rank, as our benchmark runs)."""
+    share of our k-th global batch, planned by our ranks' own code (``plan_batch``,
+    one micro-batch per rank as the benchmark runs ours)."""
 
     def __init__(self, n: int, seed: int, replica: int, replicas: int, batch: int) -> None:
         self.stream = SampleStream(n, seed)
-        self.share = slice(replica * batch, (replica + 1) * batch)
-        self.size = replicas * batch
+        self.replica, self.members, self.batch = replica, range(replicas), batch
         self.cursors = [Cursor()]  # cursors[k]: where the k-th global batch starts
+        self.mine: list[torch.Tensor] = []  # mine[k]: this replica's rows of batch k
 
     def rows(self, step: int) -> torch.Tensor:
-        while len(self.cursors) <= step:
-            self.cursors.append(self.stream.take(self.cursors[-1], self.size)[1])
-        return self.stream.take(self.cursors[step], self.size)[0][self.share]
+        while len(self.mine) <= step:
+            plan = plan_batch(self.stream, self.cursors[-1], len(self.members) * self.batch,
+                              1.0, self.members, self.batch)
+            self.mine.append(torch.cat([m.rows for m in plan.share[self.replica]]))
+            self.cursors.append(plan.next_cursor)
+        return self.mine[step]
 
 
 def train(spec: dict[str, Any], record: Record) -> None:
