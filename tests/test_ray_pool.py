@@ -23,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def _bsp(seed: int, strategy: str) -> RunConfig:
-    return RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=2, workers=2,
+    # One shard: each actor imports torch (~2 s), and a second shard is the same class
+    # reset the same way, so it covers nothing more.
+    return RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1, workers=2,
                      consistency="bsp", seed=seed, max_iterations=12, eval_every=4,
                      checkpoint_every=5, stop_at_target=False)
 
@@ -31,7 +33,7 @@ def _bsp(seed: int, strategy: str) -> RunConfig:
 def _dirty() -> RunConfig:
     """An asynchronous run that leaves every kind of state behind: Adam moments,
     versions, dedup tables, data positions, a chain's forwarder, checkpoints."""
-    return RunConfig(workload="cnn", strategy="chain-async", engine="ray", shards=2,
+    return RunConfig(workload="cnn", strategy="chain-async", engine="ray", shards=1,
                      workers=2, consistency="async", replicas=2, max_iterations=40,
                      eval_every=10, checkpoint_every=10, stop_at_target=False)
 
