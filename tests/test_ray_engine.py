@@ -203,16 +203,17 @@ def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None
     it replaced are refused."""
     import torch
 
-    from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink
+    from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink, Replica
 
     cond = threading.Condition()
     order: list[int] = []
 
-    def apply(worker: int, seq: int, update: object, scale: float) -> bool:
-        order.append(seq)
-        return True
+    class Log(Replica):
+        def apply(self, worker: int, seq: int, update: object, scale: float) -> bool:
+            order.append(seq)
+            return True
 
-    link = ChainLink(cond, apply, max_lag=8)
+    link = ChainLink(cond, Log(), max_lag=8)
     _under(cond, link.rewire, None, "sync")  # the tail
     item = (0, 2, {"x": torch.ones(1)}, 1.0)
     # Whichever call takes the lock first, position 2 is applied after position 1.

@@ -1,43 +1,55 @@
 """Pipelined chain replication for one shard replica: order, forwarding, acknowledgement.
 
 Every push a replica applies gets a *chain position* (1, 2, ...), assigned by the head
-and carried down the chain; every replica applies pushes in position order (a threaded
-Ray actor may start calls in any order, so a forward that arrives early waits for its
-turn). The head forwards pushes as they are applied, without waiting for the previous
-ones to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding on each
-link, and pushes applied meanwhile go together in the next call (a Ray call costs
+and carried down the chain. The head forwards as it applies, without waiting for the
+previous forwards to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding
+on each link, and what is applied meanwhile goes in the next call (a Ray call costs
 more CPU than applying a push, and the CPU is what a replicated chain runs out of);
-and an asynchronous link lingers for a fuller batch.
-Order is kept by the positions, not by waiting.
+an asynchronous link also lingers for a fuller group.
+
+What a forward carries (group commit). Either the pushes applied since the last
+forward, at positions ``first``, ``first + 1``, ... (the successor applies them), or
+the replica's whole *state* at position ``pos`` (parameters, optimizer state, version,
+dedup table: the successor takes it, which holds every push up to ``pos``), whichever
+is fewer bytes. Measured (cnn with Adam, 2 cores): a Ray call's CPU grows by ~0.1 ms
+per side for every 64 KiB it carries, so a group of more than three pushes costs less
+as the state (Adam's state is three times the parameters), and a replica that takes a
+state applies nothing. A successor applies pushes in position order (a threaded Ray
+actor may start calls in any order, so a forward that arrives early waits for its
+turn); a state at a position it already has is only acknowledged.
 
 Acknowledgement. ``durable`` is the highest position the rest of the chain has
 (the successor acknowledged it; for the tail, what it applied). A synchronous push is
 acknowledged to its sender only once ``durable`` covers it, so an acknowledged push is
 on every live replica; an asynchronous one at once (at most ``max_lag`` ahead).
 
-Failures. Pushes stay in this replica's log until acknowledged. When a forward fails,
-the link is *broken*: waiting synchronous pushes raise (their senders retry the same
-sequence number, which the shard's dedup absorbs), and the log is sent again in order
-once the chain is rewired (successor died: :meth:`ChainLink.rewire`, called by the
-driver) or after a short pause (successor alive, its own successor broke). A replica
-that already has a position acknowledges it again without applying it. A replica that
-starts taking pushes from workers leads a new *generation*: forwards still in flight
-from the head it replaced are refused, so two heads never hand out the same position.
+Failures. When a forward fails, the link is *broken*: waiting synchronous pushes
+raise (their senders retry the same sequence number, which the shard's dedup absorbs).
+Once the chain is rewired (successor died: :meth:`ChainLink.rewire`, called by the
+driver) or after a short pause (successor alive, its own successor broke), the next
+forward is the whole state: it holds every position the successor may have missed, so
+no log of unacknowledged pushes is kept. Positions only grow down a chain (a replica
+has at most its predecessor's), so the state a predecessor sends never takes a
+successor back. A replica that starts taking pushes from workers leads a new
+*generation*: forwards still in flight from the head it replaced are refused, so two
+heads never hand out the same position.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import ray
+import torch
 
 from trainthrough.engines.ray import wire
 
 Item = wire.Item
+Tensors = dict[str, torch.Tensor]
 Apply = Callable[[int, int, Any, float], bool]  # True: applied (not a duplicate)
 # A forward waits this long for the positions before it (its sender died otherwise).
 REORDER_SECONDS = 5.0
@@ -46,44 +58,79 @@ ACK_SECONDS = 30.0
 RETRY_PAUSE = 0.01
 # Forward calls outstanding per link. Measured (CPU seconds of each actor process per
 # update, cnn, 2 cores): the CPU, not the wait, is what a chain runs out of, and a Ray
-# call costs each side ~1 ms of CPU, 4-10 times a push's apply. With 2 in flight nearly every push went
-# alone; with 1, the pushes applied during a call's round trip go together in the next.
+# call costs each side 0.5-1 ms of CPU, 5-10 times a push's apply. With 2 in flight
+# nearly every push went alone; with 1, what is applied during a call's round trip
+# goes together in the next.
 IN_FLIGHT = 1
-# An asynchronous link also waits for a fuller batch: at most ASYNC_LINGER seconds for
+# An asynchronous link also waits for a fuller group: at most ASYNC_LINGER seconds for
 # ASYNC_BATCH pushes (or ``max_lag``, if smaller: the head would block first). Nobody
-# waits on an asynchronous forward, so it costs lag, not throughput (at ~130 pushes/s,
-# 20 ms gathered only 2-3). A synchronous push's sender waits for the tail, and each
-# worker has one push outstanding: a batch there is what arrived during the last call.
+# waits on an asynchronous forward, so it costs lag, not throughput.
 ASYNC_BATCH = 16
 ASYNC_LINGER = 0.1
+# A synchronous push's sender waits for the tail, and each worker has one push
+# outstanding, so a group is what arrived during the last call: 1.56 pushes on average
+# (cnn, 4 workers, 2 cores), each group two Ray calls down the chain. The head waits
+# at most SYNC_LINGER seconds for one push from every worker it has seen (then it sends
+# at once): 1.8 pushes a group at 3 ms, 2.25 at 10 ms. The wait costs the push's
+# latency, not CPU: meanwhile the other workers compute.
+SYNC_LINGER = 0.003
 
 
 class ChainBroken(RuntimeError):
     """The push is applied here but not yet known to be on the whole chain: retry it."""
 
 
+class Replica:
+    """What a link needs of the shard it replicates; every call runs under the link's
+    lock. Default: nothing to apply or copy (a subclass or the actor provides them)."""
+
+    def apply(self, worker: int, seq: int, update: Any, scale: float) -> bool:
+        """Apply a push unless a duplicate; True if applied."""
+        return True
+
+    def state(self) -> Tensors:
+        """The live state (parameters, optimizer state, version, dedup table)."""
+        return {}
+
+    def load(self, state: Tensors) -> None:
+        """Take ``state`` as a whole (copying it)."""
+
+
 class ChainLink:
     """This replica's place in its chain. Every method runs under ``cond`` (the actor's
     lock) except the two threads of a replica with a successor: :meth:`_send_loop`,
-    which sends, and :meth:`_complete`, which collects acknowledgements."""
+    which sends, and :meth:`_complete`, which collects acknowledgements. Pushes and
+    forwards wait on ``cond`` (for their turn, their acknowledgement, room to lag)."""
 
-    def __init__(self, cond: threading.Condition, apply: Apply, max_lag: int) -> None:
-        self.cond, self.apply, self.max_lag = cond, apply, max_lag
+    def __init__(self, cond: threading.Condition, replica: Replica, max_lag: int) -> None:
+        self.cond, self.replica, self.max_lag = cond, replica, max_lag
+        # The sender and the collector wait on conditions of their own over the same
+        # lock: a notification wakes only the threads it concerns. One condition for
+        # all woke every waiting push, the sender and the collector on every change
+        # (a thread switch each, where the CPU is what a chain runs out of).
+        self._send_cv = threading.Condition(cond)  # type: ignore[arg-type]
+        self._ack_cv = threading.Condition(cond)  # type: ignore[arg-type]
         self.successor: Any = None
         self.mode = "none"
         self.forwarded = 0
+        self.sent_states = 0  # forwards that carried the state (the rest carried pushes)
         self.reset(0, 0)
         self._completer: threading.Thread | None = None
         self._sender: threading.Thread | None = None
+        self._lingering = False  # the sender waits for a fuller group (a timed wait)
         self._closed = False
 
     def reset(self, gen: int, pos: int) -> None:
         """Take a chain place copied from another replica (or a fresh one)."""
         self.gen, self.pos, self.durable = gen, pos, pos
         self.head = False
-        self._log: OrderedDict[int, Item] = OrderedDict()  # applied, not acknowledged
-        self._out: list[tuple[int, Item]] = []  # applied, not yet sent
+        self._workers: set[int] = set()
+        self._out: list[Item] = []  # applied since the last forward, not yet sent
+        self._out_bytes = 0
         self._out_since = 0.0  # when the oldest of ``_out`` was applied
+        # The next forward must be the state: pushes since the last forward would not
+        # continue what the successor has (a state taken, a rewire, a break).
+        self._whole = True
         self._calls = 0  # forward calls outstanding in this link epoch
         self._sent: deque[tuple[int, Any, int]] = deque()  # last position, ref, link epoch
         # Only ever grows (a reset keeps counting): an outcome of a send from before a
@@ -102,19 +149,18 @@ class ChainLink:
         if not self.head:  # first worker push: this replica leads the chain now
             self.head, self.gen = True, self.gen + 1
             self.cond.notify_all()  # forwards waiting from the replaced head give up
+        self._workers.add(item[0])
         if self.mode == "async":
             self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
-        if self.apply(*item):
-            self._append(item)
+        if self.replica.apply(*item):
+            self._advance(item)
         if self.mode == "sync":
             self._await_durable(self.pos)
 
     def from_predecessor(self, gen: int, first: int, items: list[Item]) -> None:
         """Forwarded pushes at chain positions ``first``, ``first + 1``, ... of
         generation ``gen``: applied in order (positions already here are skipped)."""
-        if gen < self.gen:
-            raise ChainBroken(f"forward from a replaced head (generation {gen} < {self.gen})")
-        self.gen = gen
+        self._check_gen(gen)
         if first > self.pos + 1:  # an earlier call is still on its way: its turn first
             if not self._wait(lambda: self.pos >= first - 1 or self.gen != gen,
                               REORDER_SECONDS):
@@ -123,64 +169,113 @@ class ChainLink:
                 raise ChainBroken("the head was replaced")
         for k, item in enumerate(items):
             if first + k == self.pos + 1:
-                self.apply(*item)
-                self._append(item)
+                self.replica.apply(*item)
+                self._advance(item)
         self.cond.notify_all()
         if self.mode == "sync":
             self._await_durable(first + len(items) - 1)
 
-    def _append(self, item: Item) -> None:
+    def from_state(self, gen: int, pos: int, state: Tensors) -> None:
+        """The predecessor's whole state at position ``pos``: taken if ahead of this
+        replica (it holds every push up to ``pos``), else only acknowledged."""
+        self._check_gen(gen)
+        if pos > self.pos:
+            self.replica.load(state)
+            self.pos = pos
+            if self.successor is None:
+                self.durable = pos
+            else:  # pushes gathered before it are in it; the successor needs the state
+                self._out, self._out_bytes, self._whole = [], 0, True
+                self._flush()
+        self.cond.notify_all()
+        if self.mode == "sync":
+            self._await_durable(pos)
+
+    def _check_gen(self, gen: int) -> None:
+        if gen < self.gen:
+            raise ChainBroken(f"forward from a replaced head (generation {gen} < {self.gen})")
+        self.gen = gen
+
+    def _advance(self, item: Item) -> None:
         self.pos += 1
         if self.successor is None:
             self.durable = self.pos  # the tail: applied here is on the whole chain
             return
-        self._log[self.pos] = item
-        if not self._broken:
-            if not self._out:
-                self._out_since = time.monotonic()
-            self._out.append((self.pos, item))
-            self._flush()
+        if self._whole:
+            self._flush()  # the state goes next, and holds this push
+            return
+        if not self._out:
+            self._out_since = time.monotonic()
+        self._out.append(item)
+        self._out_bytes += wire.nbytes(item)
+        self._flush()
+
+    def _ready(self) -> bool:
+        return (bool(self._out) or self._whole) and self.successor is not None \
+            and self._calls < IN_FLIGHT and not self._broken
 
     def _flush(self) -> None:
-        """Wake the sender if it may send now (it sends outside the lock)."""
-        if self._out and self._calls < IN_FLIGHT and not self._broken:
-            self.cond.notify_all()
+        """Wake the sender if it has something to do now. A sender lingering for a
+        fuller group wakes on its own when the linger is over: waking it for every push
+        cost a thread switch each."""
+        if self._ready() and (not self._lingering or self._linger() <= 0):
+            self._send_cv.notify()
 
     def _send_loop(self) -> None:
-        """Send batches in order, one thread, without the shard's lock: a Ray call's
-        submission (pickling, task set-up) costs about as much CPU as applying an
-        update, and a push (or pull) waiting behind it would pay for it."""
+        """Send in position order, one thread, without the shard's lock: a Ray call's
+        submission (pickling, task set-up) costs more CPU than applying an update, and
+        a push (or pull) waiting behind it would pay for it. Only the state's copy
+        (one concatenation) is taken under the lock, so it matches ``pos``."""
         while True:
             with self.cond:
                 while not self._closed:
-                    if not (self._out and self._calls < IN_FLIGHT and not self._broken):
-                        self.cond.wait()
+                    if not self._ready():
+                        self._send_cv.wait()
                         continue
                     linger = self._linger()
                     if linger <= 0:
                         break
-                    self.cond.wait(linger)
+                    self._lingering = True
+                    self._send_cv.wait(linger)
+                    self._lingering = False
                 if self._closed:
                     return
-                room = max(1, wire.CALL_BYTES // max(wire.nbytes(self._out[0][1]), 1))
-                batch, self._out = self._out[:room], self._out[room:]
+                succ, gen, epoch, last = self.successor, self.gen, self._epoch, self.pos
+                first = last - len(self._out) + 1
+                state: Any = None  # packed, or a dict of tensors
+                if self._whole or self._out_bytes >= wire.state_nbytes(self.replica.state()):
+                    live = self.replica.state()
+                    # The copy is taken here, under the lock, so it matches ``last``.
+                    state = wire.pack_state(live) if wire.packable_state(live) \
+                        else {k: v.clone() for k, v in live.items()}  # pickled by Ray
+                    self.sent_states += 1
+                items = self._out
+                self._out, self._out_bytes, self._whole = [], 0, False
                 self._calls += 1
-                succ, gen, epoch = self.successor, self.gen, self._epoch
-            first, last, items = batch[0][0], batch[-1][0], [i for _, i in batch]
-            if wire.packable(items):
+            if isinstance(state, tuple):
+                ref = succ.chain_state.remote(gen, last, state[0], *state[1])
+            elif state is not None:
+                ref = succ.chain_state.remote(gen, last, state)
+            elif wire.packable(items):
                 meta, chunks = wire.pack(items)
                 ref = succ.chain_push.remote(gen, first, meta, *chunks)
             else:  # anything but float32: as it is (pickled)
                 ref = succ.chain_push.remote(gen, first, items)
             with self.cond:
-                # A rewire meanwhile sent the log again: this call's outcome is moot.
+                # A rewire meanwhile sends the state again: this call's outcome is moot.
                 if epoch == self._epoch:
                     self._sent.append((last, ref, epoch))
-                    self.cond.notify_all()
+                    self._ack_cv.notify()
 
     def _linger(self) -> float:
         """Seconds the sender still waits for more pushes before sending (0: now)."""
-        if self.mode != "async" or len(self._out) >= min(ASYNC_BATCH, self.max_lag):
+        if self._whole:
+            return 0.0
+        if self.mode == "sync":
+            if not self.head or len(self._out) >= len(self._workers):
+                return 0.0
+            return SYNC_LINGER - (time.monotonic() - self._out_since)
+        if len(self._out) >= min(ASYNC_BATCH, self.max_lag):
             return 0.0
         return ASYNC_LINGER - (time.monotonic() - self._out_since)
 
@@ -201,7 +296,8 @@ class ChainLink:
 
     # -- the chain changes ----------------------------------------------------------
     def rewire(self, successor: Any, mode: str) -> None:
-        """A new successor (None: this replica is the tail now); send it the log."""
+        """A new successor (None: this replica is the tail now); the next forward is
+        the state, which holds whatever the successor may lack."""
         self.successor, self.mode = successor, mode
         self._reconnect()
         if successor is not None and self._completer is None:
@@ -218,7 +314,8 @@ class ChainLink:
         with self.cond:
             self._closed, self.successor = True, None
             self._out, self._sent = [], deque()
-            self.cond.notify_all()
+            for c in (self.cond, self._send_cv, self._ack_cv):
+                c.notify_all()
         for t in (self._sender, self._completer):
             if t is not None:
                 t.join(timeout=5)
@@ -229,13 +326,13 @@ class ChainLink:
         self._broken = False
         self._sent.clear()  # outcomes of earlier sends no longer decide anything
         self._calls = 0
-        self._out = []
+        self._out, self._out_bytes, self._whole = [], 0, True
         if self.successor is None:
             self.durable = self.pos
-            self._log.clear()
         else:
-            self._out = list(self._log.items())
-            self._out_since = time.monotonic()
+            # Sent even if ``durable`` covers ``pos`` (one call per rewire): an
+            # asynchronous successor acknowledges before its own successor has a push,
+            # so a new successor may lack positions this replica counts as durable.
             self._flush()
         self.cond.notify_all()
 
@@ -244,7 +341,7 @@ class ChainLink:
         while True:
             with self.cond:
                 while not self._sent and not self._closed:
-                    self.cond.wait()
+                    self._ack_cv.wait()
                 if self._closed:
                     return
                 pos, ref, epoch = self._sent.popleft()
@@ -260,8 +357,6 @@ class ChainLink:
                     self.forwarded += 1
                     if pos > self.durable:  # an acknowledgement covers all before it
                         self.durable = pos
-                        while self._log and next(iter(self._log)) <= pos:
-                            self._log.popitem(last=False)
                         self.cond.notify_all()
                     if epoch == self._epoch:
                         self._flush()  # what was applied meanwhile, as one call

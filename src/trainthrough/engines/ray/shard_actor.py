@@ -23,7 +23,7 @@ import ray
 import torch
 
 from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.chain_link import ChainLink
+from trainthrough.engines.ray.chain_link import ChainLink, Replica
 from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
@@ -54,7 +54,7 @@ class ShardActor:
         # A condition, so chain pushes can wait for their turn or their acknowledgement
         # without holding the shard.
         self.lock = threading.Condition()
-        self.link = ChainLink(self.lock, self._apply, max_lag)
+        self.link = ChainLink(self.lock, _ShardReplica(self), max_lag)
         self._rounds: set[int] = set()
         self._persister = Persister()
         self._ckpt_lock = threading.Lock()
@@ -162,8 +162,12 @@ class ShardActor:
         with self.lock:
             self.link.from_predecessor(gen, first, items)
 
-    def _apply(self, worker: int, seq: int, update: Tensors, scale: float) -> bool:
-        return self.shard.apply_once(worker, seq, update, scale)
+    def chain_state(self, gen: int, pos: int, meta: Any, *chunks: Any) -> None:
+        """The predecessor's whole state at chain position ``pos`` (it holds every push
+        up to there): packed, or a dict of tensors with no chunks."""
+        state = wire.unpack_state(meta, chunks) if chunks else meta
+        with self.lock:
+            self.link.from_state(gen, pos, state)
 
     def apply_round(self, round_no: int, divide_by: int, *updates: Tensors) -> int:
         """Bulk-synchronous round: the aggregate of all workers' slices, applied once
@@ -314,5 +318,23 @@ class ShardActor:
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {"name": self.name, "version": self.shard.version,
-                    "forwarded": self.link.forwarded, "lag": self.link.lag,
+                    "forwarded": self.link.forwarded, "sent_states": self.link.sent_states,
+                    "lag": self.link.lag,
                     "position": self.link.pos, "applied": dict(self.shard.applied)}
+
+
+class _ShardReplica(Replica):
+    """The actor's shard as its chain link sees it (the actor may swap the shard:
+    ``reset``, ``become``, so it is looked up on every call)."""
+
+    def __init__(self, actor: ShardActor) -> None:
+        self.actor = actor
+
+    def apply(self, worker: int, seq: int, update: Any, scale: float) -> bool:
+        return self.actor.shard.apply_once(worker, seq, update, scale)
+
+    def state(self) -> Tensors:
+        return self.actor.shard.state_dict()
+
+    def load(self, state: Tensors) -> None:
+        self.actor.shard.load_state_dict(state)

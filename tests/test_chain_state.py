@@ -1,0 +1,124 @@
+"""Chain forwards that carry a replica's whole state (group commit) instead of pushes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from trainthrough.engines.ray import wire  # noqa: E402
+from trainthrough.engines.ray.chain_link import ChainLink, Replica  # noqa: E402
+from trainthrough.ps.shard import Shard  # noqa: E402
+from trainthrough.workloads.base import OptimizerSpec  # noqa: E402
+
+
+def _shard() -> Shard:
+    from trainthrough.ps.layout import make_layout
+
+    values = {"w": torch.randn(3, 5), "b": torch.randn(5)}
+    return Shard(0, make_layout(values, 1).shards[0], OptimizerSpec(kind="adam", lr=0.1),
+                 values)
+
+
+def test_a_packed_state_comes_back_bit_identical() -> None:
+    shard = _shard()
+    for seq in range(1, 4):
+        shard.apply_once(seq % 2, seq, {"w": torch.randn(3, 5), "b": torch.randn(5)})
+    state = shard.state_dict()
+    assert wire.packable_state(state)
+    meta, chunks = wire.pack_state(state)
+    back = wire.unpack_state(meta, tuple(chunks))
+    assert back.keys() == state.keys()
+    for k, v in state.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+    other = _shard()
+    other.load_state_dict(back)
+    assert other.version == 3 and other.applied == shard.applied
+    # The packed copy stays still while the shard moves on.
+    shard.apply_once(0, 9, {"w": torch.ones(3, 5), "b": torch.ones(5)})
+    assert torch.equal(wire.unpack_state(meta, tuple(chunks))["value/w"], back["value/w"])
+
+
+class _Fake(Replica):
+    def __init__(self) -> None:
+        self.applied: list[int] = []
+        self.loaded: list[dict] = []
+
+    def apply(self, worker: int, seq: int, update: object, scale: float) -> bool:
+        self.applied.append(seq)
+        return True
+
+    def load(self, state: dict) -> None:
+        self.loaded.append(state)
+
+
+def test_a_state_ahead_is_taken_and_covers_the_pushes_before_it() -> None:
+    """In process: a state at position 5 is taken (a push forwarded for position 5
+    later is skipped, one for 6 applied); a state behind is only acknowledged; a state
+    from a replaced head's generation is refused."""
+    from trainthrough.engines.ray.chain_link import ChainBroken
+
+    cond, fake = threading.Condition(), _Fake()
+    link = ChainLink(cond, fake, max_lag=8)
+    with cond:
+        link.rewire(None, "sync")  # the tail
+        link.from_predecessor(1, 1, [(0, 1, {}, 1.0)])
+        link.from_state(1, 5, {"x": torch.ones(1)})
+        assert link.pos == link.durable == 5 and len(fake.loaded) == 1
+        link.from_predecessor(1, 5, [(0, 5, {}, 1.0), (0, 6, {}, 1.0)])
+        assert fake.applied == [1, 6] and link.pos == 6
+        link.from_state(1, 3, {"x": torch.zeros(1)})  # behind: nothing taken
+        assert len(fake.loaded) == 1 and link.pos == 6
+        link.from_state(2, 7, {"x": torch.ones(1)})  # a new head's generation
+        with pytest.raises(ChainBroken):
+            link.from_state(1, 8, {"x": torch.ones(1)})
+
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_replicas_end_bit_identical_to_the_head_with_adam(mode: str) -> None:
+    """Four workers push at once into a chain of three whose shards run Adam: every
+    replica ends with the head's parameters, optimizer state, version and dedup table,
+    bit for bit. Asynchronous groups hold up to 16 pushes, so there some forwards
+    carry the state (not only the first, sent when the chain is wired)."""
+    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.ps.layout import make_layout
+
+    values = {"w": torch.randn(64, 32), "b": torch.randn(32)}
+    blocks = make_layout(values, 1).shards[0]
+    spec = OptimizerSpec(kind="adam", lr=0.01)
+    actors = [ShardActor.remote(0, blocks, spec, values, f"s{i}") for i in range(3)]
+    for a, b in zip(actors, actors[1:] + [None]):
+        ray.get(a.set_successor.remote(b, mode))
+
+    def worker(w: int) -> None:
+        g = torch.Generator().manual_seed(w)
+        for seq in range(1, 31):
+            update = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g)}
+            ray.get(actors[0].push.remote(w, seq, update))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    deadline = time.monotonic() + 20
+    while mode == "async" and time.monotonic() < deadline:
+        if all(ray.get(a.stats.remote())["lag"] == 0 for a in actors[:2]):
+            break
+        time.sleep(0.05)
+    head = ray.get(actors[0].state.remote())
+    assert int(head["version"][0]) == 120
+    for a in actors[1:]:
+        state = ray.get(a.state.remote())
+        assert all(torch.equal(state[k], v) for k, v in head.items())
+        assert ray.get(a.stats.remote())["applied"] == {0: 30, 1: 30, 2: 30, 3: 30}
+    if mode == "async":
+        assert ray.get(actors[0].stats.remote())["sent_states"] > 1
+    for a in actors:
+        ray.kill(a)
