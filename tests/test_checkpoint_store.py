@@ -136,7 +136,7 @@ def test_checksum_corruption_falls_back(url: str) -> None:
     store.save(10, _tensors(10))
     store.save(20, _tensors(20))
     _corrupt_byte(url, "ckpt-00000020", "shard0.safetensors")
-    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000020.*shard0\.safetensors.*sha256"):
+    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000020.*shard0\.safetensors.*crc32"):
         store.load(20)
     reports: list[str] = []
     tensors, info = store.load_latest(on_corrupt=reports.append)  # type: ignore[misc]
@@ -214,7 +214,51 @@ def test_bytes_accounting_matches_storage(url: str) -> None:
     assert store.total_bytes_written() == sum(i.nbytes for i in infos)
     manifest = json.loads(fs.cat_file(f"{root}/ckpt-00000003/manifest.json"))
     assert manifest["format"] == FORMAT and manifest["step"] == 3
-    assert set(manifest["files"]["shard0.safetensors"]) == {"sha256", "bytes", "keys"}
+    assert set(manifest["files"]["shard0.safetensors"]) == {"crc32", "bytes", "keys"}
+
+
+def test_checkpoints_of_the_sha256_format_still_load_and_verify(tmp_path: Path) -> None:
+    """Format /2 (files checked by sha256, written before CRC-32) is read, as strictly:
+    a flipped byte fails its sha256 check, and a /2 manifest naming crc32 is refused."""
+    import hashlib
+
+    from trainthrough.ft.checkpoint.manifest import checksum
+
+    store = CheckpointStore(str(tmp_path / "ck"), keep_last=3)
+    tensors = _tensors(2.0)
+    store.save(7, tensors, {"iteration": 7})
+    folder = tmp_path / "ck" / "ckpt-00000007"
+    man = json.loads((folder / "manifest.json").read_text())
+    assert man["format"] == FORMAT != "trainthrough-checkpoint/2"
+    man["format"] = "trainthrough-checkpoint/2"
+    for name, entry in man["files"].items():
+        del entry["crc32"]
+        entry["sha256"] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+
+    def seal(doc: dict[str, object]) -> None:
+        doc = {k: v for k, v in doc.items() if k != "checksum"}
+        doc["checksum"] = checksum(doc)
+        (folder / "manifest.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+    seal(man)
+    loaded, info = store.load(7)
+    assert info.meta == {"iteration": 7}
+    assert set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    f = folder / "shard0.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match=r"shard0\.safetensors fails its sha256"):
+        store.load(7)
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    store.load(7)  # whole again
+    entry = man["files"]["shard0.safetensors"]
+    entry["crc32"] = entry.pop("sha256")[:8]  # the new checksum under the old format
+    seal(man)
+    with pytest.raises(CheckpointCorrupt, match="must hold exactly"):
+        store.load(7)
 
 
 def test_load_never_unpickles(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,8 +369,8 @@ def test_in_memory_only_what_the_run_created_is_freed(tmp_path: Path) -> None:
 def test_streamed_tensor_files_are_byte_for_byte_what_safetensors_writes() -> None:
     """The store writes tensor files itself (no in-memory copy of the file, hashed as
     written); the bytes and checksum must be exactly safetensors' own."""
-    import hashlib
     import io
+    import zlib
 
     import safetensors.torch
 
@@ -343,14 +387,14 @@ def test_streamed_tensor_files_are_byte_for_byte_what_safetensors_writes() -> No
     sha, size = stream.write(f, tensors)
     ref = safetensors.torch.save(tensors)
     assert f.getvalue() == ref and size == len(ref)
-    assert sha == hashlib.sha256(ref).hexdigest()
+    assert sha == f"{zlib.crc32(ref):08x}"
 
 
 def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_path) -> None:  # noqa: ANN001
     """Files of at least ``stream.PARALLEL_BYTES`` are hashed on a thread while the store
     fsyncs them: the bytes, checksums and manifest are the same as safetensors' own."""
-    import hashlib
     import io
+    import zlib
 
     import safetensors.torch
 
@@ -361,7 +405,7 @@ def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_p
     f = io.BytesIO()
     sha, size = stream.write(f, big)
     ref = safetensors.torch.save(big)
-    assert f.getvalue() == ref and sha == hashlib.sha256(ref).hexdigest()
+    assert f.getvalue() == ref and sha == f"{zlib.crc32(ref):08x}"
 
     store = CheckpointStore(str(tmp_path / "ck"), keep_last=2)
     tensors = {**big, "opt/m": torch.randn(n), "step": torch.tensor([5])}
@@ -371,5 +415,5 @@ def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_p
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
     path = tmp_path / "ck" / "ckpt-00000005" / "value.safetensors"
     path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # a flipped tail: caught
-    with pytest.raises(CheckpointCorrupt, match="sha256"):
+    with pytest.raises(CheckpointCorrupt, match="crc32"):
         store.load(5)

@@ -2,7 +2,7 @@
 
 Layout: one checkpoint is one folder ``<url>/<tag>-<step:08d>/`` holding one or more
 safetensors files (tensors grouped by the key prefix before the first ``/``) and a
-``manifest.json`` listing every file with its size, sha256 and keys (schema and
+``manifest.json`` listing every file with its size, CRC-32 and keys (schema and
 limits: :mod:`.manifest`). A store opened on a run's location (``<dir>/run-<id>``,
 :mod:`.location`) stamps the run id into each manifest and never loads or prunes a
 checkpoint stamped with another id.
@@ -18,7 +18,7 @@ Crash consistency rests on three rules:
 * Old checkpoints are pruned only after the new one is complete and renamed, and a pruned
   checkpoint loses its manifest first, so a half-deleted folder is never listed.
 * Everything read is untrusted: the manifest is bounded and schema-checked, every tensor
-  file verified (size, sha256, parseable, expected keys, no unlisted files), and any
+  file verified (size, checksum, parseable, expected keys, no unlisted files), and any
   filesystem error on one checkpoint makes that checkpoint corrupt, nothing more:
   :meth:`CheckpointStore.load_latest` reports it by name and falls back to the previous
   one. Nothing is ever unpickled: tensors go through ``safetensors`` bytes APIs.
@@ -29,7 +29,6 @@ One writer per (location, tag) is assumed; several threads of one process may sh
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import threading
@@ -46,6 +45,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import stream
+from trainthrough.ft.checkpoint.checksums import Crc32
 from trainthrough.ft.checkpoint.location import run_of
 from trainthrough.ft.checkpoint.manifest import (
     MANIFEST,
@@ -293,12 +293,12 @@ class CheckpointStore:
                 else:
                     data = safetensors.torch.save(group)
                     self._write(path, data)
-                    digest, size = _known(hashlib.sha256(data).hexdigest()), len(data)
+                    digest, size = _known(Crc32(data).hexdigest()), len(data)
                 pending.append((fname, digest, size, tuple(sorted(group))))
             paths = [self._path(tmp, fname) for fname, *_ in pending]
-            # Large files are still being hashed: make them durable meanwhile (the disk
-            # and sha256 run at similar speeds, so waiting for one before the other
-            # cost both). Small ones are hashed already, and one batch of fsyncs for
+            # Large files are still being checksummed: make them durable meanwhile
+            # (waiting for one before the other cost both). Small ones are checksummed
+            # already, and one batch of fsyncs for
             # tensors and manifest together is one journal commit instead of two.
             early = (self._local and
                      any(size >= stream.PARALLEL_BYTES for _, _, size, _ in pending))
