@@ -217,6 +217,35 @@ def test_bytes_accounting_matches_storage(url: str) -> None:
     assert set(manifest["files"]["shard0.safetensors"]) == {"crc32", "bytes", "keys"}
 
 
+def test_a_local_file_is_started_on_disk_as_written_and_keeps_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local file of several writeback chunks has the disk started on it as it is
+    written (once per chunk), and its bytes stay exactly safetensors' own; an in-memory
+    file has no descriptor and is never started."""
+    import io
+    import zlib
+
+    import safetensors.torch
+
+    from trainthrough.ft.checkpoint import stream, writeback
+
+    started: list[int] = []
+    real = writeback.start
+    monkeypatch.setattr(writeback, "start", lambda fd: (started.append(fd), real(fd)))
+    chunks = 3
+    tensors = {"w": torch.randn(chunks * writeback.CHUNK // 4 + 5), "b": torch.ones(3)}
+    with open(tmp_path / "t.safetensors", "wb") as f:
+        crc, size = stream.write(f, tensors)
+        fd = f.fileno()
+    ref = safetensors.torch.save(tensors)
+    assert (tmp_path / "t.safetensors").read_bytes() == ref and size == len(ref)
+    assert crc == f"{zlib.crc32(ref):08x}"
+    assert started == [fd] * chunks
+    started.clear()
+    stream.write(io.BytesIO(), tensors)
+    assert started == []
+
+
 def test_checkpoints_of_the_sha256_format_still_load_and_verify(tmp_path: Path) -> None:
     """Format /2 (files checked by sha256, written before CRC-32) is read, as strictly:
     a flipped byte fails its sha256 check, and a /2 manifest naming crc32 is refused."""

@@ -23,6 +23,7 @@ from typing import IO
 
 import torch
 
+from trainthrough.ft.checkpoint import writeback
 from trainthrough.ft.checkpoint.checksums import Crc32
 
 # dtype -> (name in the header, rank): safetensors writes tensors by rank (its dtype
@@ -86,7 +87,9 @@ def write_deferred(f: IO[bytes],
     Why: the disk takes a 32 MiB write and fsync at ~1.4 GiB/s and CRC-32 runs at
     ~2 GiB/s on a core of its own (sha256 at ~1.1), so a caller that waited for the
     checksum before starting the fsync would pay for both one after the other; this
-    lets it sync the file while the checksum finishes. The tensors must stay
+    lets it sync the file while the checksum finishes. The bytes go out in
+    :data:`~.writeback.CHUNK` pieces, the disk started on each (:mod:`.writeback`),
+    so a local file's fsync finds most of it written already. The tensors must stay
     unchanged until ``digest()`` returns (the checksum reads them).
 
     Returns:
@@ -105,14 +108,22 @@ def write_deferred(f: IO[bytes],
         hasher = threading.Thread(target=hash_all, daemon=True, name="checkpoint-crc32")
         hasher.start()
     hash_piece = digest.update if hasher is None else pending.put
-    total = len(head)
+    fd = _fileno(f)
+    total = unstarted = len(head)
     try:
         f.write(head)
         for k in order:
             buf = _bytes_of(tensors[k])
-            hash_piece(buf)
-            f.write(buf)
-            total += buf.nbytes
+            for at in range(0, buf.nbytes, writeback.CHUNK):
+                piece = buf[at:at + writeback.CHUNK]
+                hash_piece(piece)
+                f.write(piece)
+                total += piece.nbytes
+                unstarted += piece.nbytes
+                if fd is not None and unstarted >= writeback.CHUNK:  # not for small files
+                    f.flush()  # what the writer still buffers, into the page cache
+                    writeback.start(fd)
+                    unstarted = 0
     except BaseException:
         if hasher is not None:
             pending.put(None)
@@ -127,3 +138,11 @@ def write_deferred(f: IO[bytes],
         return digest.hexdigest()
 
     return result, total
+
+
+def _fileno(f: IO[bytes]) -> int | None:
+    """``f``'s descriptor if it is a local file (None for in-memory and remote ones)."""
+    try:
+        return f.fileno()
+    except (OSError, AttributeError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
