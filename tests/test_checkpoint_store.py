@@ -246,6 +246,50 @@ def test_a_local_file_is_started_on_disk_as_written_and_keeps_its_bytes(
     assert started == []
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_every_file_is_fsynced_before_the_rename_and_a_failed_fsync_fails_the_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool) -> None:
+    """Crash consistency: every tensor file and the manifest are fsynced (under the temp
+    name) before the folder is renamed, and the folder holding it after; an fsync that
+    fails fails the save, which leaves no checkpoint and no temp folder behind. Large
+    files take the early-sync path (fsynced while their checksum finishes)."""
+    from trainthrough.ft.checkpoint import durable, stream
+
+    events: list[tuple[str, str]] = []
+    real = durable.fsync_path
+    fail: list[str] = []
+
+    def fsync(path: str) -> None:
+        if any(path.endswith(f) for f in fail):
+            raise OSError(5, "injected fsync failure", path)
+        real(path)
+        events.append(("fsync", path))
+
+    monkeypatch.setattr(durable, "fsync_path", fsync)
+    root = tmp_path / "ck"
+    store = CheckpointStore(str(root), keep_last=3)
+    real_mv = store._fs.mv
+    monkeypatch.setattr(store._fs, "mv", lambda a, b, **kw: (events.append(("mv", b)),
+                                                               real_mv(a, b, **kw)))
+    n = stream.PARALLEL_BYTES // 4 + 10 if large else 3
+    tensors = {"value/w": torch.randn(n), "opt/m": torch.randn(n), "step": torch.ones(1)}
+    store.save(1, tensors)
+    mv = events.index(("mv", str(root / "ckpt-00000001")))
+    synced = {Path(p).name for kind, p in events[:mv] if kind == "fsync"}
+    assert synced == {"value.safetensors", "opt.safetensors", "root.safetensors",
+                      "manifest.json"}
+    assert all(".tmp-" in Path(p).parent.name for kind, p in events[:mv])
+    assert events[mv + 1:] == [("fsync", str(root))]
+
+    fail.append("manifest.json")
+    with pytest.raises(OSError, match="injected"):
+        store.save(2, tensors)
+    assert [i.step for i in store.list()] == [1]
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt-00000001"]
+    fail.clear()
+    assert set(store.load_latest()[0]) == set(tensors)  # type: ignore[index]
+
+
 def test_checkpoints_of_the_sha256_format_still_load_and_verify(tmp_path: Path) -> None:
     """Format /2 (files checked by sha256, written before CRC-32) is read, as strictly:
     a flipped byte fails its sha256 check, and a /2 manifest naming crc32 is refused."""

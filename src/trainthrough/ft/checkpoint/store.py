@@ -44,7 +44,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from trainthrough.errors import CheckpointCorrupt
-from trainthrough.ft.checkpoint import stream
+from trainthrough.ft.checkpoint import durable, stream
 from trainthrough.ft.checkpoint.checksums import Crc32
 from trainthrough.ft.checkpoint.location import run_of
 from trainthrough.ft.checkpoint.manifest import (
@@ -135,40 +135,14 @@ class CheckpointStore:
         with self._open_write(path) as f:
             f.write(data)
 
-    def _sync(self, paths: list[str]) -> None:
-        """Make written files durable, all at once.
-
-        One fsync per file in parallel threads: the filesystem folds them into one
-        journal commit, so a checkpoint of several files costs about one disk sync
-        instead of one per file (which made small checkpoints ~5x slower than a plain
-        write of the same bytes).
-        """
-        if not self._local:
-            return
-        if len(paths) == 1:
-            _fsync_path(paths[0])
-            return
-        threads = [threading.Thread(target=_fsync_path, args=(p,), daemon=True)
-                   for p in paths[1:]]
-        for t in threads:
-            t.start()
-        errors: list[BaseException] = []
-        try:
-            _fsync_path(paths[0])
-        except OSError as e:
-            errors.append(e)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+    def _sync(self, paths: list[str]) -> durable.Syncing | None:
+        """Start making written files durable, all together (:mod:`.durable`); None
+        for a remote store (its writes are durable once closed)."""
+        return durable.Syncing(paths) if self._local else None
 
     def _fsync_root(self) -> None:
         if self._local:
-            fd = os.open(self._root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            durable.fsync_path(self._root)
 
     def _remove(self, name: str) -> None:
         """Delete a checkpoint folder, manifest first so it is never seen half-deleted."""
@@ -302,7 +276,7 @@ class CheckpointStore:
             # tensors and manifest together is one journal commit instead of two.
             early = (self._local and
                      any(size >= stream.PARALLEL_BYTES for _, _, size, _ in pending))
-            syncing = _Background(self._sync, paths) if early else None
+            syncing = self._sync(paths) if early else None
             manifest = self._path(tmp, MANIFEST)
             # Tensor files and manifest are durable, still under the temp name, before
             # the folder is renamed (and the rename made durable), so the final name
@@ -312,10 +286,12 @@ class CheckpointStore:
                          for fname, digest, size, keys in pending]
                 raw = encode_manifest(step, tag, self.run_id, files, meta, time.time())
                 self._write(manifest, raw)  # LAST: marks completeness
-                self._sync([manifest] if early else [*paths, manifest])
+                last = self._sync([manifest] if early else [*paths, manifest])
+                if last is not None:
+                    last.wait()
             finally:
                 if syncing is not None:
-                    syncing.join()
+                    syncing.wait()  # also after a failure: no fsync left running
             nbytes = len(raw) + sum(f.nbytes for f in files)
 
             with self._lock:
@@ -479,32 +455,3 @@ class CheckpointStore:
 
 def _known(sha: str) -> Callable[[], str]:
     return lambda: sha
-
-
-class _Background:
-    """A call on its own thread; :meth:`join` waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., object], *args: object) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as e:  # re-raised by join, on the caller's thread
-                self._error = e
-
-        self._thread = threading.Thread(target=run, daemon=True, name="checkpoint-fsync")
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
