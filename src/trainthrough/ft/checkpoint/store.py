@@ -10,8 +10,9 @@ checkpoint stamped with another id.
 Crash consistency rests on three rules:
 
 * Everything is written into a private temp folder ``<tag>-<step>.tmp-<hex>/`` and the
-  manifest is written LAST, so its existence means the checkpoint is complete. The
-  finished folder is then renamed to its final name. A writer that dies at any point
+  manifest is written LAST, so its existence means the checkpoint is complete. Tensor
+  files and manifest are fsynced (together: :mod:`.durable`), then the finished folder
+  is renamed to its final name and its parent fsynced. A writer that dies at any point
   leaves either nothing under the final name or a complete checkpoint; :meth:`list`
   ignores temp folders and folders without a manifest, and the next successful save of
   the same tag removes the leftovers.
@@ -272,8 +273,8 @@ class CheckpointStore:
             paths = [self._path(tmp, fname) for fname, *_ in pending]
             # Large files are still being checksummed: make them durable meanwhile
             # (waiting for one before the other cost both). Small ones are checksummed
-            # already, and one batch of fsyncs for
-            # tensors and manifest together is one journal commit instead of two.
+            # already, and one batch of fsyncs for tensors and manifest together is one
+            # journal commit instead of two.
             early = (self._local and
                      any(size >= stream.PARALLEL_BYTES for _, _, size, _ in pending))
             syncing = self._sync(paths) if early else None
