@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,11 +84,11 @@ class Ckpts:
         self.write(step, "manifest.json", json.dumps(man, indent=1, sort_keys=True).encode())
 
     def replace_file(self, step: int, fname: str, tensors: dict[str, torch.Tensor]) -> None:
-        """Rewrite a tensor file consistently (size, sha256 and keys in the manifest)."""
+        """Rewrite a tensor file consistently (size, checksum and keys in the manifest)."""
         data = safetensors.torch.save(tensors)
         self.write(step, fname, data)
         man = self.manifest(step)
-        man["files"][fname] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+        man["files"][fname] = {"crc32": f"{zlib.crc32(data):08x}", "bytes": len(data),
                                "keys": sorted(tensors)}
         self.put_manifest(man, step, seal=True)
 
@@ -125,7 +126,7 @@ BAD_VALUES: dict[str, Any] = {
     "1e400": "__1e400__", "0": 0,
 }
 TOP_FIELDS = ("format", "step", "tag", "run", "files", "meta", "created", "checksum")
-FILE_FIELDS = ("sha256", "bytes", "keys")
+FILE_FIELDS = ("crc32", "bytes", "keys")
 PLAUSIBLE: dict[str, Any] = {  # valid-looking different values: only the checksum sees them
     "format": "trainthrough-checkpoint/1", "step": PREV, "tag": "prio", "run": "other-run",
     "meta": {"iteration": 29, "epoch": 0, "offset": 29}, "created": "1000000000.000000",
@@ -167,8 +168,23 @@ for _fname in FILES:
             for _seal in (False, True):
                 case(f"{_fname}.{_f}={_v}" + (":sealed" if _seal else ""))(
                     _set_field(_p, _val, _seal))
-    case(f"{_fname}.sha256:plausible")(_set_field(("files", _fname, "sha256"), "ab" * 32, True))
+    case(f"{_fname}.crc32:plausible")(_set_field(("files", _fname, "crc32"), "ab" * 4, True))
     case(f"{_fname}.bytes:plausible")(_set_field(("files", _fname, "bytes"), 9, True))
+
+
+# The older format (sha256 per file) is still read: a manifest must not mix the two.
+@case("manifest.format:older-with-crc32-entries")
+def _older_format(c: Ckpts) -> None:
+    c.put_manifest({**c.manifest(), "format": "trainthrough-checkpoint/2"}, seal=True)
+
+
+@case("a.safetensors:sha256-entry-in-current-format")
+def _sha_entry(c: Ckpts) -> None:
+    man = c.manifest()
+    entry = man["files"]["a.safetensors"]
+    del entry["crc32"]
+    entry["sha256"] = hashlib.sha256(c.read(NEW, "a.safetensors")).hexdigest()
+    c.put_manifest(man, seal=True)
 
 
 def _manifest_text(fn: Callable[[bytes], bytes]) -> Corrupt:

@@ -136,7 +136,7 @@ def test_checksum_corruption_falls_back(url: str) -> None:
     store.save(10, _tensors(10))
     store.save(20, _tensors(20))
     _corrupt_byte(url, "ckpt-00000020", "shard0.safetensors")
-    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000020.*shard0\.safetensors.*sha256"):
+    with pytest.raises(CheckpointCorrupt, match=r"ckpt-00000020.*shard0\.safetensors.*crc32"):
         store.load(20)
     reports: list[str] = []
     tensors, info = store.load_latest(on_corrupt=reports.append)  # type: ignore[misc]
@@ -214,7 +214,124 @@ def test_bytes_accounting_matches_storage(url: str) -> None:
     assert store.total_bytes_written() == sum(i.nbytes for i in infos)
     manifest = json.loads(fs.cat_file(f"{root}/ckpt-00000003/manifest.json"))
     assert manifest["format"] == FORMAT and manifest["step"] == 3
-    assert set(manifest["files"]["shard0.safetensors"]) == {"sha256", "bytes", "keys"}
+    assert set(manifest["files"]["shard0.safetensors"]) == {"crc32", "bytes", "keys"}
+
+
+def test_a_local_file_is_started_on_disk_as_written_and_keeps_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local file of several writeback chunks has the disk started on it as it is
+    written (once per chunk), and its bytes stay exactly safetensors' own; an in-memory
+    file has no descriptor and is never started."""
+    import io
+    import zlib
+
+    import safetensors.torch
+
+    from trainthrough.ft.checkpoint import stream, writeback
+
+    started: list[int] = []
+    real = writeback.start
+    monkeypatch.setattr(writeback, "start", lambda fd: (started.append(fd), real(fd)))
+    chunks = 3
+    tensors = {"w": torch.randn(chunks * writeback.CHUNK // 4 + 5), "b": torch.ones(3)}
+    with open(tmp_path / "t.safetensors", "wb") as f:
+        crc, size = stream.write(f, tensors)
+        fd = f.fileno()
+    ref = safetensors.torch.save(tensors)
+    assert (tmp_path / "t.safetensors").read_bytes() == ref and size == len(ref)
+    assert crc == f"{zlib.crc32(ref):08x}"
+    assert started == [fd] * chunks
+    started.clear()
+    stream.write(io.BytesIO(), tensors)
+    assert started == []
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_every_file_is_fsynced_before_the_rename_and_a_failed_fsync_fails_the_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool) -> None:
+    """Crash consistency: every tensor file and the manifest are fsynced (under the temp
+    name) before the folder is renamed, and the folder holding it after; an fsync that
+    fails fails the save, which leaves no checkpoint and no temp folder behind. Large
+    files take the early-sync path (fsynced while their checksum finishes)."""
+    from trainthrough.ft.checkpoint import durable, stream
+
+    events: list[tuple[str, str]] = []
+    real = durable.fsync_path
+    fail: list[str] = []
+
+    def fsync(path: str) -> None:
+        if any(path.endswith(f) for f in fail):
+            raise OSError(5, "injected fsync failure", path)
+        real(path)
+        events.append(("fsync", path))
+
+    monkeypatch.setattr(durable, "fsync_path", fsync)
+    root = tmp_path / "ck"
+    store = CheckpointStore(str(root), keep_last=3)
+    real_mv = store._fs.mv
+    monkeypatch.setattr(store._fs, "mv", lambda a, b, **kw: (events.append(("mv", b)),
+                                                               real_mv(a, b, **kw)))
+    n = stream.PARALLEL_BYTES // 4 + 10 if large else 3
+    tensors = {"value/w": torch.randn(n), "opt/m": torch.randn(n), "step": torch.ones(1)}
+    store.save(1, tensors)
+    mv = events.index(("mv", str(root / "ckpt-00000001")))
+    synced = {Path(p).name for kind, p in events[:mv] if kind == "fsync"}
+    assert synced == {"value.safetensors", "opt.safetensors", "root.safetensors",
+                      "manifest.json"}
+    assert all(".tmp-" in Path(p).parent.name for kind, p in events[:mv])
+    assert events[mv + 1:] == [("fsync", str(root))]
+
+    fail.append("manifest.json")
+    with pytest.raises(OSError, match="injected"):
+        store.save(2, tensors)
+    assert [i.step for i in store.list()] == [1]
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt-00000001"]
+    fail.clear()
+    assert set(store.load_latest()[0]) == set(tensors)  # type: ignore[index]
+
+
+def test_checkpoints_of_the_sha256_format_still_load_and_verify(tmp_path: Path) -> None:
+    """Format /2 (files checked by sha256, written before CRC-32) is read, as strictly:
+    a flipped byte fails its sha256 check, and a /2 manifest naming crc32 is refused."""
+    import hashlib
+
+    from trainthrough.ft.checkpoint.manifest import checksum
+
+    store = CheckpointStore(str(tmp_path / "ck"), keep_last=3)
+    tensors = _tensors(2.0)
+    store.save(7, tensors, {"iteration": 7})
+    folder = tmp_path / "ck" / "ckpt-00000007"
+    man = json.loads((folder / "manifest.json").read_text())
+    assert man["format"] == FORMAT != "trainthrough-checkpoint/2"
+    man["format"] = "trainthrough-checkpoint/2"
+    for name, entry in man["files"].items():
+        del entry["crc32"]
+        entry["sha256"] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+
+    def seal(doc: dict[str, object]) -> None:
+        doc = {k: v for k, v in doc.items() if k != "checksum"}
+        doc["checksum"] = checksum(doc)
+        (folder / "manifest.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+    seal(man)
+    loaded, info = store.load(7)
+    assert info.meta == {"iteration": 7}
+    assert set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    f = folder / "shard0.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match=r"shard0\.safetensors fails its sha256"):
+        store.load(7)
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    store.load(7)  # whole again
+    entry = man["files"]["shard0.safetensors"]
+    entry["crc32"] = entry.pop("sha256")[:8]  # the new checksum under the old format
+    seal(man)
+    with pytest.raises(CheckpointCorrupt, match="must hold exactly"):
+        store.load(7)
 
 
 def test_load_never_unpickles(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,8 +442,8 @@ def test_in_memory_only_what_the_run_created_is_freed(tmp_path: Path) -> None:
 def test_streamed_tensor_files_are_byte_for_byte_what_safetensors_writes() -> None:
     """The store writes tensor files itself (no in-memory copy of the file, hashed as
     written); the bytes and checksum must be exactly safetensors' own."""
-    import hashlib
     import io
+    import zlib
 
     import safetensors.torch
 
@@ -343,14 +460,14 @@ def test_streamed_tensor_files_are_byte_for_byte_what_safetensors_writes() -> No
     sha, size = stream.write(f, tensors)
     ref = safetensors.torch.save(tensors)
     assert f.getvalue() == ref and size == len(ref)
-    assert sha == hashlib.sha256(ref).hexdigest()
+    assert sha == f"{zlib.crc32(ref):08x}"
 
 
 def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_path) -> None:  # noqa: ANN001
     """Files of at least ``stream.PARALLEL_BYTES`` are hashed on a thread while the store
     fsyncs them: the bytes, checksums and manifest are the same as safetensors' own."""
-    import hashlib
     import io
+    import zlib
 
     import safetensors.torch
 
@@ -361,7 +478,7 @@ def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_p
     f = io.BytesIO()
     sha, size = stream.write(f, big)
     ref = safetensors.torch.save(big)
-    assert f.getvalue() == ref and sha == hashlib.sha256(ref).hexdigest()
+    assert f.getvalue() == ref and sha == f"{zlib.crc32(ref):08x}"
 
     store = CheckpointStore(str(tmp_path / "ck"), keep_last=2)
     tensors = {**big, "opt/m": torch.randn(n), "step": torch.tensor([5])}
@@ -371,5 +488,5 @@ def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_p
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
     path = tmp_path / "ck" / "ckpt-00000005" / "value.safetensors"
     path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # a flipped tail: caught
-    with pytest.raises(CheckpointCorrupt, match="sha256"):
+    with pytest.raises(CheckpointCorrupt, match="crc32"):
         store.load(5)

@@ -9,8 +9,9 @@ nesting deep enough to exhaust the parser's recursion) into one :class:`Manifest
 The raw bytes are bounded by the caller (:data:`MAX_MANIFEST_BYTES`) before parsing.
 
 The manifest also carries its own ``checksum`` (sha256 of its canonical JSON without
-that field): tensor files are covered by their sha256, and this covers the rest, so a
-changed field that still type-checks (a step in ``meta``, a tag, a size) is caught too.
+that field): tensor files are covered by their own checksum (CRC-32 from format ``/3``,
+sha256 in ``/2``, which stays readable: :mod:`.checksums`), and this covers the rest, so
+a changed field that still type-checks (a step in ``meta``, a tag, a size) is caught too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMAT = "trainthrough-checkpoint/2"  # /2: run id and manifest checksum
+from trainthrough.ft.checkpoint.checksums import ALGORITHMS, CURRENT
+
+FORMAT = "trainthrough-checkpoint/3"  # /2: run id and manifest checksum; /3: files' CRC-32
+#: Every format a reader accepts -> the checksum its file entries carry.
+READABLE = {FORMAT: CURRENT, "trainthrough-checkpoint/2": "sha256"}
 MANIFEST = "manifest.json"
 ROOT_FILE = "root"  # file stem for keys without a "/" prefix
 
@@ -39,11 +44,9 @@ MIN_FILE_BYTES = 8  # a safetensors file starts with its 8-byte header length
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}\.safetensors$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _CREATED_RE = re.compile(r"^[0-9]{10,11}\.[0-9]{6}$")
 _REQUIRED = {"format", "step", "tag", "files", "meta", "created", "checksum"}
 _OPTIONAL = {"run"}  # absent in stores that are not scoped to a run
-_FILE_FIELDS = {"sha256", "bytes", "keys"}
 
 
 class ManifestError(ValueError):
@@ -55,9 +58,10 @@ class FileEntry:
     """One tensor file as the manifest describes it."""
 
     name: str
-    sha256: str
+    digest: str  # hex, of the algorithm below
     nbytes: int
     keys: tuple[str, ...]
+    algorithm: str = CURRENT
 
 
 @dataclass(frozen=True)
@@ -152,14 +156,16 @@ def _parse_json(raw: bytes) -> Any:
         raise ManifestError(str(e)[:200]) from None
 
 
-def _file_entry(name: Any, v: Any) -> FileEntry:
+def _file_entry(name: Any, v: Any, algorithm: str) -> FileEntry:
     if not isinstance(name, str) or not FILE_RE.match(name):
         raise ManifestError(f"invalid file name {str(name)[:80]!r}")
-    if not isinstance(v, dict) or set(v) != _FILE_FIELDS:
-        raise ManifestError(f"entry of {name} must hold exactly {sorted(_FILE_FIELDS)}")
-    sha, size, keys = v["sha256"], v["bytes"], v["keys"]
-    if not isinstance(sha, str) or not _SHA_RE.match(sha):
-        raise ManifestError(f"{name}: sha256 is not 64 lowercase hex digits")
+    fields = {algorithm, "bytes", "keys"}
+    if not isinstance(v, dict) or set(v) != fields:
+        raise ManifestError(f"entry of {name} must hold exactly {sorted(fields)}")
+    digest, size, keys = v[algorithm], v["bytes"], v["keys"]
+    digits = ALGORITHMS[algorithm]
+    if not isinstance(digest, str) or not re.fullmatch(f"[0-9a-f]{{{digits}}}", digest):
+        raise ManifestError(f"{name}: {algorithm} is not {digits} lowercase hex digits")
     if not _is_int(size, MIN_FILE_BYTES, MAX_FILE_BYTES):
         raise ManifestError(f"{name}: bytes must be an integer in "
                             f"[{MIN_FILE_BYTES}, {MAX_FILE_BYTES}], got {str(size)[:40]}")
@@ -172,7 +178,7 @@ def _file_entry(name: Any, v: Any) -> FileEntry:
             raise ManifestError(f"{name}: key {k[:80]!r} does not belong in this file")
     if len(set(keys)) != len(keys):
         raise ManifestError(f"{name}: duplicate keys")
-    return FileEntry(name, sha, size, tuple(keys))
+    return FileEntry(name, digest, size, tuple(keys), algorithm)
 
 
 def parse_manifest(raw: bytes, *, step: int, tag: str) -> Manifest:
@@ -190,8 +196,10 @@ def parse_manifest(raw: bytes, *, step: int, tag: str) -> Manifest:
     missing, unknown = _REQUIRED - set(man), set(man) - _REQUIRED - _OPTIONAL
     if missing or unknown:
         raise ManifestError(f"missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
-    if man["format"] != FORMAT:
-        raise ManifestError(f"format is {str(man['format'])[:60]!r}, expected {FORMAT!r}")
+    algorithm = READABLE.get(man["format"]) if isinstance(man["format"], str) else None
+    if algorithm is None:
+        raise ManifestError(f"format is {str(man['format'])[:60]!r}, expected one of "
+                            f"{sorted(READABLE)}")
     if not _is_int(man["step"], 0, MAX_STEP) or man["step"] != step:
         raise ManifestError(f"step is {str(man['step'])[:40]}, the folder says {step}")
     if man["tag"] != tag:
@@ -207,7 +215,7 @@ def parse_manifest(raw: bytes, *, step: int, tag: str) -> Manifest:
     files = man["files"]
     if not isinstance(files, dict) or not 0 < len(files) <= MAX_FILES:
         raise ManifestError(f"files must map 1 to {MAX_FILES} file names to entries")
-    entries = tuple(_file_entry(n, v) for n, v in sorted(files.items()))
+    entries = tuple(_file_entry(n, v, algorithm) for n, v in sorted(files.items()))
     if man["checksum"] != checksum({k: v for k, v in man.items() if k != "checksum"}):
         raise ManifestError("fails its checksum (a field was changed)")
     return Manifest(step, tag, run, entries, meta, len(raw))
@@ -221,12 +229,15 @@ def checksum(doc: dict[str, Any]) -> str:
 
 def encode_manifest(step: int, tag: str, run: str | None, files: list[FileEntry],
                     meta: dict[str, Any], created: float) -> bytes:
-    """The bytes :func:`parse_manifest` accepts for these values (``meta`` pre-checked)."""
+    """The bytes :func:`parse_manifest` accepts for these values (``meta`` pre-checked;
+    every file's checksum of the :data:`~.checksums.CURRENT` algorithm)."""
+    if any(f.algorithm != CURRENT for f in files):
+        raise ValueError(f"files of a new manifest are checked by {CURRENT}")
     doc: dict[str, Any] = {
         "format": FORMAT,
         "step": step,
         "tag": tag,
-        "files": {f.name: {"sha256": f.sha256, "bytes": f.nbytes, "keys": list(f.keys)}
+        "files": {f.name: {f.algorithm: f.digest, "bytes": f.nbytes, "keys": list(f.keys)}
                   for f in files},
         "meta": meta,
         # Fixed-width text, so a checkpoint's byte count (which the sim engine

@@ -2,7 +2,7 @@
 
 Layout: one checkpoint is one folder ``<url>/<tag>-<step:08d>/`` holding one or more
 safetensors files (tensors grouped by the key prefix before the first ``/``) and a
-``manifest.json`` listing every file with its size, sha256 and keys (schema and
+``manifest.json`` listing every file with its size, CRC-32 and keys (schema and
 limits: :mod:`.manifest`). A store opened on a run's location (``<dir>/run-<id>``,
 :mod:`.location`) stamps the run id into each manifest and never loads or prunes a
 checkpoint stamped with another id.
@@ -10,15 +10,16 @@ checkpoint stamped with another id.
 Crash consistency rests on three rules:
 
 * Everything is written into a private temp folder ``<tag>-<step>.tmp-<hex>/`` and the
-  manifest is written LAST, so its existence means the checkpoint is complete. The
-  finished folder is then renamed to its final name. A writer that dies at any point
+  manifest is written LAST, so its existence means the checkpoint is complete. Tensor
+  files and manifest are fsynced (together: :mod:`.durable`), then the finished folder
+  is renamed to its final name and its parent fsynced. A writer that dies at any point
   leaves either nothing under the final name or a complete checkpoint; :meth:`list`
   ignores temp folders and folders without a manifest, and the next successful save of
   the same tag removes the leftovers.
 * Old checkpoints are pruned only after the new one is complete and renamed, and a pruned
   checkpoint loses its manifest first, so a half-deleted folder is never listed.
 * Everything read is untrusted: the manifest is bounded and schema-checked, every tensor
-  file verified (size, sha256, parseable, expected keys, no unlisted files), and any
+  file verified (size, checksum, parseable, expected keys, no unlisted files), and any
   filesystem error on one checkpoint makes that checkpoint corrupt, nothing more:
   :meth:`CheckpointStore.load_latest` reports it by name and falls back to the previous
   one. Nothing is ever unpickled: tensors go through ``safetensors`` bytes APIs.
@@ -29,7 +30,6 @@ One writer per (location, tag) is assumed; several threads of one process may sh
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import threading
@@ -45,7 +45,8 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from trainthrough.errors import CheckpointCorrupt
-from trainthrough.ft.checkpoint import stream
+from trainthrough.ft.checkpoint import durable, stream
+from trainthrough.ft.checkpoint.checksums import Crc32
 from trainthrough.ft.checkpoint.location import run_of
 from trainthrough.ft.checkpoint.manifest import (
     MANIFEST,
@@ -135,40 +136,14 @@ class CheckpointStore:
         with self._open_write(path) as f:
             f.write(data)
 
-    def _sync(self, paths: list[str]) -> None:
-        """Make written files durable, all at once.
-
-        One fsync per file in parallel threads: the filesystem folds them into one
-        journal commit, so a checkpoint of several files costs about one disk sync
-        instead of one per file (which made small checkpoints ~5x slower than a plain
-        write of the same bytes).
-        """
-        if not self._local:
-            return
-        if len(paths) == 1:
-            _fsync_path(paths[0])
-            return
-        threads = [threading.Thread(target=_fsync_path, args=(p,), daemon=True)
-                   for p in paths[1:]]
-        for t in threads:
-            t.start()
-        errors: list[BaseException] = []
-        try:
-            _fsync_path(paths[0])
-        except OSError as e:
-            errors.append(e)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+    def _sync(self, paths: list[str]) -> durable.Syncing | None:
+        """Start making written files durable, all together (:mod:`.durable`); None
+        for a remote store (its writes are durable once closed)."""
+        return durable.Syncing(paths) if self._local else None
 
     def _fsync_root(self) -> None:
         if self._local:
-            fd = os.open(self._root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            durable.fsync_path(self._root)
 
     def _remove(self, name: str) -> None:
         """Delete a checkpoint folder, manifest first so it is never seen half-deleted."""
@@ -293,16 +268,16 @@ class CheckpointStore:
                 else:
                     data = safetensors.torch.save(group)
                     self._write(path, data)
-                    digest, size = _known(hashlib.sha256(data).hexdigest()), len(data)
+                    digest, size = _known(Crc32(data).hexdigest()), len(data)
                 pending.append((fname, digest, size, tuple(sorted(group))))
             paths = [self._path(tmp, fname) for fname, *_ in pending]
-            # Large files are still being hashed: make them durable meanwhile (the disk
-            # and sha256 run at similar speeds, so waiting for one before the other
-            # cost both). Small ones are hashed already, and one batch of fsyncs for
-            # tensors and manifest together is one journal commit instead of two.
+            # Large files are still being checksummed: make them durable meanwhile
+            # (waiting for one before the other cost both). Small ones are checksummed
+            # already, and one batch of fsyncs for tensors and manifest together is one
+            # journal commit instead of two.
             early = (self._local and
                      any(size >= stream.PARALLEL_BYTES for _, _, size, _ in pending))
-            syncing = _Background(self._sync, paths) if early else None
+            syncing = self._sync(paths) if early else None
             manifest = self._path(tmp, MANIFEST)
             # Tensor files and manifest are durable, still under the temp name, before
             # the folder is renamed (and the rename made durable), so the final name
@@ -312,10 +287,12 @@ class CheckpointStore:
                          for fname, digest, size, keys in pending]
                 raw = encode_manifest(step, tag, self.run_id, files, meta, time.time())
                 self._write(manifest, raw)  # LAST: marks completeness
-                self._sync([manifest] if early else [*paths, manifest])
+                last = self._sync([manifest] if early else [*paths, manifest])
+                if last is not None:
+                    last.wait()
             finally:
                 if syncing is not None:
-                    syncing.join()
+                    syncing.wait()  # also after a failure: no fsync left running
             nbytes = len(raw) + sum(f.nbytes for f in files)
 
             with self._lock:
@@ -479,32 +456,3 @@ class CheckpointStore:
 
 def _known(sha: str) -> Callable[[], str]:
     return lambda: sha
-
-
-class _Background:
-    """A call on its own thread; :meth:`join` waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., object], *args: object) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as e:  # re-raised by join, on the caller's thread
-                self._error = e
-
-        self._thread = threading.Thread(target=run, daemon=True, name="checkpoint-fsync")
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

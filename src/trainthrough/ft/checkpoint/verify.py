@@ -9,7 +9,6 @@ file that grew (or a manifest that lies) is never read whole.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ import safetensors.torch
 import torch
 
 from trainthrough.errors import CheckpointCorrupt
+from trainthrough.ft.checkpoint.checksums import digest
 from trainthrough.ft.checkpoint.manifest import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -81,7 +81,7 @@ def read_tensors(fs: Any, where: str, man: Manifest, like: Like | None) -> Tenso
     """Read and verify every tensor file ``man`` lists in folder ``where``.
 
     Checks, in order: the keys ``like`` expects (before reading any file), no files
-    the manifest does not list, then per file its size, sha256, safetensors parse and
+    the manifest does not list, then per file its size, checksum, safetensors parse and
     keys, and last the dtypes and shapes ``like`` gives.
 
     Raises:
@@ -106,8 +106,8 @@ def read_tensors(fs: Any, where: str, man: Manifest, like: Like | None) -> Tenso
         if len(data) < f.nbytes:
             raise ValueError(f"{f.name} has {len(data)} bytes, manifest says {f.nbytes} "
                              "(truncated?)")
-        if hashlib.sha256(data).hexdigest() != f.sha256:
-            raise ValueError(f"{f.name} fails its sha256 check")
+        if digest(f.algorithm, data) != f.digest:
+            raise ValueError(f"{f.name} fails its {f.algorithm} check")
         try:
             part = safetensors.torch.load(data)
         except Exception as e:  # any parse failure means corrupt
