@@ -4,13 +4,19 @@
    short warm-up run) to the target and 50% past it, as lab/runner.py's baselines:
    iterations and seconds to target, hence the step time, and the contraction rate
    fitted on its iterates (lab/bound.py).
-2. Each checkpointing candidate, failure-free for a few intervals at the workload's
-   interval: ``C``, seconds blocked per interval of saves. An asynchronous one also
-   runs its synchronous twin (``persist=sync``): the write it does in the background.
+2. Each checkpointing candidate's ``C``, the seconds its saves add per interval, as a
+   whole-run difference (lab/advise/wall.py: the seconds an engine records blocked are
+   only part of it on a real engine): short failure-free runs with saves every ``n``
+   iterations against the same runs without, back to back (repeated on real engines).
+   ``n`` is dense, so the difference stands out of the run-to-run noise, but at least one
+   write long for an asynchronous save, whose write (its synchronous twin's blocked
+   seconds per save) runs in the background and must not queue.
 3. Each candidate at its Young/Daly interval with one failure of the trace's kind
    (same components, ``iter=`` instead of ``mtbf=``) half way to the target and half
    an interval after a save: the recovery seconds, the rework (iterations to target
-   minus the failure-free run's, same seed), the perturbation and SCAR's bound for it.
+   minus the failure-free run's, same seed), what the failure cost in all measured
+   within that run (lab/advise/wall.py: recovery, rework and slow steps after it), the
+   perturbation and SCAR's bound for it.
 
 A failure run has its failure-free run's seed, so rework is the failure's alone; with
 several calibration seeds both are repeated per seed and averaged (a workload whose
@@ -20,23 +26,35 @@ are on the engine's clock (simulated on ``sim``, wall on real engines).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.callbacks import Callback
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.lab.advise.candidates import Candidate
 from trainthrough.lab.advise.model import Baseline, Measured, interval
+from trainthrough.lab.advise.wall import StepClock, failure_cost, save_cost
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.runner import resolve_defaults, run_silent
 
 Say = Callable[[str], None]
 
+#: pairs of runs (without, with saves) per checkpoint cost: a real engine's pace drifts
+#: from run to run (Ray mlr on a shared 2-core box: 9.9 s and 12.0 s to target for the
+#: same seed), so the mean of two pairs and their spread; ``sim`` is deterministic
+PAIRS = {"sim": 1}
+REAL_PAIRS = 2
+#: the densest interval the checkpoint cost is measured at (every iteration would
+#: measure saves back to back, which no interval the advisor picks does)
+DENSEST = 2
 
-def _run(cfg: RunConfig, tracker: IterateTracker | None = None) -> dict[str, Any]:
+
+def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
     return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
 
 
@@ -70,23 +88,27 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
 
 
 def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
-                    ) -> tuple[float, float]:
-    """Step 2: (C, write seconds): what one interval's saves block, and (async) what
-    writing them takes, whatever the interval (a full save, or r of the rows r*N apart)."""
+                    ) -> tuple[float, float, float]:
+    """Step 2: (C, its spread over the pairs, write seconds): what one interval's saves
+    add to the run's time (a full save, or r of the rows r*N apart) and, async, what
+    writing one interval's saves takes in the background."""
     every = cfg.checkpoint_every or 1
     short = replace(cfg, failures=[], stop_at_target=False,
                     max_iterations=min(base.iterations, 4 * every))
-
-    def per_interval(strategy: str) -> float:
-        s = _run(replace(short, strategy=strategy))
-        return float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
-
     say(f"checkpoint cost of {c.name}")
-    blocked = per_interval(c.name)
     write = 0.0
     if c.strategy.persist == "async":
-        write = per_interval(f"base={c.name},persist=sync")
-    return blocked, write
+        s = _run(replace(short, strategy=f"base={c.name},persist=sync"))
+        write = float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
+    # Prioritized saves take r of the rows every r*N: measured at the configured N.
+    n = every if c.strategy.checkpoint == "prioritized" else min(
+        every, max(DENSEST, math.ceil(write / base.step_seconds - 1e-9)))
+    pairs = []
+    for _ in range(PAIRS.get(cfg.engine, REAL_PAIRS)):  # its twin without saves first
+        pairs.append((_run(replace(short, strategy=f"base={c.name},checkpoint=none")),
+                      _run(replace(short, strategy=c.name, checkpoint_every=n))))
+    cost, spread = save_cost(pairs, n)
+    return cost, spread, write
 
 
 def calibration_failure(trace: FailureSpec, at: int) -> str:
@@ -105,15 +127,17 @@ def failure_point(iterations: int, every: int | None) -> int:
 
 
 def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
-                 every: int | None, say: Say) -> dict[str, Any]:
-    """Step 3: one failure, at ``every`` (None: no checkpoints); the run's summary."""
+                 every: int | None, say: Say, clock: StepClock | None = None
+                 ) -> dict[str, Any]:
+    """Step 3: one failure, at ``every`` (None: no checkpoints); the run's summary
+    (``clock``: given, it records the run's steps)."""
     at = failure_point(base.iterations, every)
     say(f"{c.name}: one failure at iteration {at} (seed {cfg.seed})"
         + (f", checkpoint every {every}" if every else ""))
     run_cfg = replace(cfg, strategy=c.name, failures=[calibration_failure(trace, at)],
                       checkpoint_every=every or cfg.checkpoint_every,
                       max_iterations=max(cfg.max_iterations or 0, 3 * base.iterations))
-    s = _run(run_cfg)
+    s = _run(run_cfg, clock)
     s["failed_at"] = at
     return s
 
@@ -129,16 +153,22 @@ def _combine(bases: list[Baseline]) -> Baseline:
 def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
                  every: int | None, say: Say) -> dict[str, Any]:
     """A seed's failure run reduced to what the model needs (None: not reached)."""
-    s = with_failure(cfg, c, base, trace, every, say)
+    clock = StepClock()
+    s = with_failure(cfg, c, base, trace, every, say, clock)
     recs = s["recoveries"]
+    reached = s["iterations_to_target"] is not None
     out: dict[str, Any] = {
         "failed_at": s["failed_at"],
-        "rework": (s["iterations_to_target"] - base.iterations
-                   if s["iterations_to_target"] is not None else None),
+        "rework": s["iterations_to_target"] - base.iterations if reached else None,
         "recovery": sum(r["recovery_seconds"] for r in recs) if recs else None,
         "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
-        "steady": float(s["checkpoint_blocked_seconds"]) / max(1, s["iterations"])
-        / base.step_seconds, "bound": None}
+        "lost": None, "bound": None}
+    if reached and recs:
+        lost, pace = failure_cost(clock, s["failed_at"], s["iterations_to_target"],
+                                  float(s["sim_seconds_to_target"]), base.iterations)
+        # Beyond recovering, in the run's own steps (the model prices them at the
+        # calibrated step time): the rework and the slow steps after the recovery.
+        out["lost"] = (lost - out["recovery"]) / pace
     if base.contraction is not None and base.distance0 is not None and recs:
         out["bound"] = Contraction(base.contraction, base.distance0, 0, 0.0).bound(
             [(r["at_iteration"], r["perturbation_norm"]) for r in recs])
@@ -150,12 +180,19 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
     return None if any(v is None for v in values) else statistics.fmean(values)
 
 
+def _spread(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs]
+    if len(values) < 2 or any(v is None for v in values):
+        return None
+    return statistics.stdev(values)
+
+
 def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: float,
             say: Say, seeds: int = 1) -> tuple[Baseline, list[Measured]]:
     """Every step (module docstring), for every candidate, on ``seeds`` seeds from
     ``cfg.seed`` on: the failure-free runs and the failure runs are repeated per seed
     (rework is each seed's against its own failure-free run) and averaged; the
-    checkpoint cost, which no seed changes, is measured once.
+    checkpoint cost, which no seed changes, is measured once (in pairs on real engines).
 
     ``cfg``'s fields not set resolve from the workload (interval, budgets, target).
     """
@@ -166,13 +203,15 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
     t0 = base.step_seconds
     out = []
     for c in cands:
-        every, cost, write = None, 0.0, 0.0
+        every, cost, spread, write = None, 0.0, 0.0, 0.0
         if c.checkpoints:
-            cost, write = checkpoint_cost(cfg, c, base, say)
+            cost, spread, write = checkpoint_cost(cfg, c, base, say)
+            cost = max(0.0, cost)  # saves that measured free are noise, not a gain
             every = interval(cost, write, mtbf, t0, base.iterations)
         runs = [_one_failure(k, c, b, trace, every, say) for k, b in zip(cfgs, bases)]
         out.append(Measured(
-            c.name, every, cost, write, _mean(runs, "steady") or 0.0, runs[0]["failed_at"],
-            _mean(runs, "recovery"), _mean(runs, "rework"), _mean(runs, "bound"),
-            _mean(runs, "norm")))
+            c.name, every, cost, write, cost / (every * t0) if every else 0.0,
+            runs[0]["failed_at"], _mean(runs, "recovery"), _mean(runs, "rework"),
+            _mean(runs, "bound"), _mean(runs, "norm"), _mean(runs, "lost"),
+            spread / (every * t0) if every else 0.0, _spread(runs, "lost")))
     return base, out

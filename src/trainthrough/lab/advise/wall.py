@@ -1,0 +1,87 @@
+"""Costs as whole-run time differences: what a save and a failure add to a run's clock.
+
+Why not the seconds an engine records for them: on a real engine they are only part of
+the cost. Measured on Ray (mlr, 2 shards, 2 workers, 2 cores, benchmarks/advise_check.py):
+asynchronous saves every 2 iterations recorded 0.8% of the step time blocked, yet made a
+failure-free run 35% longer (each save is a round trip from the driver to every shard,
+and the background write runs on the cores the steps need); a failure cost its recorded
+recovery and rework plus slow steps after it (evaluations around the disruption, the
+restored shard's first steps, a warm process started in place of the one taken). So the
+advisor measures, on every engine alike (on ``sim`` both ways agree):
+
+- **per-save cost**: a short failure-free run with saves against the same run without,
+  back to back, the difference over the intervals run (:func:`save_cost`); on a real
+  engine repeated (the machine's pace drifts between runs; a pair shares it);
+- **per-failure cost**: within the failure run itself (:func:`failure_cost`), its time to
+  target minus the failure-free iterations at the run's own pace, the pace taken from
+  the steps the failure did not touch, so a run that happened to be slower or faster
+  than the failure-free one does not count as the failure's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_right
+from typing import Any
+
+from trainthrough.engines.callbacks import Callback
+
+#: steps after the failure's rework still counted as the failure's (Ray mlr: restored
+#: shards were measured slow for up to ~20 steps after a recovery)
+AFTER = 25
+
+
+class StepClock(Callback):
+    """The engine's clock after every step it reports: (executed iteration, seconds)."""
+
+    def __init__(self) -> None:
+        self.iterations: list[int] = []
+        self.seconds: list[float] = []
+
+    def after_step(self, iteration: int, sim_seconds: float) -> None:
+        self.iterations.append(iteration)
+        self.seconds.append(sim_seconds)
+
+    def at(self, iteration: int) -> float:
+        """Seconds when executed iteration ``iteration`` was last seen done (0 before
+        any step; an engine reporting at its ticks, not every step, gives the tick's)."""
+        k = bisect_right(self.iterations, iteration)
+        return self.seconds[k - 1] if k else 0.0
+
+
+def failure_cost(clock: StepClock, failed_at: int, iterations: int, seconds: float,
+                 base_iterations: int) -> tuple[float, float]:
+    """What one failure added to a run's time to target, and the run's own pace.
+
+    The failure's window runs from the strike (after executed iteration ``failed_at``)
+    through the iterations redone (``iterations - base_iterations``) and :data:`AFTER`
+    more; the pace is seconds per iteration outside it. The failure's cost is the run's
+    time to target minus ``base_iterations`` at that pace: recovery, rework and the
+    slow steps after it together.
+
+    Args:
+        clock: the failure run's :class:`StepClock`.
+        iterations, seconds: the run's executed iterations and seconds to target.
+        base_iterations: the same seed's failure-free iterations to target.
+
+    Returns:
+        (seconds lost, seconds per iteration outside the window).
+    """
+    end = min(iterations, failed_at + max(0, iterations - base_iterations) + AFTER)
+    inside = clock.at(end) - clock.at(failed_at)
+    outside = max(1, iterations - (end - failed_at))
+    pace = (seconds - inside) / outside
+    return seconds - base_iterations * pace, pace
+
+
+def save_cost(pairs: list[tuple[dict[str, Any], dict[str, Any]]], every: int
+              ) -> tuple[float, float]:
+    """Seconds the saves add per ``every`` iterations: (mean, spread) over ``pairs`` of
+    (without saves, with saves every ``every``) summaries of runs of equal length.
+
+    The spread is the pairs' standard deviation (0 for one pair): the noise of the
+    machine's pace, reported next to the mean rather than hidden in it.
+    """
+    per = [(float(w["sim_seconds"]) - float(wo["sim_seconds"])) * every
+           / max(1, int(w["iterations"])) for wo, w in pairs]
+    return statistics.fmean(per), statistics.stdev(per) if len(per) > 1 else 0.0
