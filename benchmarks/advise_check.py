@@ -90,9 +90,11 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
     print(f"  time to target         predicted {c.predicted_seconds:7.2f}   measured "
           f"{_r(c.measured_seconds):>7}   ratio {_r(c.seconds_ratio)}  within 20%: "
           f"{_ok(c.seconds_ratio)}")
+    spread = ("" if c.overhead_spread is None
+              else f"  (per-seed spread {100 * c.overhead_spread:.1f} points)")
     print(f"  overhead with failures predicted {100 * c.predicted_overhead:6.1f}%  measured "
           f"{100 * (c.measured_overhead or 0):6.1f}%  ratio {_r(c.overhead_ratio)}  within "
-          f"20%: {_ok(c.overhead_ratio)}")
+          f"20%: {_ok(c.overhead_ratio)}{spread}")
     print(f"  failures to target     predicted {_r(c.predicted_failures)}  measured "
           f"{_r(c.measured_failures)}", flush=True)
 
@@ -108,9 +110,14 @@ def one(engine: str, workload: str, seeds: int | None) -> None:
     print(f"\n== {engine} {workload}: MTBF {s.mtbf} ({a.clock}); advice in {took:.0f} s wall; "
           f"recommended {a.recommended.name}, runner-up "
           f"{a.runner_up.name if a.runner_up else '-'}; {n} seeds", flush=True)
-    for p in a.predictions:
+    for p, m in zip(a.predictions, sorted(a.measured, key=lambda m: [
+            q.name for q in a.predictions].index(m.name))):
+        lost = "n/a" if m.lost_steps is None else f"{m.lost_steps:.1f}"
         print(f"  {p.name:<20} every {p.interval or '-'} it  predicted "
-              f"{p.seconds_to_target:.2f} s to target")
+              f"{p.seconds_to_target:.2f} s to target; calibrated: C {m.checkpoint_seconds:.4f} s "
+              f"per interval, failure-free overhead {100 * m.steady:.2f}% (spread over pairs "
+              f"{100 * m.steady_spread:.2f} points), recovery {m.recovery_seconds} s, rework "
+              f"{m.rework} it, {lost} steps lost beyond recovering")
     t = time.perf_counter()
     free = failure_free(a, list(range(n)))
     print(f"  failure-free runs of {a.baseline.strategy} on seeds 0-{n - 1}: mean "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,12 @@ from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
 from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import advise, trace_spec
-from trainthrough.lab.advise.calibrate import calibration_failure, failure_point
+from trainthrough.lab.advise.calibrate import calibration_failure, failure_point, measure
 from trainthrough.lab.advise.candidates import candidates
 from trainthrough.lab.advise.check import check, failure_free
 from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
+from trainthrough.lab.advise.wall import StepClock, failure_cost, save_cost
+from trainthrough.lab.runner import run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "advise.toml"
@@ -162,3 +166,40 @@ def test_mlr_predictions_within_20_percent_of_the_seeded_trace() -> None:
         assert c.measured_blocked == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
         assert c.measured_seconds == pytest.approx(c.predicted_seconds, rel=0.2), c
         assert c.measured_overhead == pytest.approx(c.predicted_overhead, rel=0.2), c
+
+
+# -- costs as whole-run differences (lab/advise/wall.py) -------------------------------
+def test_failure_cost_is_the_run_minus_the_failure_free_iterations_at_its_own_pace() -> None:
+    clock = StepClock()
+    t = 0.0
+    for i in range(1, 121):  # 0.2 s a step; a failure after 50: 1 s down, 10 it redone,
+        t += 0.2 + (1.0 if i == 51 else 0.0) + (0.5 if i == 55 else 0.0)  # a slow step
+        clock.after_step(i, t)
+    lost, pace = failure_cost(clock, 50, 110, clock.at(110), 100)
+    assert pace == pytest.approx(0.2)
+    assert lost == pytest.approx(1.0 + 10 * 0.2 + 0.5)
+    assert clock.at(0) == 0.0 and clock.at(10**6) == clock.at(120)
+
+
+def test_save_cost_is_the_pairs_mean_difference_per_interval_with_its_spread() -> None:
+    def run(seconds: float) -> dict[str, float]:
+        return {"sim_seconds": seconds, "iterations": 100}
+    cost, spread = save_cost([(run(10.0), run(11.0)), (run(12.0), run(13.4))], every=5)
+    assert cost == pytest.approx((1.0 + 1.4) / 2 * 5 / 100)
+    assert spread == pytest.approx(statistics.stdev([0.05, 0.07]))
+
+
+def test_on_sim_whole_run_costs_agree_with_the_recorded_ones() -> None:
+    """sim's clock advances only by its cost model, so what a save and a failure add to
+    a run is what the engine records: the save's blocked seconds, the recovery and the
+    rework (a few steps of slack: the window's pace and the save phase)."""
+    cfg = RunConfig.from_toml(EXAMPLE)
+    cands = candidates("sim", "ps", "bsp", [trace_spec("ps", "3s", None)],
+                       ["none", "checkpoint-restart"])
+    base, measured = measure(cfg, cands, trace_spec("ps", "3s", None), 3.0, lambda _: None)
+    ck = next(m for m in measured if m.name == "checkpoint-restart")
+    s = run_silent(replace(cfg, strategy="checkpoint-restart", stop_at_target=False,
+                           max_iterations=200, checkpoint_every=50))
+    assert ck.checkpoint_seconds == pytest.approx(s["checkpoint_blocked_seconds"] / 4, rel=0.02)
+    for m in measured:
+        assert m.lost_steps == pytest.approx(m.rework, abs=2), m

@@ -43,6 +43,9 @@ class Check:
     measured_failures: float
     seeds: int
     reached: int  #: seeds that reached the target
+    #: standard deviation over the seeds of each one's time to target on the trace over
+    #: its failure-free time, - 1: the measured overhead's run-to-run noise
+    overhead_spread: float | None = None
 
     @property
     def seconds_ratio(self) -> float | None:
@@ -104,6 +107,8 @@ def check(advice: Advice, name: str, seeds: list[int],
     mean = statistics.fmean(times) if times else None
     overhead = (mean / statistics.fmean(free[k] for k in reached) - 1
                 if mean is not None else None)
+    each = [t / free[k] - 1 for t, k in zip(times, reached)]
     return Check(name, p.interval, p.steady, steady, statistics.fmean(blocked),
                  p.seconds_to_target, mean, p.overhead, overhead, p.failures,
-                 statistics.fmean(failures), len(seeds), len(times))
+                 statistics.fmean(failures), len(seeds), len(times),
+                 statistics.stdev(each) if len(each) > 1 else None)
