@@ -24,7 +24,7 @@ from trainthrough.lab.advise.calibrate import calibration_failure, failure_point
 from trainthrough.lab.advise.candidates import candidates
 from trainthrough.lab.advise.check import check, failure_free
 from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
-from trainthrough.lab.advise.wall import StepClock, failure_cost, save_cost
+from trainthrough.lab.advise.wall import StepClock, failure_cost, phase_cost, save_cost
 from trainthrough.lab.runner import run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,3 +203,19 @@ def test_on_sim_whole_run_costs_agree_with_the_recorded_ones() -> None:
     assert ck.checkpoint_seconds == pytest.approx(s["checkpoint_blocked_seconds"] / 4, rel=0.02)
     for m in measured:
         assert m.lost_steps == pytest.approx(m.rework, abs=2), m
+
+
+def test_phase_cost_reads_the_saves_off_the_steps_of_one_run() -> None:
+    """Saves after every 8th step: the step with the save 0.3 s longer, the next one
+    0.1 s (a background write); the rest 0.2 s, with one stall the trimming drops."""
+    clock = StepClock()
+    t = 0.0
+    for i in range(1, 201):
+        t += 0.2 + {0: 0.3, 1: 0.1}.get(i % 8, 0.0) + (5.0 if i == 100 else 0.0)
+        clock.after_step(i, t)
+    cost, pace = phase_cost(clock, 8)  # type: ignore[misc]
+    assert cost == pytest.approx(0.4) and pace == pytest.approx(0.2)
+    ticks = StepClock()  # an engine reporting at its ticks: not read this way
+    for i in range(2, 200, 3):
+        ticks.after_step(i, i * 0.2)
+    assert phase_cost(ticks, 8) is None

@@ -38,7 +38,7 @@ from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.lab.advise.candidates import Candidate
 from trainthrough.lab.advise.model import Baseline, Measured, interval
-from trainthrough.lab.advise.wall import StepClock, failure_cost, save_cost
+from trainthrough.lab.advise.wall import StepClock, failure_cost, phase_cost, save_cost
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.runner import resolve_defaults, run_silent
 
@@ -49,9 +49,9 @@ Say = Callable[[str], None]
 #: same seed), so the mean of two pairs and their spread; ``sim`` is deterministic
 PAIRS = {"sim": 1}
 REAL_PAIRS = 2
-#: the densest interval the checkpoint cost is measured at (every iteration would
-#: measure saves back to back, which no interval the advisor picks does)
-DENSEST = 2
+#: the interval the checkpoint cost is measured at, at least (wall.phase_cost: the
+#: second half of each interval is the pace without saves)
+PHASED = 8
 
 
 def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
@@ -102,14 +102,36 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
         s = _run(replace(short, strategy=f"base={c.name},persist=sync"))
         write = float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
     # Prioritized saves take r of the rows every r*N: measured at the configured N.
+    # Otherwise every PHASED iterations, or more: twice the steps a background write
+    # takes, so the second half of each interval is free of it (wall.phase_cost).
     n = every if c.strategy.checkpoint == "prioritized" else min(
-        every, max(DENSEST, math.ceil(write / base.step_seconds - 1e-9)))
-    pairs = []
-    for _ in range(PAIRS.get(cfg.engine, REAL_PAIRS)):  # its twin without saves first
-        pairs.append((_run(replace(short, strategy=f"base={c.name},checkpoint=none")),
-                      _run(replace(short, strategy=c.name, checkpoint_every=n))))
-    cost, spread = save_cost(pairs, n)
-    return cost, spread, write, [w["sim_seconds"] / max(1, w["iterations"]) for w, _ in pairs]
+        every, max(PHASED, 2 * math.ceil(write / base.step_seconds - 1e-9) + 2))
+    # Evaluations land on every phase alike only if no multiple of n is one of theirs.
+    while c.strategy.checkpoint != "prioritized" and math.gcd(n, cfg.eval_every or 1) > 1:
+        n += 1
+    costs, paces, pairs = [], [], []
+    for _ in range(PAIRS.get(cfg.engine, REAL_PAIRS)):
+        clock = StepClock()
+        saved = _run(replace(short, strategy=c.name, checkpoint_every=n), clock)
+        within = phase_cost(clock, n)
+        if within is not None:
+            costs.append(within[0])
+            # The run's own pace without its saves (evaluations included, as in the
+            # failure-free run; the phases' pace leaves most of them out).
+            its = max(1, saved["iterations"])
+            paces.append((saved["sim_seconds"] - within[0] * its / n) / its)
+            continue
+        # An engine that reports at its ticks, not every step: its twin without saves.
+        pairs.append((_run(replace(short, strategy=f"base={c.name},checkpoint=none")), saved))
+        paces.append(pairs[-1][0]["sim_seconds"] / max(1, pairs[-1][0]["iterations"]))
+    if pairs:
+        cost, spread = save_cost(pairs, n)
+    else:
+        cost = statistics.fmean(costs)
+        spread = statistics.stdev(costs) if len(costs) > 1 else 0.0
+    # Per interval: the configured one for prioritized saves (r of the rows each r*N),
+    # else one full save, whatever N.
+    return cost, spread, write, paces
 
 
 def _pooled(base: Baseline, bases: list[Baseline], paces: list[float]) -> Baseline:

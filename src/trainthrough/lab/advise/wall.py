@@ -9,9 +9,13 @@ recovery and rework plus slow steps after it (evaluations around the disruption,
 restored shard's first steps, a warm process started in place of the one taken). So the
 advisor measures, on every engine alike (on ``sim`` both ways agree):
 
-- **per-save cost**: a short failure-free run with saves against the same run without,
-  back to back, the difference over the intervals run (:func:`save_cost`); on a real
-  engine repeated (the machine's pace drifts between runs; a pair shares it);
+- **per-save cost**: within a short failure-free run saving every ``n`` iterations, each
+  step's seconds by its place after the last save, the steps late in the interval (the
+  save's effects are over) being the pace without saves (:func:`phase_cost`): saves and
+  no saves alternate within one run, so the machine's pace, which drifts from run to
+  run with what else it runs (Ray mlr on a shared 2-core box: 9.9 s and 12.0 s to
+  target for the same seed), cancels; an engine that does not report every step is
+  measured by a run without saves against one with, back to back (:func:`save_cost`);
 - **per-failure cost**: within the failure run itself (:func:`failure_cost`), its time to
   target minus the failure-free iterations at the run's own pace, the pace taken from
   the steps the failure did not touch, so a run that happened to be slower or faster
@@ -72,6 +76,38 @@ def failure_cost(clock: StepClock, failed_at: int, iterations: int, seconds: flo
     outside = max(1, iterations - (end - failed_at))
     pace = (seconds - inside) / outside
     return seconds - base_iterations * pace, pace
+
+
+def _trimmed(xs: list[float]) -> float:
+    """Mean of the middle 80%: a step the machine stalled (another process's burst) is
+    not the save's, and an unlucky run's burst must not set the pace either."""
+    xs = sorted(xs)
+    cut = len(xs) // 10
+    return statistics.fmean(xs[cut:len(xs) - cut] if len(xs) > 2 * cut else xs)
+
+
+def phase_cost(clock: StepClock, every: int) -> tuple[float, float] | None:
+    """(seconds the saves add per ``every`` iterations, seconds a step takes without
+    them) within one failure-free run saving after every ``every``-th iteration; None if
+    the engine did not report every step or the run held fewer than two intervals.
+
+    A save after iteration ``i`` (``i % every == 0``) lands in that step's seconds; an
+    asynchronous one's write runs on during the next steps. The steps in the second
+    half of the interval are taken as unaffected: ``every`` must be at least twice the
+    steps a background write takes.
+    """
+    its, secs = clock.iterations, clock.seconds
+    if len(its) < 2 * every + 2 or its != list(range(its[0], its[0] + len(its))):
+        return None
+    by_phase: dict[int, list[float]] = {k: [] for k in range(every)}
+    for j in range(1, len(its)):
+        if its[j] > every:  # the first interval warms up (first allocations, caches)
+            by_phase[its[j] % every].append(secs[j] - secs[j - 1])
+    if any(not v for v in by_phase.values()):
+        return None
+    step = {k: _trimmed(v) for k, v in by_phase.items()}
+    pace = statistics.fmean(step[k] for k in range(every // 2, every))
+    return sum(step.values()) - every * pace, pace
 
 
 def save_cost(pairs: list[tuple[dict[str, Any], dict[str, Any]]], every: int
