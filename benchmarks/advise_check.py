@@ -23,7 +23,7 @@ machine's pace drifts between minutes), and the spread over seeds is printed nex
 every measured overhead: on a shared machine it is the measurement's noise.
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
-[--seeds N]`` (sim mlr ~1 min, sim cnn ~3 min, Ray mlr ~9 min on a 2-core box;
+[--seeds N]`` (sim mlr ~1 min, sim cnn ~3 min, Ray mlr ~13 min on a 2-core box;
 run it under ``flock /tmp/tt-bench.lock`` on a shared machine).
 """
 
@@ -70,8 +70,11 @@ def settings(engine: str, workload: str) -> Setting:
         # target vary by seed); 2 of them, not 4, to stay within minutes on Ray.
         return Setting(RunConfig(workload="cnn", engine="ray", shards=2, workers=2, seed=100),
                        "3s", 4, ray, calibration=2)
+    # 8 seeds: with ~3 failures a run, 4 seeds' failure count alone is ~15% noisy;
+    # 2 calibration seeds: one failure's cost on Ray varied 2-21 steps between strategies
+    # that recover alike (scar-partial, checkpoint-async).
     return Setting(RunConfig(workload="mlr", engine="ray", shards=2, workers=2, target=0.25),
-                   "3s", 4, ray)
+                   "3s", 8, ray, calibration=2)
 
 
 def _r(x: float | None) -> str:
