@@ -169,16 +169,21 @@ def test_mlr_predictions_within_20_percent_of_the_seeded_trace() -> None:
 
 
 # -- costs as whole-run differences (lab/advise/wall.py) -------------------------------
-def test_failure_cost_is_the_run_minus_the_failure_free_iterations_at_its_own_pace() -> None:
-    clock = StepClock()
+def test_failure_cost_is_the_run_minus_its_failure_free_time_at_its_own_pace() -> None:
+    """The failure-free run: 0.1 s a step, 0.5 s of evaluations at the end, 100 steps
+    to target. The failure run is twice as slow (another time, another load); after
+    50 steps a failure: 1 s down, 10 steps redone, slow steps long after it."""
+    free, run = StepClock(), StepClock()
+    for i in range(1, 101):
+        free.after_step(i, 0.1 * i)
     t = 0.0
-    for i in range(1, 121):  # 0.2 s a step; a failure after 50: 1 s down, 10 it redone,
-        t += 0.2 + (1.0 if i == 51 else 0.0) + (0.5 if i == 55 else 0.0)  # a slow step
-        clock.after_step(i, t)
-    lost, pace = failure_cost(clock, 50, 110, clock.at(110), 100)
-    assert pace == pytest.approx(0.2)
-    assert lost == pytest.approx(1.0 + 10 * 0.2 + 0.5)
-    assert clock.at(0) == 0.0 and clock.at(10**6) == clock.at(120)
+    for i in range(1, 111):
+        t += 0.2 + (1.0 if i == 51 else 0.0) + (0.05 if 60 < i <= 100 else 0.0)
+        run.after_step(i, t)
+    lost, pace = failure_cost(run, 50, t + 1.0, free, 10.5, 100)
+    assert pace == pytest.approx(0.21)  # 10 s at the run's pace + its 1 s of evaluations
+    assert lost == pytest.approx(1.0 + 10 * 0.2 + 40 * 0.05)
+    assert free.at(0) == 0.0 and free.at(10**6) == free.at(100)
 
 
 def test_save_cost_is_the_pairs_mean_difference_per_interval_with_its_spread() -> None:

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.lab.advise.candidates import Candidate
@@ -58,8 +58,10 @@ def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
     return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
 
 
-def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
-    """Step 1 (module docstring).
+def baseline(cfg: RunConfig, cands: list[Candidate], say: Say
+             ) -> tuple[Baseline, StepClock]:
+    """Step 1 (module docstring), and the run's steps (the shape of a failure-free run,
+    for :func:`~trainthrough.lab.advise.wall.failure_cost`).
 
     Raises:
         UserError: the failure-free run does not reach the target.
@@ -71,9 +73,10 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
         say("warm-up run")
         _run(replace(cfg, strategy=plain.name, failures=[], stop_at_target=False,
                      max_iterations=min(cfg.max_iterations or 50, 50)))
-    tracker = IterateTracker()
+    tracker, clock = IterateTracker(), StepClock()
     say(f"failure-free run ({plain.name}, seed {cfg.seed}) to the target")
-    s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5), tracker)
+    s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5),
+             Callbacks([tracker, clock]))
     if s["iterations_to_target"] is None or not s.get("sim_seconds_to_target"):
         raise UserError(f"{cfg.workload} does not reach its target {s['target']} without "
                         f"failures within {s['iterations']} iterations; raise "
@@ -84,7 +87,7 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
     fit = fit_contraction(tracker.iterations, tracker.iterates)
     return Baseline(plain.name, int(s["iterations_to_target"]), seconds,
                     fit.c if fit else None, fit.distance0 if fit else None,
-                    fit.r2 if fit else None)
+                    fit.r2 if fit else None), clock
 
 
 def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
@@ -185,7 +188,7 @@ def _combine(bases: list[Baseline]) -> Baseline:
 
 
 def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
-                 every: int | None, say: Say) -> dict[str, Any]:
+                 every: int | None, say: Say, shape: StepClock) -> dict[str, Any]:
     """A seed's failure run reduced to what the model needs (None: not reached)."""
     clock = StepClock()
     s = with_failure(cfg, c, base, trace, every, say, clock)
@@ -198,8 +201,8 @@ def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
         "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
         "lost": None, "bound": None}
     if reached and recs:
-        lost, pace = failure_cost(clock, s["failed_at"], s["iterations_to_target"],
-                                  float(s["sim_seconds_to_target"]), base.iterations)
+        lost, pace = failure_cost(clock, s["failed_at"], float(s["sim_seconds_to_target"]),
+                                  shape, base.seconds, base.iterations)
         # Beyond recovering, in the run's own steps (the model prices them at the
         # calibrated step time): the rework and the slow steps after the recovery.
         out["lost"] = (lost - out["recovery"]) / pace
@@ -232,8 +235,8 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
     """
     cfg = resolve_defaults(cfg)[0]
     cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
-    bases = [baseline(c, cands, say) for c in cfgs]
-    base = _combine(bases)
+    bases, shapes = zip(*(baseline(c, cands, say) for c in cfgs))
+    base = _combine(list(bases))
     costs: dict[str, tuple[float, float, float]] = {}
     paces: list[float] = []
     for c in cands:
@@ -242,14 +245,15 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
             costs[c.name] = (max(0.0, cost), spread, write)  # measured free: noise, no gain
             paces += more
     if cfg.engine != "sim":  # sim's pace does not drift: its baseline run is exact
-        base = _pooled(base, bases, paces)
+        base = _pooled(base, list(bases), paces)
     t0 = base.step_seconds
     out = []
     for c in cands:
         every, (cost, spread, write) = None, costs.get(c.name, (0.0, 0.0, 0.0))
         if c.checkpoints:
             every = interval(cost, write, mtbf, t0, base.iterations)
-        runs = [_one_failure(k, c, b, trace, every, say) for k, b in zip(cfgs, bases)]
+        runs = [_one_failure(k, c, b, trace, every, say, shape)
+                for k, b, shape in zip(cfgs, bases, shapes)]
         out.append(Measured(
             c.name, every, cost, write, cost / (every * t0) if every else 0.0,
             runs[0]["failed_at"], _mean(runs, "recovery"), _mean(runs, "rework"),

@@ -16,10 +16,8 @@ advisor measures, on every engine alike (on ``sim`` both ways agree):
   run with what else it runs (Ray mlr on a shared 2-core box: 9.9 s and 12.0 s to
   target for the same seed), cancels; an engine that does not report every step is
   measured by a run without saves against one with, back to back (:func:`save_cost`);
-- **per-failure cost**: within the failure run itself (:func:`failure_cost`), its time to
-  target minus the failure-free iterations at the run's own pace, the pace taken from
-  the steps the failure did not touch, so a run that happened to be slower or faster
-  than the failure-free one does not count as the failure's.
+- **per-failure cost**: the failure run's time to target minus what it would have
+  taken without the failure, at its own pace until the strike (:func:`failure_cost`).
 """
 
 from __future__ import annotations
@@ -29,10 +27,6 @@ from bisect import bisect_right
 from typing import Any
 
 from trainthrough.engines.callbacks import Callback
-
-#: steps after the failure's rework still counted as the failure's (Ray mlr: restored
-#: shards were measured slow for up to ~20 steps after a recovery)
-AFTER = 25
 
 
 class StepClock(Callback):
@@ -53,29 +47,32 @@ class StepClock(Callback):
         return self.seconds[k - 1] if k else 0.0
 
 
-def failure_cost(clock: StepClock, failed_at: int, iterations: int, seconds: float,
-                 base_iterations: int) -> tuple[float, float]:
+def failure_cost(clock: StepClock, failed_at: int, seconds: float, base: StepClock,
+                 base_seconds: float, base_iterations: int) -> tuple[float, float]:
     """What one failure added to a run's time to target, and the run's own pace.
 
-    The failure's window runs from the strike (after executed iteration ``failed_at``)
-    through the iterations redone (``iterations - base_iterations``) and :data:`AFTER`
-    more; the pace is seconds per iteration outside it. The failure's cost is the run's
-    time to target minus ``base_iterations`` at that pace: recovery, rework and the
-    slow steps after it together.
+    Until the strike (after executed iteration ``failed_at``) the run is failure-free;
+    had it stayed so, it would have reached the target after its seconds then times
+    the failure-free run's (``base``) ratio of its time to target to its time at that
+    iteration. That shape (the first steps' warm-up, the evaluations near the target)
+    is the failure-free run's; the pace is the failure run's own, so a run that
+    happened to be slower or faster than the failure-free one does not count as the
+    failure's. The difference is the failure's cost in all: recovering, the rework,
+    and the slow steps after it however long they last (a replacement process that
+    starts on the cores the steps need: Ray's slow steps went on ~25 steps after a
+    recovery, and a window that ends too soon counts them as the run's pace).
 
     Args:
         clock: the failure run's :class:`StepClock`.
-        iterations, seconds: the run's executed iterations and seconds to target.
-        base_iterations: the same seed's failure-free iterations to target.
+        seconds: the failure run's seconds to target.
+        base, base_seconds, base_iterations: the same seed's failure-free run's
+            :class:`StepClock`, seconds and iterations to target.
 
     Returns:
-        (seconds lost, seconds per iteration outside the window).
+        (seconds lost, failure-free seconds per iteration at the run's pace).
     """
-    end = min(iterations, failed_at + max(0, iterations - base_iterations) + AFTER)
-    inside = clock.at(end) - clock.at(failed_at)
-    outside = max(1, iterations - (end - failed_at))
-    pace = (seconds - inside) / outside
-    return seconds - base_iterations * pace, pace
+    free = clock.at(failed_at) * base_seconds / max(1e-12, base.at(failed_at))
+    return seconds - free, free / base_iterations
 
 
 def _trimmed(xs: list[float]) -> float:
