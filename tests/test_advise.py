@@ -24,7 +24,13 @@ from trainthrough.lab.advise.calibrate import calibration_failure, failure_point
 from trainthrough.lab.advise.candidates import candidates
 from trainthrough.lab.advise.check import check, failure_free
 from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
-from trainthrough.lab.advise.wall import StepClock, failure_cost, phase_cost, save_cost
+from trainthrough.lab.advise.wall import (
+    StepClock,
+    failure_cost,
+    phase_cost,
+    refill_delay,
+    save_cost,
+)
 from trainthrough.lab.runner import run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,3 +230,14 @@ def test_phase_cost_reads_the_saves_off_the_steps_of_one_run() -> None:
     for i in range(2, 200, 3):
         ticks.after_step(i, i * 0.2)
     assert phase_cost(ticks, 8) is None
+
+
+def test_refill_delay_prices_a_failure_that_finds_the_replacement_not_ready() -> None:
+    assert refill_delay(0.0, 1.0, 3.0) == 0.0  # sim: a replacement is always ready
+    # 0.4 s more when 1 s apart: all of it for closer failures, less for later ones.
+    d = refill_delay(0.4, 1.0, 3.0)
+    assert 0.4 * (1 - math.exp(-1 / 3)) < d < 0.4 * (1 - math.exp(-1.4 / 3))
+    assert refill_delay(0.4, 1.0, 1e-6) == pytest.approx(0.4)  # every failure is close
+    base = Baseline("none", iterations=100, seconds=10.0)
+    m = Measured("x", None, recovery_seconds=0.1, rework=0, refill_excess=0.4, refill_gap=1.0)
+    assert predict(base, m, "x", 3.0, 4).recovery_seconds == pytest.approx(0.1 + d)

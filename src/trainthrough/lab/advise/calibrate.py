@@ -17,6 +17,10 @@
    minus the failure-free run's, same seed), what the failure cost in all measured
    within that run (lab/advise/wall.py: recovery, rework and slow steps after it), the
    perturbation and SCAR's bound for it.
+4. Each candidate with that failure and another on the first step after its recovery:
+   how much longer the second takes to recover (Ray: the warm spare the first used is
+   still starting; on a trace with a 3 s MTBF, recoveries took 0.1 s alone and 0.4-0.6 s
+   after another failure), priced by the model for failures an MTBF apart.
 
 A failure run has its failure-free run's seed, so rework is the failure's alone; with
 several calibration seeds both are repeated per seed and averaged (a workload whose
@@ -179,6 +183,24 @@ def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
     return s
 
 
+def back_to_back(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
+                 every: int | None, say: Say) -> tuple[float, float] | None:
+    """Step 4: the calibration failure, then another on the first step after its
+    recovery: (how much longer the second took to recover than the first, seconds
+    between them); None if either was not recovered. Run only as far as that."""
+    at = failure_point(base.iterations, every)
+    say(f"{c.name}: a failure at iteration {at} and another right after its recovery")
+    clock = StepClock()
+    s = _run(replace(cfg, strategy=c.name, stop_at_target=False, max_iterations=at + 30,
+                     failures=[calibration_failure(trace, at), calibration_failure(trace, at + 1)],
+                     checkpoint_every=every or cfg.checkpoint_every), clock)
+    recs = s["recoveries"]
+    if len(recs) < 2 or len(clock.failures) < 2:
+        return None
+    return (recs[-1]["recovery_seconds"] - recs[0]["recovery_seconds"],
+            clock.failures[-1] - clock.failures[0])
+
+
 def _combine(bases: list[Baseline]) -> Baseline:
     """The seeds' failure-free runs as one: mean iterations and seconds to target (the
     contraction rate of the first seed's)."""
@@ -254,9 +276,11 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
             every = interval(cost, write, mtbf, t0, base.iterations)
         runs = [_one_failure(k, c, b, trace, every, say, shape)
                 for k, b, shape in zip(cfgs, bases, shapes)]
+        # A property of the engine's replacements, not of the seed: measured once.
+        excess, gap = back_to_back(cfg, c, base, trace, every, say) or (0.0, 0.0)
         out.append(Measured(
             c.name, every, cost, write, cost / (every * t0) if every else 0.0,
             runs[0]["failed_at"], _mean(runs, "recovery"), _mean(runs, "rework"),
             _mean(runs, "bound"), _mean(runs, "norm"), _mean(runs, "lost"),
-            spread / (every * t0) if every else 0.0, _spread(runs, "lost")))
+            spread / (every * t0) if every else 0.0, _spread(runs, "lost"), excess, gap))
     return base, out

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainthrough.lab import perf_model as pm
+from trainthrough.lab.advise.wall import refill_delay
 from trainthrough.lab.cloud_cost import Pricing, cost_to_target
 
 
@@ -67,6 +68,9 @@ class Measured:
     lost_steps: float | None = None
     steady_spread: float = 0.0  #: standard deviation of ``steady`` over the cost pairs
     lost_spread: float | None = None  #: of ``lost_steps`` over the calibration seeds
+    #: a failure right after another's recovery took this much longer to recover ...
+    refill_excess: float = 0.0
+    refill_gap: float = 0.0  #: ... striking this many seconds after it
 
 
 @dataclass(frozen=True)
@@ -113,14 +117,18 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, None,
                           m.recovery_seconds, None, None, math.inf, math.inf, nodes, None,
                           None, why)
+    # A failure soon after another may find the engine's replacement not ready yet.
+    recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf)
     rework = max(0, m.rework)  # a failure that happened to help is noise, not a gain
     steps = rework if m.lost_steps is None else max(0.0, m.lost_steps)
     # A failure striking while an earlier one is still being recovered (probability
     # 1 - exp(-R/MTBF): arrivals are memoryless) lengthens the outage but finds no new
     # progress to lose: only the others cost rework.
-    during = 1 - math.exp(-m.recovery_seconds / mtbf)
-    lost = m.recovery_seconds + (1 - during) * steps * t0 * (1 + m.steady)
-    why.append(f"a failure costs {m.recovery_seconds:.3g} s recovering + {rework:.3g} it rework"
+    during = 1 - math.exp(-recovery / mtbf)
+    lost = recovery + (1 - during) * steps * t0 * (1 + m.steady)
+    why.append(f"a failure costs {recovery:.3g} s recovering"
+               + (f" ({m.recovery_seconds:.3g} s alone)" if recovery > m.recovery_seconds
+                  else "") + f" + {rework:.3g} it rework"
                + (f" ({steps:.3g} steps lost in all)" if m.lost_steps is not None else "")
                + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
                   and math.isfinite(m.rework_bound) else ""))
@@ -130,11 +138,11 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
     except ValueError:
         why.append(f"each failure costs {lost:.3g} s >= the MTBF: no progress")
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
-                          m.recovery_seconds, lost, None, math.inf, math.inf, nodes, None,
+                          recovery, lost, None, math.inf, math.inf, nodes, None,
                           None, why)
     return Prediction(
         m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
-        m.recovery_seconds, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
+        recovery, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
         cost_to_target(seconds, nodes, pricing.on_demand),
         cost_to_target(seconds, nodes, pricing.spot), why)
 

@@ -22,6 +22,7 @@ advisor measures, on every engine alike (on ``sim`` both ways agree):
 
 from __future__ import annotations
 
+import math
 import statistics
 from bisect import bisect_right
 from typing import Any
@@ -35,10 +36,15 @@ class StepClock(Callback):
     def __init__(self) -> None:
         self.iterations: list[int] = []
         self.seconds: list[float] = []
+        self.failures: list[float] = []  #: seconds each failure struck at
 
     def after_step(self, iteration: int, sim_seconds: float) -> None:
         self.iterations.append(iteration)
         self.seconds.append(sim_seconds)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "failure":
+            self.failures.append(float(event["sim_seconds"]))
 
     def at(self, iteration: int) -> float:
         """Seconds when executed iteration ``iteration`` was last seen done (0 before
@@ -73,6 +79,22 @@ def failure_cost(clock: StepClock, failed_at: int, seconds: float, base: StepClo
     """
     free = clock.at(failed_at) * base_seconds / max(1e-12, base.at(failed_at))
     return seconds - free, free / base_iterations
+
+
+def refill_delay(excess: float, gap: float, mtbf: float) -> float:
+    """Expected extra recovery seconds per failure from the one before it.
+
+    A failure that strikes ``gap`` seconds after another took ``excess`` seconds longer
+    to recover than a lone one (Ray: the warm spare the first replacement used is being
+    started again, on the cores the steps need). Taken as the whole ``excess`` for any
+    gap up to ``gap``, shrinking second for second after it, for failures ``Exp(mtbf)``
+    apart; 0 where no excess was measured (sim: a replacement is always ready).
+    """
+    if excess <= 0:
+        return 0.0
+    near = 1 - math.exp(-gap / mtbf)
+    later = math.exp(-gap / mtbf) * (excess - mtbf * (1 - math.exp(-excess / mtbf)))
+    return excess * near + later
 
 
 def _trimmed(xs: list[float]) -> float:
