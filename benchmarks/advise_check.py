@@ -129,7 +129,8 @@ def one(engine: str, workload: str, seeds: int | None) -> None:
               f"{p.seconds_to_target:.2f} s to target; calibrated: C {m.checkpoint_seconds:.4f} s "
               f"per interval, failure-free overhead {100 * m.steady:.2f}% (spread over pairs "
               f"{100 * m.steady_spread:.2f} points), recovery {m.recovery_seconds} s, rework "
-              f"{m.rework} it, {lost} steps lost beyond recovering")
+              f"{m.rework} it, {lost} steps lost beyond recovering; a failure "
+              f"{m.refill_gap:.2f} s after another recovered {m.refill_excess:.3f} s slower")
     free = None
     if engine == "sim":  # its clock does not drift: one reference for both candidates
         t = time.perf_counter()
