@@ -120,7 +120,9 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
     for _ in range(PAIRS.get(cfg.engine, REAL_PAIRS)):
         clock = StepClock()
         saved = _run(replace(short, strategy=c.name, checkpoint_every=n), clock)
-        within = phase_cost(clock, n)
+        # Prioritized saves come every r*n iterations, not every n: no phase is free
+        # of them, so they are measured against their twin without saves.
+        within = None if c.strategy.checkpoint == "prioritized" else phase_cost(clock, n)
         if within is not None:
             costs.append(within[0])
             # The run's own pace without its saves (evaluations included, as in the
@@ -128,7 +130,7 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
             its = max(1, saved["iterations"])
             paces.append((saved["sim_seconds"] - within[0] * its / n) / its)
             continue
-        # An engine that reports at its ticks, not every step: its twin without saves.
+        # Else (and an engine that reports at its ticks): its twin without saves.
         pairs.append((_run(replace(short, strategy=f"base={c.name},checkpoint=none")), saved))
         paces.append(pairs[-1][0]["sim_seconds"] / max(1, pairs[-1][0]["iterations"]))
     if pairs:
