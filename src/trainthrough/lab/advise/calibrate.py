@@ -95,11 +95,12 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say
 
 
 def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
-                    ) -> tuple[float, float, float, list[float]]:
+                    ) -> tuple[float, float, float, list[float], int]:
     """Step 2: (C, its spread over the pairs, write seconds, paces): what one interval's
     saves add to the run's time (a full save, or r of the rows r*N apart); async, what
     writing one interval's saves takes in the background; the seconds per iteration of
-    the runs without saves (more samples of the failure-free pace)."""
+    the runs without saves (more samples of the failure-free pace); the interval the
+    cost was measured at."""
     every = cfg.checkpoint_every or 1
     short = replace(cfg, failures=[], stop_at_target=False,
                     max_iterations=min(base.iterations, 4 * every))
@@ -140,7 +141,7 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
         spread = statistics.stdev(costs) if len(costs) > 1 else 0.0
     # Per interval: the configured one for prioritized saves (r of the rows each r*N),
     # else one full save, whatever N.
-    return cost, spread, write, paces
+    return cost, spread, write, paces, n
 
 
 def _pooled(base: Baseline, bases: list[Baseline], paces: list[float]) -> Baseline:
@@ -261,21 +262,23 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
     cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
     bases, shapes = zip(*(baseline(c, cands, say) for c in cfgs))
     base = _combine(list(bases))
-    costs: dict[str, tuple[float, float, float]] = {}
+    costs: dict[str, tuple[float, float, float, int]] = {}
     paces: list[float] = []
     for c in cands:
         if c.checkpoints:
-            cost, spread, write, more = checkpoint_cost(cfg, c, base, say)
-            costs[c.name] = (max(0.0, cost), spread, write)  # measured free: noise, no gain
+            cost, spread, write, more, at = checkpoint_cost(cfg, c, base, say)
+            costs[c.name] = (max(0.0, cost), spread, write, at)  # measured free: noise
             paces += more
     if cfg.engine != "sim":  # sim's pace does not drift: its baseline run is exact
         base = _pooled(base, list(bases), paces)
     t0 = base.step_seconds
     out = []
     for c in cands:
-        every, (cost, spread, write) = None, costs.get(c.name, (0.0, 0.0, 0.0))
+        every, (cost, spread, write, at) = None, costs.get(c.name, (0.0, 0.0, 0.0, 1))
         if c.checkpoints:
-            every = interval(cost, write, mtbf, t0, base.iterations)
+            # Prioritized: measured at the configured N, but its cost scales with N.
+            least = 1 if c.strategy.checkpoint == "prioritized" else at
+            every = interval(cost, write, mtbf, t0, base.iterations, least)
         runs = [_one_failure(k, c, b, trace, every, say, shape)
                 for k, b, shape in zip(cfgs, bases, shapes)]
         # A property of the engine's replacements, not of the seed: measured once.
