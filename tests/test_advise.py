@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,18 @@ from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
 from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import advise, trace_spec
-from trainthrough.lab.advise.calibrate import calibration_failure, failure_point
+from trainthrough.lab.advise.calibrate import calibration_failure, failure_point, measure
 from trainthrough.lab.advise.candidates import candidates
 from trainthrough.lab.advise.check import check, failure_free
 from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
+from trainthrough.lab.advise.wall import (
+    StepClock,
+    failure_cost,
+    phase_cost,
+    refill_delay,
+    save_cost,
+)
+from trainthrough.lab.runner import run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "advise.toml"
@@ -162,3 +172,72 @@ def test_mlr_predictions_within_20_percent_of_the_seeded_trace() -> None:
         assert c.measured_blocked == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
         assert c.measured_seconds == pytest.approx(c.predicted_seconds, rel=0.2), c
         assert c.measured_overhead == pytest.approx(c.predicted_overhead, rel=0.2), c
+
+
+# -- costs as whole-run differences (lab/advise/wall.py) -------------------------------
+def test_failure_cost_is_the_run_minus_its_failure_free_time_at_its_own_pace() -> None:
+    """The failure-free run: 0.1 s a step, 0.5 s of evaluations at the end, 100 steps
+    to target. The failure run is twice as slow (another time, another load); after
+    50 steps a failure: 1 s down, 10 steps redone, slow steps long after it."""
+    free, run = StepClock(), StepClock()
+    for i in range(1, 101):
+        free.after_step(i, 0.1 * i)
+    t = 0.0
+    for i in range(1, 111):
+        t += 0.2 + (1.0 if i == 51 else 0.0) + (0.05 if 60 < i <= 100 else 0.0)
+        run.after_step(i, t)
+    lost, pace = failure_cost(run, 50, t + 1.0, free, 10.5, 100)
+    assert pace == pytest.approx(0.21)  # 10 s at the run's pace + its 1 s of evaluations
+    assert lost == pytest.approx(1.0 + 10 * 0.2 + 40 * 0.05)
+    assert free.at(0) == 0.0 and free.at(10**6) == free.at(100)
+
+
+def test_save_cost_is_the_pairs_mean_difference_per_interval_with_its_spread() -> None:
+    def run(seconds: float) -> dict[str, float]:
+        return {"sim_seconds": seconds, "iterations": 100}
+    cost, spread = save_cost([(run(10.0), run(11.0)), (run(12.0), run(13.4))], every=5)
+    assert cost == pytest.approx((1.0 + 1.4) / 2 * 5 / 100)
+    assert spread == pytest.approx(statistics.stdev([0.05, 0.07]))
+
+
+def test_on_sim_whole_run_costs_agree_with_the_recorded_ones() -> None:
+    """sim's clock advances only by its cost model, so what a save and a failure add to
+    a run is what the engine records: the save's blocked seconds, the recovery and the
+    rework (a few steps of slack: the window's pace and the save phase)."""
+    cfg = RunConfig.from_toml(EXAMPLE)
+    cands = candidates("sim", "ps", "bsp", [trace_spec("ps", "3s", None)],
+                       ["none", "checkpoint-restart"])
+    base, measured = measure(cfg, cands, trace_spec("ps", "3s", None), 3.0, lambda _: None)
+    ck = next(m for m in measured if m.name == "checkpoint-restart")
+    s = run_silent(replace(cfg, strategy="checkpoint-restart", stop_at_target=False,
+                           max_iterations=200, checkpoint_every=50))
+    assert ck.checkpoint_seconds == pytest.approx(s["checkpoint_blocked_seconds"] / 4, rel=0.02)
+    for m in measured:
+        assert m.lost_steps == pytest.approx(m.rework, abs=2), m
+
+
+def test_phase_cost_reads_the_saves_off_the_steps_of_one_run() -> None:
+    """Saves after every 8th step: the step with the save 0.3 s longer, the next one
+    0.1 s (a background write); the rest 0.2 s, with one stall the trimming drops."""
+    clock = StepClock()
+    t = 0.0
+    for i in range(1, 201):
+        t += 0.2 + {0: 0.3, 1: 0.1}.get(i % 8, 0.0) + (5.0 if i == 100 else 0.0)
+        clock.after_step(i, t)
+    cost, pace = phase_cost(clock, 8)  # type: ignore[misc]
+    assert cost == pytest.approx(0.4) and pace == pytest.approx(0.2)
+    ticks = StepClock()  # an engine reporting at its ticks: not read this way
+    for i in range(2, 200, 3):
+        ticks.after_step(i, i * 0.2)
+    assert phase_cost(ticks, 8) is None
+
+
+def test_refill_delay_prices_a_failure_that_finds_the_replacement_not_ready() -> None:
+    assert refill_delay(0.0, 1.0, 3.0) == 0.0  # sim: a replacement is always ready
+    # 0.4 s more when 1 s apart: all of it for closer failures, less for later ones.
+    d = refill_delay(0.4, 1.0, 3.0)
+    assert 0.4 * (1 - math.exp(-1 / 3)) < d < 0.4 * (1 - math.exp(-1.4 / 3))
+    assert refill_delay(0.4, 1.0, 1e-6) == pytest.approx(0.4)  # every failure is close
+    base = Baseline("none", iterations=100, seconds=10.0)
+    m = Measured("x", None, recovery_seconds=0.1, rework=0, refill_excess=0.4, refill_gap=1.0)
+    assert predict(base, m, "x", 3.0, 4).recovery_seconds == pytest.approx(0.1 + d)

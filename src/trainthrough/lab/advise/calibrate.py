@@ -4,13 +4,23 @@
    short warm-up run) to the target and 50% past it, as lab/runner.py's baselines:
    iterations and seconds to target, hence the step time, and the contraction rate
    fitted on its iterates (lab/bound.py).
-2. Each checkpointing candidate, failure-free for a few intervals at the workload's
-   interval: ``C``, seconds blocked per interval of saves. An asynchronous one also
-   runs its synchronous twin (``persist=sync``): the write it does in the background.
+2. Each checkpointing candidate's ``C``, the seconds its saves add per interval, as a
+   whole-run difference (lab/advise/wall.py: the seconds an engine records blocked are
+   only part of it on a real engine): short failure-free runs with saves every ``n``
+   iterations against the same runs without, back to back (repeated on real engines).
+   ``n`` is dense, so the difference stands out of the run-to-run noise, but at least one
+   write long for an asynchronous save, whose write (its synchronous twin's blocked
+   seconds per save) runs in the background and must not queue.
 3. Each candidate at its Young/Daly interval with one failure of the trace's kind
    (same components, ``iter=`` instead of ``mtbf=``) half way to the target and half
    an interval after a save: the recovery seconds, the rework (iterations to target
-   minus the failure-free run's, same seed), the perturbation and SCAR's bound for it.
+   minus the failure-free run's, same seed), what the failure cost in all measured
+   within that run (lab/advise/wall.py: recovery, rework and slow steps after it), the
+   perturbation and SCAR's bound for it.
+4. Each candidate with that failure and another on the first step after its recovery:
+   how much longer the second takes to recover (Ray: the warm spare the first used is
+   still starting; on a trace with a 3 s MTBF, recoveries took 0.1 s alone and 0.4-0.6 s
+   after another failure), priced by the model for failures an MTBF apart.
 
 A failure run has its failure-free run's seed, so rework is the failure's alone; with
 several calibration seeds both are repeated per seed and averaged (a workload whose
@@ -20,28 +30,42 @@ are on the engine's clock (simulated on ``sim``, wall on real engines).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.lab.advise.candidates import Candidate
 from trainthrough.lab.advise.model import Baseline, Measured, interval
+from trainthrough.lab.advise.wall import StepClock, failure_cost, phase_cost, save_cost
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.runner import resolve_defaults, run_silent
 
 Say = Callable[[str], None]
 
+#: pairs of runs (without, with saves) per checkpoint cost: a real engine's pace drifts
+#: from run to run (Ray mlr on a shared 2-core box: 9.9 s and 12.0 s to target for the
+#: same seed), so the mean of two pairs and their spread; ``sim`` is deterministic
+PAIRS = {"sim": 1}
+REAL_PAIRS = 2
+#: the interval the checkpoint cost is measured at, at least (wall.phase_cost: the
+#: second half of each interval is the pace without saves)
+PHASED = 8
 
-def _run(cfg: RunConfig, tracker: IterateTracker | None = None) -> dict[str, Any]:
+
+def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
     return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
 
 
-def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
-    """Step 1 (module docstring).
+def baseline(cfg: RunConfig, cands: list[Candidate], say: Say
+             ) -> tuple[Baseline, StepClock]:
+    """Step 1 (module docstring), and the run's steps (the shape of a failure-free run,
+    for :func:`~trainthrough.lab.advise.wall.failure_cost`).
 
     Raises:
         UserError: the failure-free run does not reach the target.
@@ -53,9 +77,10 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
         say("warm-up run")
         _run(replace(cfg, strategy=plain.name, failures=[], stop_at_target=False,
                      max_iterations=min(cfg.max_iterations or 50, 50)))
-    tracker = IterateTracker()
+    tracker, clock = IterateTracker(), StepClock()
     say(f"failure-free run ({plain.name}, seed {cfg.seed}) to the target")
-    s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5), tracker)
+    s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5),
+             Callbacks([tracker, clock]))
     if s["iterations_to_target"] is None or not s.get("sim_seconds_to_target"):
         raise UserError(f"{cfg.workload} does not reach its target {s['target']} without "
                         f"failures within {s['iterations']} iterations; raise "
@@ -66,27 +91,68 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say) -> Baseline:
     fit = fit_contraction(tracker.iterations, tracker.iterates)
     return Baseline(plain.name, int(s["iterations_to_target"]), seconds,
                     fit.c if fit else None, fit.distance0 if fit else None,
-                    fit.r2 if fit else None)
+                    fit.r2 if fit else None), clock
 
 
 def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
-                    ) -> tuple[float, float]:
-    """Step 2: (C, write seconds): what one interval's saves block, and (async) what
-    writing them takes, whatever the interval (a full save, or r of the rows r*N apart)."""
+                    ) -> tuple[float, float, float, list[float], int]:
+    """Step 2: (C, its spread over the pairs, write seconds, paces): what one interval's
+    saves add to the run's time (a full save, or r of the rows r*N apart); async, what
+    writing one interval's saves takes in the background; the seconds per iteration of
+    the runs without saves (more samples of the failure-free pace); the interval the
+    cost was measured at."""
     every = cfg.checkpoint_every or 1
     short = replace(cfg, failures=[], stop_at_target=False,
                     max_iterations=min(base.iterations, 4 * every))
-
-    def per_interval(strategy: str) -> float:
-        s = _run(replace(short, strategy=strategy))
-        return float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
-
     say(f"checkpoint cost of {c.name}")
-    blocked = per_interval(c.name)
     write = 0.0
     if c.strategy.persist == "async":
-        write = per_interval(f"base={c.name},persist=sync")
-    return blocked, write
+        s = _run(replace(short, strategy=f"base={c.name},persist=sync"))
+        write = float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
+    # Prioritized saves take r of the rows every r*N: measured at the configured N.
+    # Otherwise every PHASED iterations, or more: twice the steps a background write
+    # takes, so the second half of each interval is free of it (wall.phase_cost).
+    n = every if c.strategy.checkpoint == "prioritized" else min(
+        every, max(PHASED, 2 * math.ceil(write / base.step_seconds - 1e-9) + 2))
+    # Evaluations land on every phase alike only if no multiple of n is one of theirs.
+    while c.strategy.checkpoint != "prioritized" and math.gcd(n, cfg.eval_every or 1) > 1:
+        n += 1
+    costs, paces, pairs = [], [], []
+    for _ in range(PAIRS.get(cfg.engine, REAL_PAIRS)):
+        clock = StepClock()
+        saved = _run(replace(short, strategy=c.name, checkpoint_every=n), clock)
+        # Prioritized saves come every r*n iterations, not every n: no phase is free
+        # of them, so they are measured against their twin without saves.
+        within = None if c.strategy.checkpoint == "prioritized" else phase_cost(clock, n)
+        if within is not None:
+            costs.append(within[0])
+            # The run's own pace without its saves (evaluations included, as in the
+            # failure-free run; the phases' pace leaves most of them out).
+            its = max(1, saved["iterations"])
+            paces.append((saved["sim_seconds"] - within[0] * its / n) / its)
+            continue
+        # Else (and an engine that reports at its ticks): its twin without saves.
+        pairs.append((_run(replace(short, strategy=f"base={c.name},checkpoint=none")), saved))
+        paces.append(pairs[-1][0]["sim_seconds"] / max(1, pairs[-1][0]["iterations"]))
+    if pairs:
+        cost, spread = save_cost(pairs, n)
+    else:
+        cost = statistics.fmean(costs)
+        spread = statistics.stdev(costs) if len(costs) > 1 else 0.0
+    # Per interval: the configured one for prioritized saves (r of the rows each r*N),
+    # else one full save, whatever N.
+    return cost, spread, write, paces, n
+
+
+def _pooled(base: Baseline, bases: list[Baseline], paces: list[float]) -> Baseline:
+    """The failure-free time to target at the mean pace of every failure-free run the
+    calibration made: a real engine's pace drifts with what else the machine runs (Ray
+    mlr, same seed: 12.1 s in calibration, 10.0 s minutes later), and one run is one
+    sample of it. Only the failure-free runs without saves are pooled."""
+    if not paces:
+        return base
+    own = [b.seconds / b.iterations for b in bases]
+    return replace(base, seconds=base.iterations * statistics.fmean(own + paces))
 
 
 def calibration_failure(trace: FailureSpec, at: int) -> str:
@@ -105,17 +171,37 @@ def failure_point(iterations: int, every: int | None) -> int:
 
 
 def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
-                 every: int | None, say: Say) -> dict[str, Any]:
-    """Step 3: one failure, at ``every`` (None: no checkpoints); the run's summary."""
+                 every: int | None, say: Say, clock: StepClock | None = None
+                 ) -> dict[str, Any]:
+    """Step 3: one failure, at ``every`` (None: no checkpoints); the run's summary
+    (``clock``: given, it records the run's steps)."""
     at = failure_point(base.iterations, every)
     say(f"{c.name}: one failure at iteration {at} (seed {cfg.seed})"
         + (f", checkpoint every {every}" if every else ""))
     run_cfg = replace(cfg, strategy=c.name, failures=[calibration_failure(trace, at)],
                       checkpoint_every=every or cfg.checkpoint_every,
                       max_iterations=max(cfg.max_iterations or 0, 3 * base.iterations))
-    s = _run(run_cfg)
+    s = _run(run_cfg, clock)
     s["failed_at"] = at
     return s
+
+
+def back_to_back(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
+                 every: int | None, say: Say) -> tuple[float, float] | None:
+    """Step 4: the calibration failure, then another on the first step after its
+    recovery: (how much longer the second took to recover than the first, seconds
+    between them); None if either was not recovered. Run only as far as that."""
+    at = failure_point(base.iterations, every)
+    say(f"{c.name}: a failure at iteration {at} and another right after its recovery")
+    clock = StepClock()
+    s = _run(replace(cfg, strategy=c.name, stop_at_target=False, max_iterations=at + 30,
+                     failures=[calibration_failure(trace, at), calibration_failure(trace, at + 1)],
+                     checkpoint_every=every or cfg.checkpoint_every), clock)
+    recs = s["recoveries"]
+    if len(recs) < 2 or len(clock.failures) < 2:
+        return None
+    return (recs[-1]["recovery_seconds"] - recs[0]["recovery_seconds"],
+            clock.failures[-1] - clock.failures[0])
 
 
 def _combine(bases: list[Baseline]) -> Baseline:
@@ -127,18 +213,24 @@ def _combine(bases: list[Baseline]) -> Baseline:
 
 
 def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
-                 every: int | None, say: Say) -> dict[str, Any]:
+                 every: int | None, say: Say, shape: StepClock) -> dict[str, Any]:
     """A seed's failure run reduced to what the model needs (None: not reached)."""
-    s = with_failure(cfg, c, base, trace, every, say)
+    clock = StepClock()
+    s = with_failure(cfg, c, base, trace, every, say, clock)
     recs = s["recoveries"]
+    reached = s["iterations_to_target"] is not None
     out: dict[str, Any] = {
         "failed_at": s["failed_at"],
-        "rework": (s["iterations_to_target"] - base.iterations
-                   if s["iterations_to_target"] is not None else None),
+        "rework": s["iterations_to_target"] - base.iterations if reached else None,
         "recovery": sum(r["recovery_seconds"] for r in recs) if recs else None,
         "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
-        "steady": float(s["checkpoint_blocked_seconds"]) / max(1, s["iterations"])
-        / base.step_seconds, "bound": None}
+        "lost": None, "bound": None}
+    if reached and recs:
+        lost, pace = failure_cost(clock, s["failed_at"], float(s["sim_seconds_to_target"]),
+                                  shape, base.seconds, base.iterations)
+        # Beyond recovering, in the run's own steps (the model prices them at the
+        # calibrated step time): the rework and the slow steps after the recovery.
+        out["lost"] = (lost - out["recovery"]) / pace
     if base.contraction is not None and base.distance0 is not None and recs:
         out["bound"] = Contraction(base.contraction, base.distance0, 0, 0.0).bound(
             [(r["at_iteration"], r["perturbation_norm"]) for r in recs])
@@ -150,29 +242,50 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
     return None if any(v is None for v in values) else statistics.fmean(values)
 
 
+def _spread(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs]
+    if len(values) < 2 or any(v is None for v in values):
+        return None
+    return statistics.stdev(values)
+
+
 def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: float,
             say: Say, seeds: int = 1) -> tuple[Baseline, list[Measured]]:
     """Every step (module docstring), for every candidate, on ``seeds`` seeds from
     ``cfg.seed`` on: the failure-free runs and the failure runs are repeated per seed
     (rework is each seed's against its own failure-free run) and averaged; the
-    checkpoint cost, which no seed changes, is measured once.
+    checkpoint cost, which no seed changes, is measured once (in pairs on real engines).
 
     ``cfg``'s fields not set resolve from the workload (interval, budgets, target).
     """
     cfg = resolve_defaults(cfg)[0]
     cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
-    bases = [baseline(c, cands, say) for c in cfgs]
-    base = _combine(bases)
+    bases, shapes = zip(*(baseline(c, cands, say) for c in cfgs))
+    base = _combine(list(bases))
+    costs: dict[str, tuple[float, float, float, int]] = {}
+    paces: list[float] = []
+    for c in cands:
+        if c.checkpoints:
+            cost, spread, write, more, at = checkpoint_cost(cfg, c, base, say)
+            costs[c.name] = (max(0.0, cost), spread, write, at)  # measured free: noise
+            paces += more
+    if cfg.engine != "sim":  # sim's pace does not drift: its baseline run is exact
+        base = _pooled(base, list(bases), paces)
     t0 = base.step_seconds
     out = []
     for c in cands:
-        every, cost, write = None, 0.0, 0.0
+        every, (cost, spread, write, at) = None, costs.get(c.name, (0.0, 0.0, 0.0, 1))
         if c.checkpoints:
-            cost, write = checkpoint_cost(cfg, c, base, say)
-            every = interval(cost, write, mtbf, t0, base.iterations)
-        runs = [_one_failure(k, c, b, trace, every, say) for k, b in zip(cfgs, bases)]
+            # Prioritized: measured at the configured N, but its cost scales with N.
+            least = 1 if c.strategy.checkpoint == "prioritized" else at
+            every = interval(cost, write, mtbf, t0, base.iterations, least)
+        runs = [_one_failure(k, c, b, trace, every, say, shape)
+                for k, b, shape in zip(cfgs, bases, shapes)]
+        # A property of the engine's replacements, not of the seed: measured once.
+        excess, gap = back_to_back(cfg, c, base, trace, every, say) or (0.0, 0.0)
         out.append(Measured(
-            c.name, every, cost, write, _mean(runs, "steady") or 0.0, runs[0]["failed_at"],
-            _mean(runs, "recovery"), _mean(runs, "rework"), _mean(runs, "bound"),
-            _mean(runs, "norm")))
+            c.name, every, cost, write, cost / (every * t0) if every else 0.0,
+            runs[0]["failed_at"], _mean(runs, "recovery"), _mean(runs, "rework"),
+            _mean(runs, "bound"), _mean(runs, "norm"), _mean(runs, "lost"),
+            spread / (every * t0) if every else 0.0, _spread(runs, "lost"), excess, gap))
     return base, out

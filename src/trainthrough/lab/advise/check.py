@@ -1,8 +1,8 @@
 """Checking a prediction: run a candidate on the seeded failure trace and compare.
 
 For one candidate of an :class:`~trainthrough.lab.advise.Advice`, at the interval the
-advisor chose: one failure-free run (its failure-free overhead against the advisor's
-failure-free strategy on the same seed), then one run per seed on the trace itself (``--fail``
+advisor chose: one failure-free run per seed (its failure-free overhead against the
+advisor's failure-free strategy on the same seed), then one run per seed on the trace itself (``--fail``
 with that MTBF; each seed draws other failure times and, as any seed does, other data
 order and initial values). Measured time to target is the mean over the seeds that
 reached it, on the engine's clock, as the prediction. Used by tests/test_advise.py
@@ -28,7 +28,7 @@ class Check:
     interval: int | None
     predicted_steady: float  #: failure-free overhead (fraction)
     #: the strategy's failure-free time to target over the failure-free strategy's - 1,
-    #: on the first seed
+    #: the mean over the seeds (each seed against its own failure-free run)
     measured_steady: float
     #: the same overhead as the trace runs paid it: seconds blocked by saves per
     #: iteration, over the failure-free step time (mean over seeds); on a real engine
@@ -43,6 +43,11 @@ class Check:
     measured_failures: float
     seeds: int
     reached: int  #: seeds that reached the target
+    #: standard deviation over the seeds of each one's time to target on the trace over
+    #: its failure-free time, - 1: the measured overhead's run-to-run noise
+    overhead_spread: float | None = None
+    steady_spread: float | None = None  #: the same for ``measured_steady``
+    reference_seconds: float | None = None  #: mean failure-free time of the seeds
 
     @property
     def seconds_ratio(self) -> float | None:
@@ -59,41 +64,47 @@ class Check:
         return self.measured_overhead / self.predicted_overhead
 
 
+def _reference(advice: Advice, seed: int) -> float:
+    """Seconds to target of the advisor's failure-free strategy on ``seed``."""
+    cfg = replace(RunConfig.from_dict(advice.config), strategy=advice.baseline.strategy,
+                  baseline=False, checkpoint_dir=None, failures=[], seed=seed)
+    s = run_silent(cfg)
+    if s["sim_seconds_to_target"] is None:
+        raise RuntimeError(f"seed {seed}: the failure-free run did not reach the target")
+    return float(s["sim_seconds_to_target"])
+
+
 def failure_free(advice: Advice, seeds: list[int]) -> dict[int, float]:
     """Seconds to target of the advisor's failure-free strategy, per seed (the reference
-    for the measured overheads; share it between the candidates checked)."""
-    cfg = replace(RunConfig.from_dict(advice.config), strategy=advice.baseline.strategy,
-                  baseline=False, checkpoint_dir=None, failures=[])
-    out = {}
-    for seed in seeds:
-        s = run_silent(replace(cfg, seed=seed))
-        if s["sim_seconds_to_target"] is None:
-            raise RuntimeError(f"seed {seed}: the failure-free run did not reach the target")
-        out[seed] = float(s["sim_seconds_to_target"])
-    return out
+    for the measured overheads; on ``sim``, whose clock does not drift, share it between
+    the candidates checked)."""
+    return {seed: _reference(advice, seed) for seed in seeds}
 
 
 def check(advice: Advice, name: str, seeds: list[int],
           free: dict[int, float] | None = None) -> Check:
     """Run candidate ``name`` of ``advice`` failure-free and on its trace for ``seeds``.
 
-    Measured overheads are against the failure-free strategy's runs on the same seeds
-    (``free``, from :func:`failure_free`; computed here if not given), so a seed that
-    needs more iterations than another changes the time to target, not the overhead.
+    Measured overheads are against the failure-free strategy's runs on the same seeds,
+    so a seed that needs more iterations than another changes the time to target, not
+    the overhead: ``free`` (from :func:`failure_free`), or if not given, each seed's run
+    just before that seed's runs of the candidate, so that on a real engine, whose pace
+    drifts with what else the machine runs (Ray mlr, same seed: 10 s and 12 s minutes
+    apart), an overhead compares runs made at the same pace.
     """
-    free = free if free is not None else failure_free(advice, seeds)
     p = next(x for x in advice.predictions if x.name == name)
     cfg = RunConfig.from_dict(advice.config)
     cfg = replace(cfg, strategy=name, baseline=False, checkpoint_dir=None,
                   checkpoint_every=p.interval or cfg.checkpoint_every)
     base = advice.baseline
-    first = seeds[0]
-    mine = run_silent(replace(cfg, seed=first, failures=[]))
-    steady = (mine["sim_seconds_to_target"] / free[first] - 1
-              if mine["sim_seconds_to_target"] is not None else math.nan)
     budget = max(cfg.max_iterations or 0, 5 * base.iterations)
-    times, failures, blocked, reached = [], [], [], []
+    ref: dict[int, float] = {}
+    steadies, times, failures, blocked, reached = [], [], [], [], []
     for seed in seeds:
+        ref[seed] = free[seed] if free is not None else _reference(advice, seed)
+        mine = run_silent(replace(cfg, seed=seed, failures=[]))
+        steadies.append(mine["sim_seconds_to_target"] / ref[seed] - 1
+                        if mine["sim_seconds_to_target"] is not None else math.nan)
         s = run_silent(replace(cfg, seed=seed, failures=[advice.trace], max_iterations=budget))
         failures.append(s["failures"])  # the run stops at the target: failures before it
         blocked.append(s["checkpoint_blocked_seconds"] / max(1, s["iterations"])
@@ -102,8 +113,12 @@ def check(advice: Advice, name: str, seeds: list[int],
             times.append(float(s["sim_seconds_to_target"]))
             reached.append(seed)
     mean = statistics.fmean(times) if times else None
-    overhead = (mean / statistics.fmean(free[k] for k in reached) - 1
+    overhead = (mean / statistics.fmean(ref[k] for k in reached) - 1
                 if mean is not None else None)
-    return Check(name, p.interval, p.steady, steady, statistics.fmean(blocked),
-                 p.seconds_to_target, mean, p.overhead, overhead, p.failures,
-                 statistics.fmean(failures), len(seeds), len(times))
+    each = [t / ref[k] - 1 for t, k in zip(times, reached)]
+    return Check(name, p.interval, p.steady, statistics.fmean(steadies),
+                 statistics.fmean(blocked), p.seconds_to_target, mean, p.overhead, overhead,
+                 p.failures, statistics.fmean(failures), len(seeds), len(times),
+                 statistics.stdev(each) if len(each) > 1 else None,
+                 statistics.stdev(steadies) if len(steadies) > 1 else None,
+                 statistics.fmean(ref.values()))

@@ -4,7 +4,9 @@ All seconds are on the engine's clock (``Calibration.clock``): simulated seconds
 ``sim`` (engines/sim/clock.py), wall seconds since training started on real engines.
 
 For a strategy with failure-free step time ``t`` (checkpoints included), a failure
-costing ``L = recovery + rework * t`` seconds and failures arriving every ``MTBF``
+costing ``L = recovery + lost * t`` seconds (``lost``: the steps it cost beyond
+recovering, the rework and the slow steps after it, measured within a failure run;
+lab/advise/wall.py) and failures arriving every ``MTBF``
 seconds on average (also while recovering: such a failure lengthens the outage
 but loses no progress, so only ``exp(-recovery / MTBF)`` of them cost rework), the time to
 target is the renewal model
@@ -13,9 +15,9 @@ of :func:`trainthrough.lab.perf_model.expected_runtime`:
     time_to_target = I0 * t0 * (1 + steady) / (1 - L / MTBF)
 
 with ``I0`` and ``t0`` the failure-free iterations to target and step time, and
-``steady`` the failure-free overhead of the strategy's checkpoints at its interval.
-The interval is Young/Daly's ``sqrt(2 C MTBF)`` (lab/perf_model.py) with ``C`` the
-checkpoint seconds per interval; an asynchronous save also needs the interval to be
+``steady`` the failure-free overhead of the strategy's checkpoints at its interval,
+``C / (N t0)``. The interval ``N`` is Young/Daly's ``sqrt(2 C MTBF)`` (lab/perf_model.py)
+with ``C`` the seconds one interval's saves add to a run (lab/advise/wall.py); an asynchronous save also needs the interval to be
 at least one write long, or writes queue behind each other. Expected failures to
 target are ``time_to_target / MTBF``; cloud cost is lab/cloud_cost.py's.
 """
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainthrough.lab import perf_model as pm
+from trainthrough.lab.advise.wall import refill_delay
 from trainthrough.lab.cloud_cost import Pricing, cost_to_target
 
 
@@ -52,14 +55,22 @@ class Measured:
 
     name: str
     interval: int | None  #: checkpoint every N iterations (None: no checkpoints)
-    checkpoint_seconds: float = 0.0  #: C, seconds blocked per N iterations of saves
+    checkpoint_seconds: float = 0.0  #: C, seconds one interval's saves add to a run
     write_seconds: float = 0.0  #: async: one interval's writes, done in the background
-    steady: float = 0.0  #: blocked seconds per iteration / t0, at ``interval``
+    steady: float = 0.0  #: C / (interval * t0): the failure-free overhead at ``interval``
     failed_at: int | None = None  #: iteration the calibration failure struck
     recovery_seconds: float | None = None  #: failure to recovered, as the engine reports
     rework: float | None = None  #: iterations to target minus I0 (None: never reached it)
     rework_bound: float | None = None  #: SCAR's bound for the recorded perturbation
     perturbation_norm: float | None = None
+    #: steps a failure cost beyond recovering (rework and slow steps after it), measured
+    #: within the failure run at its own pace (None: use ``rework``)
+    lost_steps: float | None = None
+    steady_spread: float = 0.0  #: standard deviation of ``steady`` over the cost pairs
+    lost_spread: float | None = None  #: of ``lost_steps`` over the calibration seeds
+    #: a failure right after another's recovery took this much longer to recover ...
+    refill_excess: float = 0.0
+    refill_gap: float = 0.0  #: ... striking this many seconds after it
 
 
 @dataclass(frozen=True)
@@ -84,10 +95,13 @@ class Prediction:
 
 
 def interval(checkpoint_seconds: float, write_seconds: float, mtbf: float, step: float,
-             most: int) -> int:
-    """Young/Daly's interval in whole iterations, at least one write long, at most ``most``."""
+             most: int, least: int = 1) -> int:
+    """Young/Daly's interval in whole iterations, at least one write long, at least
+    ``least`` (the interval the cost was measured at: a save's cost is known there, not
+    for saves packed closer; on Ray asynchronous saves measured free every 8 iterations
+    cost 17% every iteration), at most ``most``."""
     yd = pm.young_daly_interval(checkpoint_seconds, mtbf) / step
-    floor = max(1, math.ceil(write_seconds / step - 1e-9))
+    floor = max(1, least, math.ceil(write_seconds / step - 1e-9))
     return int(min(most, max(floor, round(yd))))
 
 
@@ -106,13 +120,19 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, None,
                           m.recovery_seconds, None, None, math.inf, math.inf, nodes, None,
                           None, why)
+    # A failure soon after another may find the engine's replacement not ready yet.
+    recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf)
     rework = max(0, m.rework)  # a failure that happened to help is noise, not a gain
+    steps = rework if m.lost_steps is None else max(0.0, m.lost_steps)
     # A failure striking while an earlier one is still being recovered (probability
     # 1 - exp(-R/MTBF): arrivals are memoryless) lengthens the outage but finds no new
     # progress to lose: only the others cost rework.
-    during = 1 - math.exp(-m.recovery_seconds / mtbf)
-    lost = m.recovery_seconds + (1 - during) * rework * t0 * (1 + m.steady)
-    why.append(f"a failure costs {m.recovery_seconds:.3g} s recovering + {rework:.3g} it rework"
+    during = 1 - math.exp(-recovery / mtbf)
+    lost = recovery + (1 - during) * steps * t0 * (1 + m.steady)
+    why.append(f"a failure costs {recovery:.3g} s recovering"
+               + (f" ({m.recovery_seconds:.3g} s alone)" if recovery > m.recovery_seconds
+                  else "") + f" + {rework:.3g} it rework"
+               + (f" ({steps:.3g} steps lost in all)" if m.lost_steps is not None else "")
                + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
                   and math.isfinite(m.rework_bound) else ""))
     try:
@@ -121,11 +141,11 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
     except ValueError:
         why.append(f"each failure costs {lost:.3g} s >= the MTBF: no progress")
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
-                          m.recovery_seconds, lost, None, math.inf, math.inf, nodes, None,
+                          recovery, lost, None, math.inf, math.inf, nodes, None,
                           None, why)
     return Prediction(
         m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
-        m.recovery_seconds, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
+        recovery, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
         cost_to_target(seconds, nodes, pricing.on_demand),
         cost_to_target(seconds, nodes, pricing.spot), why)
 

@@ -94,17 +94,23 @@ def markdown(a: Advice, plot: str | None) -> str:
     md += ["", "## Calibration", "",
            f"Failure-free ({b.strategy}): {b.iterations} iterations, {b.seconds:.4g} s to "
            f"target ({b.step_seconds:.4g} s a step); contraction rate c = {c}.", "",
-           "| strategy | interval | C s | async write s | failure at | recovery s | "
-           "rework it | SCAR bound it |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| strategy | interval | C s (spread) | async write s | failure at | recovery s | "
+           "rework it | steps lost | SCAR bound it |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in a.measured:
-        md.append(f"| {m.name} | {m.interval or '-'} | {m.checkpoint_seconds:.4g} | "
-                  f"{m.write_seconds:.4g} | {m.failed_at} | {_n(m.recovery_seconds)} | "
-                  f"{_n(m.rework, '.0f')} | {_n(m.rework_bound)} |")
+        spread = m.steady_spread * (m.interval or 0) * b.step_seconds
+        md.append(f"| {m.name} | {m.interval or '-'} | {m.checkpoint_seconds:.4g} "
+                  f"({spread:.2g}) | {m.write_seconds:.4g} | {m.failed_at} | "
+                  f"{_n(m.recovery_seconds)} | {_n(m.rework, '.0f')} | "
+                  f"{_n(m.lost_steps, '.1f')} | {_n(m.rework_bound)} |")
     md += ["", "Model (lab/advise/model.py): time to target = failure-free time x (1 + "
            "checkpoint overhead) / (1 - lost per failure / MTBF); the interval is Young/Daly's "
-           "sqrt(2 C MTBF); rework is measured from one failure half an interval after a save "
-           "half way to the target, with SCAR's bound next to it; cost = nodes x time x price "
-           "(lab/cloud_cost.py)."]
+           "sqrt(2 C MTBF), C being what one interval's saves add to a run, read off the "
+           "steps of a run by their place after the last save (lab/advise/wall.py); a "
+           "failure's cost is measured from one failure half an interval after a save half "
+           "way to the target, within that run: its recovery, and the steps lost beyond it "
+           "(rework, and slow steps after it), with SCAR's bound next to the rework; cost = "
+           "nodes x time x price (lab/cloud_cost.py)."]
     if plot:
         md += ["", f"![predicted time to target]({plot})"]
     return "\n".join(md) + "\n"
