@@ -243,8 +243,8 @@ class ChainLink:
                 succ, gen, epoch, last = self.successor, self.gen, self._epoch, self.pos
                 first = last - len(self._out) + 1
                 state: Any = None  # packed, or a dict of tensors
-                if self._whole or self._out_bytes >= wire.state_nbytes(self.replica.state()):
-                    live = self.replica.state()
+                live = self.replica.state()  # live views; built once (it makes small tensors)
+                if self._whole or self._out_bytes >= wire.state_nbytes(live):
                     # The copy is taken here, under the lock, so it matches ``last``.
                     state = wire.pack_state(live) if wire.packable_state(live) \
                         else {k: v.clone() for k, v in live.items()}  # pickled by Ray

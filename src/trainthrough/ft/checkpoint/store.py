@@ -454,5 +454,5 @@ class CheckpointStore:
             return self._bytes_written
 
 
-def _known(sha: str) -> Callable[[], str]:
-    return lambda: sha
+def _known(digest: str) -> Callable[[], str]:
+    return lambda: digest

@@ -16,7 +16,6 @@ not exist (not Linux) or fails, :func:`start` does nothing and the write is as b
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from collections.abc import Callable
 
@@ -30,7 +29,9 @@ def _bind() -> Callable[[int], object] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).sync_file_range
+        # The process's own symbols (libc's among them): find_library("c") would run
+        # ldconfig in a subprocess, ~30 ms at every import of the checkpoint store.
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
