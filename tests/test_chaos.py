@@ -28,9 +28,10 @@ def test_ray_chaos_short(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_gloo_chaos_short(tmp_path: Path) -> None:
-    # 40 s, not 25: the kills come every ~3 s rather than ~2 s, so a replacement that
-    # takes long to start on a loaded machine still joins before the next (the run then
-    # missed its target 1 time in the full suite with three Ray clusters beside it).
-    r = run_soak(gloo_soak(kills=6, wall=40.0), tmp_path, quiet=True)
+    # Kills every ~3 s, not ~2 s, so a replacement that takes long to start on a loaded
+    # machine still joins before the next (at ~2 s the run missed its target 1 time in
+    # the full suite with three Ray clusters beside it); 4 kills, as on Ray, keep the
+    # run short (the soak in benchmarks/chaos.py takes 50+).
+    r = run_soak(gloo_soak(kills=4, wall=27.0), tmp_path, quiet=True)
     assert r["problems"] == [], r
-    assert r["kills_delivered"] >= 6
+    assert r["kills_delivered"] >= 4

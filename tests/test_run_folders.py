@@ -247,8 +247,8 @@ def test_resume_refusals(cli, tmp_path: Path) -> None:  # noqa: ANN001
                     "saved no checkpoint", "--overwrite")
     cut = tmp_path / "cut"
     _cut(cut)
-    _one_line_error(cli("run", "--out", str(cut), "--resume", "--max-iterations", "90",
-                        "--quiet"), "--max-iterations is 60, not 90")
+    _one_line_error(cli("run", "--out", str(cut), "--resume", "--seed", "5", "--quiet"),
+                    "--seed is 0, not 5")
     _one_line_error(cli("run", "--out", str(cut), "--resume", "--config", "x.toml", "--quiet"),
                     "drop --config")
     _one_line_error(cli("run", "--resume", "--quiet"), "needs --out")
@@ -263,6 +263,31 @@ def test_resume_refusals(cli, tmp_path: Path) -> None:  # noqa: ANN001
                     "is complete", "--overwrite")
     _one_line_error(cli("run", "--out", str(tmp_path / "nothing"), "--resume", "--quiet"),
                     "holds no trainthrough run")
+
+
+def test_resume_to_a_new_iteration_budget(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """``--max-iterations`` is the one setting a resume may change: the run goes on to
+    the new budget exactly as a run started with it, and records it; a budget the
+    checkpoint already passed ends the run at once, where it resumed."""
+    longer = run(RunConfig(**{**KW, "max_iterations": 90}), tmp_path / "longer")
+    out = tmp_path / "cut"
+    _cut(out)  # budget 60, newest checkpoint 40
+    r = cli("run", "--out", str(out), "--resume", "--max-iterations", "90", "--quiet")
+    assert r.code == 0, r.err
+    s = read_summary(out)
+    assert s["resumed_from"] == 40 and s["iterations"] == 90
+    assert s["final_metric"] == longer["final_metric"]
+    assert RunConfig.from_toml(out / "config.toml").max_iterations == 90
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    assert [e["max_iterations"] for e in events if e["type"] == "resumed"] == [90]
+
+    short = tmp_path / "short"
+    _cut(short)
+    r = cli("run", "--out", str(short), "--resume", "--max-iterations", "20", "--quiet")
+    assert r.code == 0, r.err
+    s = read_summary(short)
+    assert s["resumed_from"] == 40 and s["iterations"] == 40
+    assert _status(short)["state"] == "complete"
 
 
 @pytest.mark.parametrize(("engine", "paradigm", "strategy", "words"), [

@@ -217,9 +217,13 @@ def _overrides(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
 def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     """The recorded config and id of the run ``--resume`` continues.
 
+    ``--max-iterations`` may differ from the recorded budget: the run then goes on to
+    the new one (one at or below the checkpoint's iteration ends it at once).
+
     Raises:
-        UserError: no ``--out``, a ``--config``, an option that differs from the
-            recorded config, or nothing to resume in ``--out`` (lab/run_folder.py).
+        UserError: no ``--out``, a ``--config``, an option (other than
+            ``--max-iterations``) that differs from the recorded config, or nothing to
+            resume in ``--out`` (lab/run_folder.py).
     """
     from trainthrough.config import flag_label
     from trainthrough.lab.run_folder import resume_point
@@ -232,6 +236,11 @@ def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     point = resume_point(args.out)
     recorded = point.config
     over = _overrides(args, recorded)
+    # The iteration budget is not part of the training: a resumed run may go on to a
+    # new one (recorded in config.toml and the ``resumed`` event).
+    budget = over.pop("max_iterations", None)
+    if budget is not None:
+        recorded = replace(recorded, max_iterations=budget)
     if over:
         asked = replace(resolve_defaults(replace(recorded, **over))[0],
                         checkpoint_dir=over.get("checkpoint_dir", recorded.checkpoint_dir))

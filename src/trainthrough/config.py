@@ -17,7 +17,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -263,7 +263,7 @@ class RunConfig:
         Raises:
             UserError: naming the field (as its command-line flag) and what to change.
         """
-        from trainthrough.engines.registry import check_supported
+        from trainthrough.engines.registry import check_settings, check_supported
         from trainthrough.faults.spec import parse
         from trainthrough.ft.strategy import resolve
         from trainthrough.workloads import workload_factory
@@ -284,6 +284,12 @@ class RunConfig:
         specs = parse(self.failures)
         # The chosen engine says what it runs; everything else is refused here.
         check_supported(self.engine, self.paradigm, self.consistency, strategy, specs)
+        # A setting the run would not read is refused, never dropped (engines/options.py).
+        check_settings(self.engine, self.paradigm, self.consistency, strategy,
+                       self.changed_fields())
+        if self.zookeeper_hosts and self.coordinator != "zookeeper":
+            raise UserError("--zookeeper-hosts is only used with --coordinator zookeeper: "
+                            "add it, or drop --zookeeper-hosts")
         if self.keep_warm is not None and (self.engine != "ray" or self.paradigm != "ps"
                                            or not self.ray_address):
             raise UserError("--keep-warm keeps parameter-server actors on a Ray cluster that "
@@ -292,6 +298,17 @@ class RunConfig:
         if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
             raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
         _check_storage_url(self.checkpoint_dir)
+
+    def changed_fields(self) -> dict[str, Any]:
+        """The plain fields whose value is not their default (the ones a user set)."""
+        out = {}
+        for f in fields(self):
+            if f.default is MISSING:  # lists, dicts, the cost model: not settings here
+                continue
+            v = getattr(self, f.name)
+            if v != f.default:
+                out[f.name] = v
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict, ``None`` fields left out (TOML has no null)."""

@@ -35,11 +35,14 @@ def config(c: Cell) -> RunConfig:
         else:
             # Few actors (each imports torch): 2 shards, chains of 2.
             base.update(consistency="async", max_iterations=10**6, wall_limit=4.0,
-                        recovery_delay=0.2, replicas=2, shards=2)
+                        recovery_delay=0.2, shards=2)
+            if resolve(c.strategy).replication != "none":
+                base.update(replicas=2)
     else:
-        base.update(workload="mlr", ranks=3, max_iterations=40, recovery_delay=0.1)
+        base.update(workload="mlr", ranks=3, max_iterations=40)
         if c.engine != "sim":  # a hung rank is found by the collective timeout: short
-            base.update(wall_limit=60.0, cost=CostModel(timeout_seconds=2.0))
+            base.update(wall_limit=60.0, recovery_delay=0.1,
+                        cost=CostModel(timeout_seconds=2.0))
     return RunConfig(**base)
 
 

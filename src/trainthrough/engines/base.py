@@ -112,8 +112,8 @@ class RunContext:
         schedule.skip_through(step)
         checkpointer.resume_at(step)
         self.result.extras["resumed_from"] = step
-        self.emit({"type": "resumed", "iteration": step, "logical_iteration": step},
-                  sim_seconds=sim_seconds)
+        self.emit({"type": "resumed", "iteration": step, "logical_iteration": step,
+                   "max_iterations": self.cfg.max_iterations}, sim_seconds=sim_seconds)
         return step
 
     def start_clock(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainthrough.engines.options import ENGINE_SETTINGS
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.ft.strategy import Strategy
 
@@ -34,12 +35,17 @@ class Capabilities:
     modes: frozenset[str] = field(default_factory=lambda: frozenset({"crash"}))
     replica_position: bool = False  # failure specs may name a chain position (replica=)
     resume: bool = False  # starts a run from its newest checkpoint (``--resume``)
+    # The engine settings it reads (engines/options.py: ENGINE_SETTINGS); any other one
+    # set away from its default is refused before the run.
+    options: frozenset[str] = frozenset()
 
 
 def caps(replica_position: bool = False, resume: bool = False,
          **kw: tuple[str, ...]) -> Capabilities:
     """Build :class:`Capabilities` from plain tuples (declaration sites stay short)."""
     sets = {k: frozenset(v) for k, v in kw.items()}
+    unknown = sets.get("options", frozenset()) - set(ENGINE_SETTINGS)
+    assert not unknown, f"not engine settings: {sorted(unknown)}"
     return Capabilities(replica_position=replica_position, resume=resume,  # type: ignore[arg-type]
                         **sets)
 

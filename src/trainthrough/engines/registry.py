@@ -9,10 +9,13 @@ adding its package and one line here, nothing in ``ft/``, the config or the runn
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from trainthrough.engines.capabilities import Capabilities, unmet
+from trainthrough.engines.options import unused_engine_settings, unused_mechanism_settings
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.ft.strategy import Strategy
@@ -83,6 +86,30 @@ def check_supported(engine: str, paradigm: str, consistency: str, strategy: Stra
     shown = f"{what} {value!r}" if value else f"{what} between steps"
     raise UserError(f"the {e.name} engine does not support {shown} for --paradigm {paradigm} "
                     f"(strategy {strategy.name}){_where(can, 'this run')}")
+
+
+def check_settings(engine: str, paradigm: str, consistency: str, strategy: Strategy,
+                   changed: Mapping[str, Any]) -> None:
+    """Refuse a setting the run would not read (``changed``: the fields away from their
+    defaults), naming what reads it (engines/options.py).
+
+    Raises:
+        UserError: one line: the first such setting and where it applies.
+    """
+    from trainthrough.config import flag_label
+
+    e = entry(engine)
+    for k in unused_engine_settings(e.capabilities[paradigm].options, changed):
+        can = [n for n in names() if (c := entry(n).capabilities.get(paradigm))
+               and k in c.options]
+        verb = "reads" if len(can) == 1 else "read"
+        where = (f"; only {' and '.join(can)} {verb} it for --paradigm {paradigm}" if can
+                 else f"; it does not apply to --paradigm {paradigm}")
+        raise UserError(f"{flag_label(k)} is not used by the {e.name} engine{where}: "
+                        "drop it")
+    for k, why in unused_mechanism_settings(consistency, strategy, changed):
+        raise UserError(f"{flag_label(k)} has no effect with strategy {strategy.name} "
+                        f"and --consistency {consistency} ({why}): drop it")
 
 
 def check_resumable(engine: str, paradigm: str, strategy: Strategy) -> None:

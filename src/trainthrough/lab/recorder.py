@@ -99,7 +99,8 @@ class RunRecorder(Callback):
         """Args:
             out: the run folder (created if missing).
             config_toml: the resolved configuration; a resumed run (``append``) keeps
-                the recorded one.
+                the recorded one, replaced only when the resume changed it (a new
+                iteration budget: ``trainthrough run --resume --max-iterations``).
             run_id: the run's id, recorded in ``status.json``.
             append: continue the logs of an earlier, incomplete run of this folder.
         """
@@ -107,8 +108,11 @@ class RunRecorder(Callback):
         self.finished = False  # summary.json is written: the run is complete
         out.mkdir(parents=True, exist_ok=True)
         write_status(out, "running", run_id)  # first: nothing here looks finished
+        config = out / "config.toml"
         if not append:
-            (out / "config.toml").write_text(config_toml)
+            config.write_text(config_toml)
+        elif config.read_text() != config_toml:
+            _write_atomic(config, config_toml)  # whole, old or new: never half of each
         self._metrics = _open_log(out / "metrics.jsonl", append)
         self._events = _open_log(out / "events.jsonl", append)
 

@@ -16,5 +16,7 @@ CAPABILITIES = {
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
                phases=("", "forward", "backward", "allreduce", "update"),
-               modes=("crash", "hang")),
+               modes=("crash", "hang"),
+               options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
+                        "recovery_delay", "wall_limit")),
 }

@@ -6,6 +6,7 @@ module also declares what the engine runs; importing it does not import Ray.
 """
 
 import os
+from dataclasses import replace
 
 from trainthrough.engines.capabilities import caps
 from trainthrough.engines.gloo import CAPABILITIES as GLOO_CAPABILITIES
@@ -33,9 +34,13 @@ CAPABILITIES = {
                recovery=("reinit", "rollback-all", "restore-lost", "failover", "worker-copy"),
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
-               phases=("",), replica_position=True),
-    # Data parallel is the gloo engine's controller with ranks on actors: its claims.
-    "dp": GLOO_CAPABILITIES["dp"],
+               phases=("",), replica_position=True,
+               options=("shards", "workers", "ray_address", "recovery_delay", "coordinator",
+                        "zookeeper_hosts", "wall_limit")),
+    # Data parallel is the gloo engine's controller with ranks on actors: its claims,
+    # and the cluster to join.
+    "dp": replace(GLOO_CAPABILITIES["dp"],
+                  options=GLOO_CAPABILITIES["dp"].options | {"ray_address"}),
 }
 
 
