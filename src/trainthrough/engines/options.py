@@ -27,24 +27,23 @@ ENGINE_SETTINGS = ("shards", "workers", "ranks", "elastic", "allreduce_buckets",
                    "micro_batches", "replace", "ray_address", "recovery_delay", "coordinator",
                    "zookeeper_hosts", "wall_limit")
 
-#: Settings that tune one mechanism: (when it is used, what to say when it is not).
-MECHANISM_SETTINGS: dict[str, tuple[Callable[[str, Strategy], bool], str]] = {
-    "staleness": (lambda consistency, s: consistency == "ssp",
-                  "only --consistency ssp has a staleness bound"),
-    "replicas": (lambda consistency, s: s.replication != "none",
-                 "only chain strategies keep replicas"),
-    "max_lag": (lambda consistency, s: s.replication == "chain-async",
-                "only an asynchronous chain lets its head run ahead"),
-    "merge_rule": (lambda consistency, s: s.outage == "buffer",
-                   "only the stateless outage (outage=buffer) merges a backlog"),
-    "merge_threshold": (lambda consistency, s: s.outage == "buffer",
-                        "only the stateless outage (outage=buffer) merges a backlog"),
-    "backlog": (lambda consistency, s: s.outage == "buffer",
-                "only the stateless outage (outage=buffer) buffers updates"),
-    "checkpoint_fraction": (lambda consistency, s: s.checkpoint == "prioritized",
-                            "only prioritized checkpoints save a fraction"),
-    "checkpoint_rule": (lambda consistency, s: s.checkpoint == "prioritized",
-                        "only prioritized checkpoints choose rows"),
+Scope = tuple[Callable[[str, Strategy], bool], str]  # (is it used?, what to say if not)
+_SSP: Scope = (lambda consistency, s: consistency == "ssp",
+               "only --consistency ssp has a staleness bound")
+_CHAIN: Scope = (lambda consistency, s: s.replication != "none",
+                 "only chain strategies keep replicas")
+_ASYNC_CHAIN: Scope = (lambda consistency, s: s.replication == "chain-async",
+                       "only an asynchronous chain lets its head run ahead")
+_STATELESS: Scope = (lambda consistency, s: s.outage == "buffer",
+                     "only the stateless outage (outage=buffer) buffers and merges a backlog")
+_PRIORITIZED: Scope = (lambda consistency, s: s.checkpoint == "prioritized",
+                       "only prioritized checkpoints save a chosen fraction of rows")
+
+#: Settings that tune one mechanism, and when it is there.
+MECHANISM_SETTINGS: dict[str, Scope] = {
+    "staleness": _SSP, "replicas": _CHAIN, "max_lag": _ASYNC_CHAIN,
+    "merge_rule": _STATELESS, "merge_threshold": _STATELESS, "backlog": _STATELESS,
+    "checkpoint_fraction": _PRIORITIZED, "checkpoint_rule": _PRIORITIZED,
 }
 
 
