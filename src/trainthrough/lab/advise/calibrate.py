@@ -62,7 +62,7 @@ def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
     return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
 
 
-def baseline(cfg: RunConfig, cands: list[Candidate], say: Say
+def baseline(cfg: RunConfig, cands: list[Candidate], say: Say, warm_up: bool = True
              ) -> tuple[Baseline, StepClock]:
     """Step 1 (module docstring), and the run's steps (the shape of a failure-free run,
     for :func:`~trainthrough.lab.advise.wall.failure_cost`).
@@ -71,9 +71,10 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say
         UserError: the failure-free run does not reach the target.
     """
     plain = next((c for c in cands if not c.checkpoints), cands[0])
-    if cfg.engine != "sim":
+    if cfg.engine != "sim" and warm_up:
         # Warm up first (actors, imports, first allocations): the first run of a session
         # trains slower, and every step time and overhead is measured against this one.
+        # Once: the calibration seeds' runs share the session.
         say("warm-up run")
         _run(replace(cfg, strategy=plain.name, failures=[], stop_at_target=False,
                      max_iterations=min(cfg.max_iterations or 50, 50)))
@@ -260,7 +261,7 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
     """
     cfg = resolve_defaults(cfg)[0]
     cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
-    bases, shapes = zip(*(baseline(c, cands, say) for c in cfgs))
+    bases, shapes = zip(*(baseline(c, cands, say, warm_up=i == 0) for i, c in enumerate(cfgs)))
     base = _combine(list(bases))
     costs: dict[str, tuple[float, float, float, int]] = {}
     paces: list[float] = []
