@@ -35,13 +35,14 @@ import argparse
 import pickle
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.advise import advise, trace_spec
 from trainthrough.lab.advise.check import Check, check, failure_free
+from trainthrough.lab.runner import run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.20
@@ -122,7 +123,9 @@ def per_seed(c: Check) -> None:
         ff = "n/a" if r["failure_free"] is None else f"{r['failure_free']:.2f}"
         print(f"    seed {r['seed']}: reference {r['reference']:.2f} s, failure-free {ff} s, "
               f"on the trace {trace} s, {r['failures']} failures at {r['struck_at']} s, "
-              f"recoveries {r['recoveries']} s")
+              f"recoveries {r['recoveries']} s; iterations to target failure-free / on "
+              f"the trace {r['iterations'][0]} / {r['iterations'][1]} "
+              f"({r['executed']} executed)")
 
 
 def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
@@ -133,6 +136,9 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
     if load and saved is not None:
         a = pickle.loads(saved.read_bytes())
         print(f"  advice loaded from {saved} (calibrated earlier)")
+        if engine != "sim":  # a new session: warm it up as calibration does, unmeasured
+            run_silent(replace(RunConfig.from_dict(a.config), strategy=a.baseline.strategy,
+                               failures=[], stop_at_target=False, max_iterations=50))
     else:
         a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
                    seeds=s.calibration,
@@ -167,6 +173,8 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         c = check(a, p.name, list(range(n)), free)
         report(engine, workload, rank, c, a.clock)
         per_seed(c)
+        if saved is not None:  # every run's steps, for a closer look later
+            saved.with_name(f"{saved.stem}.check{rank}.pkl").write_bytes(pickle.dumps(c))
         print(f"  failure-free reference ({a.baseline.strategy}, each seed's run next to the "
               f"candidate's on real engines): mean {c.reference_seconds:.2f} s (calibration: "
               f"{a.baseline.seconds:.2f} s); {time.perf_counter() - t:.0f} s wall")

@@ -109,7 +109,8 @@ def check(advice: Advice, name: str, seeds: list[int],
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         ref[seed] = free[seed] if free is not None else _reference(advice, seed)
-        mine = run_silent(replace(cfg, seed=seed, failures=[]))
+        own = StepClock()
+        mine = run_silent(replace(cfg, seed=seed, failures=[]), own)
         steadies.append(mine["sim_seconds_to_target"] / ref[seed] - 1
                         if mine["sim_seconds_to_target"] is not None else math.nan)
         clock = StepClock()
@@ -119,6 +120,11 @@ def check(advice: Advice, name: str, seeds: list[int],
         runs.append({"seed": seed, "reference": ref[seed],
                      "failure_free": mine["sim_seconds_to_target"],
                      "trace": s["sim_seconds_to_target"], "failures": s["failures"],
+                     "iterations": (mine["iterations_to_target"], s["iterations_to_target"]),
+                     "executed": s["iterations"],
+                     # the engine's clock after every step, failure-free and on the trace
+                     "steps": ((own.iterations, own.seconds),
+                               (clock.iterations, clock.seconds)),
                      "struck_at": [round(t, 3) for t in clock.failures],
                      "recoveries": [round(r["recovery_seconds"], 3)
                                     for r in s["recoveries"]]})
