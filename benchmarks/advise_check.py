@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -41,8 +42,8 @@ from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.advise import advise, trace_spec
-from trainthrough.lab.advise.check import Check, check, failure_free
-from trainthrough.lab.runner import run_silent
+from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
+from trainthrough.lab.runner import resolve_defaults, run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.20
@@ -172,6 +173,14 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         t = time.perf_counter()
         c = check(a, p.name, list(range(n)), free)
         report(engine, workload, rank, c, a.clock)
+        own = steady_from_steps(c, resolve_defaults(RunConfig.from_dict(a.config))[0]
+                                .eval_every or 1)
+        if len(own) > 1:
+            r = statistics.fmean(own) / c.predicted_steady if c.predicted_steady else None
+            print(f"  ... read off its failure-free runs' steps  measured "
+                  f"{100 * statistics.fmean(own):7.4f}%  ratio {_r(r)}  within 20%: {_ok(r)}"
+                  f"  (per-seed spread {100 * statistics.stdev(own):.2f} points, "
+                  f"{len(own)} runs)")
         per_seed(c)
         if saved is not None:  # every run's steps, for a closer look later
             saved.with_name(f"{saved.stem}.check{rank}.pkl").write_bytes(pickle.dumps(c))

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.lab.advise.advisor import Advice
-from trainthrough.lab.advise.wall import StepClock
+from trainthrough.lab.advise.wall import StepClock, phase_cost
 from trainthrough.lab.runner import run_silent
 
 
@@ -143,3 +143,29 @@ def check(advice: Advice, name: str, seeds: list[int],
                  statistics.stdev(each) if len(each) > 1 else None,
                  statistics.stdev(steadies) if len(steadies) > 1 else None,
                  statistics.fmean(ref.values()), tuple(runs))
+
+
+def steady_from_steps(c: Check, eval_every: int) -> list[float]:
+    """Each seed's failure-free overhead read off its failure-free run's own steps, as
+    calibration reads a save's cost (lab/advise/wall.py :func:`phase_cost`): the seconds
+    the saves add per interval over the interval's seconds without them. A second
+    reading of ``measured_steady`` on the same runs, free of the pace drift between two
+    whole runs (Ray cnn: a seed's failure-free run 6 points off its reference on average
+    while saves cost ~3%); empty where it does not apply (no checkpoints, an engine that
+    does not report every step, or an interval sharing a factor with the evaluations',
+    whose cost would then land on some phases only)."""
+    n = c.interval
+    if not n or n < 2 or math.gcd(n, eval_every) > 1:
+        return []
+    out = []
+    for r in c.runs:
+        its, secs = r.get("steps", ((), ()))[0]
+        clock = StepClock()
+        for i, t in zip(its, secs):
+            clock.after_step(i, t)
+        got = phase_cost(clock, n)
+        if got is not None and its:
+            cost = got[0]
+            pace = (secs[-1] - cost * len(its) / n) / len(its)  # evaluations included
+            out.append(cost / (n * pace))
+    return out
