@@ -27,6 +27,7 @@ from trainthrough.lab.advise.calibrate import (
     failure_plan,
     failure_point,
     measure,
+    pool_refill,
 )
 from trainthrough.lab.advise.candidates import candidates
 from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
@@ -302,3 +303,17 @@ def test_failure_free_overhead_read_off_a_checks_own_steps() -> None:
     assert steady_from_steps(c, 10) == pytest.approx([0.1, 0.1])
     assert steady_from_steps(c, 3) == []  # evaluations every 3: on phases 0, 3, 6 only
     assert steady_from_steps(replace(c, interval=None), 10) == []
+
+
+def test_back_to_back_excess_is_pooled_over_candidates_replaced_from_the_spare() -> None:
+    """The wait for the warm spare is the engine's, not the strategy's: the candidates
+    replaced from it share the mean of their back-to-back runs; a chain's failover
+    keeps its own, and one candidate alone keeps its own."""
+    ms = [Measured("a", 8, refill_excess=1.8, refill_gap=0.2),
+          Measured("b", 8, refill_excess=2.2, refill_gap=0.1),
+          Measured("chain", None, refill_excess=0.0, refill_gap=0.0)]
+    a, b, chain = pool_refill(ms, [True, True, False])
+    assert (a.refill_excess, b.refill_excess) == pytest.approx((2.0, 2.0))
+    assert (a.refill_gap, b.refill_gap) == pytest.approx((0.15, 0.15))
+    assert chain == ms[2]
+    assert pool_refill(ms[:1], [True]) == ms[:1]
