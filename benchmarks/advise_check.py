@@ -17,14 +17,17 @@ iterations to target vary by seed: seed 0 needs 397, seeds 1-7 172-210, so one s
 calibration predicts that seed's luck); validation seeds are 0 to N-1. Ray runs mlr on 2 shards and 2 workers in
 bulk-synchronous rounds to a train loss of 0.25 (about 250 iterations), weighing
 none, checkpoint-restart, scar-partial and checkpoint-async to stay within minutes;
-cnn the same way to its default target, calibrated on seeds 100-101. On Ray each
+cnn the same way to its default target at an MTBF of 6 s (its failure-free run is
+twice mlr's), 6 seeds, calibrated on seeds 100-101. On Ray each
 seed's failure-free reference runs right before that seed's runs of the candidate (the
 machine's pace drifts between minutes), and the spread over seeds is printed next to
-every measured overhead: on a shared machine it is the measurement's noise.
+every measured overhead: on a shared machine it is the measurement's noise. The
+failure-free overhead is also read off each seed's failure-free run's own steps
+(check.steady_from_steps), which the drift between two whole runs does not touch.
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
 [--seeds N] [--ranks 1 2] [--advice FILE [--reuse]]`` (sim mlr ~1 min, sim cnn ~3 min,
-Ray mlr ~13 min on a 2-core box; run it under ``flock /tmp/tt-bench.lock`` on a shared
+Ray mlr ~16 min, Ray cnn ~17 min on a 2-core box; run it under ``flock /tmp/tt-bench.lock`` on a shared
 machine). ``--advice FILE`` keeps the calibration; ``--reuse --ranks 2`` then checks the
 runner-up of that same advice in a later session, so a long check splits in parts.
 """
