@@ -17,28 +17,36 @@ iterations to target vary by seed: seed 0 needs 397, seeds 1-7 172-210, so one s
 calibration predicts that seed's luck); validation seeds are 0 to N-1. Ray runs mlr on 2 shards and 2 workers in
 bulk-synchronous rounds to a train loss of 0.25 (about 250 iterations), weighing
 none, checkpoint-restart, scar-partial and checkpoint-async to stay within minutes;
-cnn the same way to its default target, calibrated on seeds 100-101. On Ray each
+cnn the same way to its default target at an MTBF of 6 s (its failure-free run is
+twice mlr's), 6 seeds, calibrated on seeds 100-101. On Ray each
 seed's failure-free reference runs right before that seed's runs of the candidate (the
 machine's pace drifts between minutes), and the spread over seeds is printed next to
-every measured overhead: on a shared machine it is the measurement's noise.
+every measured overhead: on a shared machine it is the measurement's noise. The
+failure-free overhead is also read off each seed's failure-free run's own steps
+(check.steady_from_steps), which the drift between two whole runs does not touch.
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
-[--seeds N]`` (sim mlr ~1 min, sim cnn ~3 min, Ray mlr ~13 min on a 2-core box;
-run it under ``flock /tmp/tt-bench.lock`` on a shared machine).
+[--seeds N] [--ranks 1 2] [--advice FILE [--reuse]]`` (sim mlr ~1 min, sim cnn ~3 min,
+Ray mlr ~16 min, Ray cnn ~17 min on a 2-core box; run it under ``flock /tmp/tt-bench.lock`` on a shared
+machine). ``--advice FILE`` keeps the calibration; ``--reuse --ranks 2`` then checks the
+runner-up of that same advice in a later session, so a long check splits in parts.
 """
 
 from __future__ import annotations
 
 import argparse
+import pickle
+import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.advise import advise, trace_spec
-from trainthrough.lab.advise.check import Check, check, failure_free
+from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
+from trainthrough.lab.runner import resolve_defaults, run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.20
@@ -67,9 +75,11 @@ def settings(engine: str, workload: str) -> Setting:
     ray = ["none", "checkpoint-restart", "scar-partial", "checkpoint-async"]
     if workload == "cnn":
         # As on sim, calibrated on seeds none of the checks run (cnn's iterations to
-        # target vary by seed); 2 of them, not 4, to stay within minutes on Ray.
+        # target vary by seed); 2 of them, not 4, to stay within minutes on Ray. A
+        # failure-free run takes ~20 s (302 iterations, seed 100): an MTBF of 6 s gives
+        # ~3-4 failures a run, as 3 s does for mlr's ~10 s; 6 seeds (~20 failures).
         return Setting(RunConfig(workload="cnn", engine="ray", shards=2, workers=2, seed=100),
-                       "3s", 4, ray, calibration=2)
+                       "6s", 6, ray, calibration=2)
     # 8 seeds: with ~3 failures a run, 4 seeds' failure count alone is ~15% noisy;
     # 2 calibration seeds: one failure's cost on Ray varied 2-21 steps between strategies
     # that recover alike (scar-partial, checkpoint-async).
@@ -111,13 +121,35 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
           f"{_r(c.measured_failures)}", flush=True)
 
 
-def one(engine: str, workload: str, seeds: int | None) -> None:
+def per_seed(c: Check) -> None:
+    for r in c.runs:
+        trace = "not reached" if r["trace"] is None else f"{r['trace']:.2f}"
+        ff = "n/a" if r["failure_free"] is None else f"{r['failure_free']:.2f}"
+        print(f"    seed {r['seed']}: reference {r['reference']:.2f} s, failure-free {ff} s, "
+              f"on the trace {trace} s, {r['failures']} failures at {r['struck_at']} s, "
+              f"recoveries {r['recoveries']} s; iterations to target failure-free / on "
+              f"the trace {r['iterations'][0]} / {r['iterations'][1]} "
+              f"({r['executed']} executed)")
+
+
+def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
+        saved: Path | None, load: bool) -> None:
     s = settings(engine, workload)
     n = seeds or s.seeds
     t = time.perf_counter()
-    a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
-               seeds=s.calibration, say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
-                                   flush=True))
+    if load and saved is not None:
+        a = pickle.loads(saved.read_bytes())
+        print(f"  advice loaded from {saved} (calibrated earlier)")
+        if engine != "sim":  # a new session: warm it up as calibration does, unmeasured
+            run_silent(replace(RunConfig.from_dict(a.config), strategy=a.baseline.strategy,
+                               failures=[], stop_at_target=False, max_iterations=50))
+    else:
+        a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
+                   seeds=s.calibration,
+                   say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
+                                       flush=True))
+        if saved is not None:
+            saved.write_bytes(pickle.dumps(a))
     took = time.perf_counter() - t
     print(f"\n== {engine} {workload}: MTBF {s.mtbf} ({a.clock}); advice in {took:.0f} s wall; "
           f"recommended {a.recommended.name}, runner-up "
@@ -139,9 +171,22 @@ def one(engine: str, workload: str, seeds: int | None) -> None:
               f"{sum(free.values()) / n:.2f} s (calibration: {a.baseline.seconds:.2f} s over "
               f"{a.baseline.seeds} seed(s)); {time.perf_counter() - t:.0f} s wall")
     for rank, p in enumerate(a.predictions[:2], 1):
+        if rank not in ranks:
+            continue
         t = time.perf_counter()
         c = check(a, p.name, list(range(n)), free)
         report(engine, workload, rank, c, a.clock)
+        own = steady_from_steps(c, resolve_defaults(RunConfig.from_dict(a.config))[0]
+                                .eval_every or 1)
+        if len(own) > 1:
+            r = statistics.fmean(own) / c.predicted_steady if c.predicted_steady else None
+            print(f"  ... read off its failure-free runs' steps  measured "
+                  f"{100 * statistics.fmean(own):7.4f}%  ratio {_r(r)}  within 20%: {_ok(r)}"
+                  f"  (per-seed spread {100 * statistics.stdev(own):.2f} points, "
+                  f"{len(own)} runs)")
+        per_seed(c)
+        if saved is not None:  # every run's steps, for a closer look later
+            saved.with_name(f"{saved.stem}.check{rank}.pkl").write_bytes(pickle.dumps(c))
         print(f"  failure-free reference ({a.baseline.strategy}, each seed's run next to the "
               f"candidate's on real engines): mean {c.reference_seconds:.2f} s (calibration: "
               f"{a.baseline.seconds:.2f} s); {time.perf_counter() - t:.0f} s wall")
@@ -152,7 +197,17 @@ def main() -> int:
     ap.add_argument("--engine", nargs="+", default=["sim", "ray"], choices=["sim", "ray"])
     ap.add_argument("--workload", nargs="+", default=["mlr"], choices=["mlr", "cnn"])
     ap.add_argument("--seeds", type=int, help="seeds per strategy (default per setting)")
+    ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2], choices=[1, 2],
+                    help="check the recommended (1) and/or the runner-up (2)")
+    ap.add_argument("--advice", type=Path, help="keep the calibrated advice in this file "
+                    "(pickle); with --reuse, check the advice it holds instead of "
+                    "calibrating again (to split a long check into shorter sessions)")
+    ap.add_argument("--reuse", action="store_true", help="see --advice")
     args = ap.parse_args()
+    if args.reuse and (args.advice is None or len(args.engine) * len(args.workload) != 1):
+        print("advise_check: --reuse needs --advice and one engine and workload",
+              file=sys.stderr)
+        return 2
     if args.seeds is not None and args.seeds < 1:
         print("advise_check: --seeds must be at least 1", file=sys.stderr)
         return 2
@@ -164,7 +219,7 @@ def main() -> int:
             started = ensure_ray()  # one session: advise and the checks share it
         try:
             for w in args.workload:
-                one(engine, w, args.seeds)
+                one(engine, w, args.seeds, args.ranks, args.advice, args.reuse)
         finally:
             if started:
                 from trainthrough.engines.ray.runtime import shutdown_ray

@@ -20,9 +20,17 @@ from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
 from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import advise, trace_spec
-from trainthrough.lab.advise.calibrate import calibration_failure, failure_point, measure
+from trainthrough.lab.advise.calibrate import (
+    FAILURE_RUNS,
+    REAL_FAILURE_RUNS,
+    calibration_failure,
+    failure_plan,
+    failure_point,
+    measure,
+    pool_refill,
+)
 from trainthrough.lab.advise.candidates import candidates
-from trainthrough.lab.advise.check import check, failure_free
+from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
 from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
 from trainthrough.lab.advise.wall import (
     StepClock,
@@ -83,6 +91,42 @@ def test_calibration_failure_is_the_traces_own_once() -> None:
     assert calibration_failure(trace, 120) == "shards=50%@iter=120,mode=crash"
     assert failure_point(682, 43) == 301 + 21  # half way, half an interval after a save
     assert failure_point(682, None) == 341
+    assert failure_point(682, 43, 0.125) == 43 + 21 and failure_point(682, None, 0.875) == 596
+
+
+def test_calibration_failures_are_spread_over_the_run_as_a_traces_are() -> None:
+    """A trace's failures strike anywhere; what one costs depends on where (Ray cnn:
+    0-23 iterations of rework for the same seed): the calibration's failure runs sit
+    at evenly spread points, cycling through the calibration seeds."""
+    assert failure_plan(1, 1) == [(0, 0.5)]  # sim, one seed: half way, as before
+    assert failure_plan(2, 4) == [(0, 0.125), (1, 0.375), (0, 0.625), (1, 0.875)]
+    assert failure_plan(4, 2) == [(0, 0.125), (1, 0.375), (2, 0.625), (3, 0.875)]
+    assert FAILURE_RUNS["sim"] == 1 and REAL_FAILURE_RUNS >= 4
+    plan = failure_plan(3, REAL_FAILURE_RUNS)
+    assert statistics.fmean(w for _, w in plan) == pytest.approx(0.5)  # no side favoured
+    assert {k for k, _ in plan} == {0, 1, 2}
+
+
+def test_measure_makes_one_failure_run_per_planned_point(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """On a real engine the planned points are run, each on its seed's failure-free
+    run (rework against that seed's own)."""
+    import trainthrough.lab.advise.calibrate as cal
+
+    seen: list[tuple[int, float]] = []
+
+    def fake_one(cfg, c, base, trace, every, say, shape, where):  # noqa: ANN001, ANN202
+        seen.append((cfg.seed, where))
+        return {"failed_at": 1, "rework": 0.0, "recovery": 0.1, "norm": 0.0, "lost": 1.0,
+                "bound": None}
+
+    monkeypatch.setattr(cal, "_one_failure", fake_one)
+    monkeypatch.setattr(cal, "back_to_back", lambda *a: None)
+    monkeypatch.setattr(cal, "FAILURE_RUNS", {})  # sim stands in for a real engine
+    cands = candidates("sim", "ps", "bsp", [trace_spec("ps", "3s", None)], ["none"])
+    measure(RunConfig.from_toml(EXAMPLE), cands, trace_spec("ps", "3s", None), 3.0,
+            lambda _: None, seeds=2)
+    assert seen == [(0, 0.125), (1, 0.375), (0, 0.625), (1, 0.875)]
 
 
 # -- candidates: from PRESETS, filtered by what the engine claims ---------------------
@@ -241,3 +285,35 @@ def test_refill_delay_prices_a_failure_that_finds_the_replacement_not_ready() ->
     base = Baseline("none", iterations=100, seconds=10.0)
     m = Measured("x", None, recovery_seconds=0.1, rework=0, refill_excess=0.4, refill_gap=1.0)
     assert predict(base, m, "x", 3.0, 4).recovery_seconds == pytest.approx(0.1 + d)
+
+
+def test_failure_free_overhead_read_off_a_checks_own_steps() -> None:
+    """Saves after every 9th step cost 0.09 s on 0.1 s steps: 10% failure-free, read
+    from each seed's failure-free run whatever its pace (the second run is 2x slower);
+    not read where the interval shares a factor with the evaluations' or no saves."""
+    def steps(scale: float) -> tuple[list[int], list[float]]:
+        its, secs, t = [], [], 0.0
+        for i in range(1, 181):
+            t += scale * (0.1 + (0.09 if i % 9 == 0 else 0.0))
+            its.append(i)
+            secs.append(t)
+        return its, secs
+    runs = tuple({"steps": (steps(k), ((), ()))} for k in (1.0, 2.0))
+    c = Check("x", 9, 0.1, 0.1, 0.0, 1.0, 1.0, 0.1, 0.1, 1.0, 1.0, 2, 2, runs=runs)
+    assert steady_from_steps(c, 10) == pytest.approx([0.1, 0.1])
+    assert steady_from_steps(c, 3) == []  # evaluations every 3: on phases 0, 3, 6 only
+    assert steady_from_steps(replace(c, interval=None), 10) == []
+
+
+def test_back_to_back_excess_is_pooled_over_candidates_replaced_from_the_spare() -> None:
+    """The wait for the warm spare is the engine's, not the strategy's: the candidates
+    replaced from it share the mean of their back-to-back runs; a chain's failover
+    keeps its own, and one candidate alone keeps its own."""
+    ms = [Measured("a", 8, refill_excess=1.8, refill_gap=0.2),
+          Measured("b", 8, refill_excess=2.2, refill_gap=0.1),
+          Measured("chain", None, refill_excess=0.0, refill_gap=0.0)]
+    a, b, chain = pool_refill(ms, [True, True, False])
+    assert (a.refill_excess, b.refill_excess) == pytest.approx((2.0, 2.0))
+    assert (a.refill_gap, b.refill_gap) == pytest.approx((0.15, 0.15))
+    assert chain == ms[2]
+    assert pool_refill(ms[:1], [True]) == ms[:1]

@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.lab.advise.advisor import Advice
+from trainthrough.lab.advise.wall import StepClock, phase_cost
 from trainthrough.lab.runner import run_silent
 
 
@@ -48,6 +50,10 @@ class Check:
     overhead_spread: float | None = None
     steady_spread: float | None = None  #: the same for ``measured_steady``
     reference_seconds: float | None = None  #: mean failure-free time of the seeds
+    #: each seed's runs: seed, reference and failure-free seconds to target, seconds to
+    #: target on the trace (None: not reached), failures struck before it, and the
+    #: seconds each one struck at (what the trace drew; the model expects time / MTBF)
+    runs: tuple[dict[str, Any], ...] = ()
 
     @property
     def seconds_ratio(self) -> float | None:
@@ -100,13 +106,28 @@ def check(advice: Advice, name: str, seeds: list[int],
     budget = max(cfg.max_iterations or 0, 5 * base.iterations)
     ref: dict[int, float] = {}
     steadies, times, failures, blocked, reached = [], [], [], [], []
+    runs: list[dict[str, Any]] = []
     for seed in seeds:
         ref[seed] = free[seed] if free is not None else _reference(advice, seed)
-        mine = run_silent(replace(cfg, seed=seed, failures=[]))
+        own = StepClock()
+        mine = run_silent(replace(cfg, seed=seed, failures=[]), own)
         steadies.append(mine["sim_seconds_to_target"] / ref[seed] - 1
                         if mine["sim_seconds_to_target"] is not None else math.nan)
-        s = run_silent(replace(cfg, seed=seed, failures=[advice.trace], max_iterations=budget))
+        clock = StepClock()
+        s = run_silent(replace(cfg, seed=seed, failures=[advice.trace], max_iterations=budget),
+                       clock)
         failures.append(s["failures"])  # the run stops at the target: failures before it
+        runs.append({"seed": seed, "reference": ref[seed],
+                     "failure_free": mine["sim_seconds_to_target"],
+                     "trace": s["sim_seconds_to_target"], "failures": s["failures"],
+                     "iterations": (mine["iterations_to_target"], s["iterations_to_target"]),
+                     "executed": s["iterations"],
+                     # the engine's clock after every step, failure-free and on the trace
+                     "steps": ((own.iterations, own.seconds),
+                               (clock.iterations, clock.seconds)),
+                     "struck_at": [round(t, 3) for t in clock.failures],
+                     "recoveries": [round(r["recovery_seconds"], 3)
+                                    for r in s["recoveries"]]})
         blocked.append(s["checkpoint_blocked_seconds"] / max(1, s["iterations"])
                        / base.step_seconds)
         if s["sim_seconds_to_target"] is not None:
@@ -121,4 +142,30 @@ def check(advice: Advice, name: str, seeds: list[int],
                  p.failures, statistics.fmean(failures), len(seeds), len(times),
                  statistics.stdev(each) if len(each) > 1 else None,
                  statistics.stdev(steadies) if len(steadies) > 1 else None,
-                 statistics.fmean(ref.values()))
+                 statistics.fmean(ref.values()), tuple(runs))
+
+
+def steady_from_steps(c: Check, eval_every: int) -> list[float]:
+    """Each seed's failure-free overhead read off its failure-free run's own steps, as
+    calibration reads a save's cost (lab/advise/wall.py :func:`phase_cost`): the seconds
+    the saves add per interval over the interval's seconds without them. A second
+    reading of ``measured_steady`` on the same runs, free of the pace drift between two
+    whole runs (Ray cnn: a seed's failure-free run 6 points off its reference on average
+    while saves cost ~3%); empty where it does not apply (no checkpoints, an engine that
+    does not report every step, or an interval sharing a factor with the evaluations',
+    whose cost would then land on some phases only)."""
+    n = c.interval
+    if not n or n < 2 or math.gcd(n, eval_every) > 1:
+        return []
+    out = []
+    for r in c.runs:
+        its, secs = r.get("steps", ((), ()))[0]
+        clock = StepClock()
+        for i, t in zip(its, secs):
+            clock.after_step(i, t)
+        got = phase_cost(clock, n)
+        if got is not None and its:
+            cost = got[0]
+            pace = (secs[-1] - cost * len(its) / n) / len(its)  # evaluations included
+            out.append(cost / (n * pace))
+    return out
