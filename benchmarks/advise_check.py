@@ -26,27 +26,25 @@ failure-free overhead is also read off each seed's failure-free run's own steps
 (check.steady_from_steps), which the drift between two whole runs does not touch.
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
-[--seeds N] [--ranks 1 2] [--advice FILE [--reuse]]`` (sim mlr ~1 min, sim cnn ~3 min,
-Ray mlr ~16 min, Ray cnn ~17 min on a 2-core box; run it under ``flock /tmp/tt-bench.lock`` on a shared
-machine). ``--advice FILE`` keeps the calibration; ``--reuse --ranks 2`` then checks the
-runner-up of that same advice in a later session, so a long check splits in parts.
+[--seeds N] [--ranks 1 2]`` (sim mlr ~1 min, sim cnn ~3 min, Ray mlr ~16 min, Ray cnn
+~17 min on a 2-core box; run it under ``flock /tmp/tt-bench.lock`` on a shared machine).
+``--ranks 1`` checks only the recommended strategy, ``--ranks 2`` only the runner-up.
 """
 
 from __future__ import annotations
 
 import argparse
-import pickle
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.advise import advise, trace_spec
 from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
-from trainthrough.lab.runner import resolve_defaults, run_silent
+from trainthrough.lab.runner import resolve_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.20
@@ -132,24 +130,14 @@ def per_seed(c: Check) -> None:
               f"({r['executed']} executed)")
 
 
-def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
-        saved: Path | None, load: bool) -> None:
+def one(engine: str, workload: str, seeds: int | None, ranks: list[int]) -> None:
     s = settings(engine, workload)
     n = seeds or s.seeds
     t = time.perf_counter()
-    if load and saved is not None:
-        a = pickle.loads(saved.read_bytes())
-        print(f"  advice loaded from {saved} (calibrated earlier)")
-        if engine != "sim":  # a new session: warm it up as calibration does, unmeasured
-            run_silent(replace(RunConfig.from_dict(a.config), strategy=a.baseline.strategy,
-                               failures=[], stop_at_target=False, max_iterations=50))
-    else:
-        a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
-                   seeds=s.calibration,
-                   say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
-                                       flush=True))
-        if saved is not None:
-            saved.write_bytes(pickle.dumps(a))
+    a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
+               seeds=s.calibration,
+               say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
+                                   flush=True))
     took = time.perf_counter() - t
     print(f"\n== {engine} {workload}: MTBF {s.mtbf} ({a.clock}); advice in {took:.0f} s wall; "
           f"recommended {a.recommended.name}, runner-up "
@@ -185,8 +173,6 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
                   f"  (per-seed spread {100 * statistics.stdev(own):.2f} points, "
                   f"{len(own)} runs)")
         per_seed(c)
-        if saved is not None:  # every run's steps, for a closer look later
-            saved.with_name(f"{saved.stem}.check{rank}.pkl").write_bytes(pickle.dumps(c))
         print(f"  failure-free reference ({a.baseline.strategy}, each seed's run next to the "
               f"candidate's on real engines): mean {c.reference_seconds:.2f} s (calibration: "
               f"{a.baseline.seconds:.2f} s); {time.perf_counter() - t:.0f} s wall")
@@ -199,15 +185,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, help="seeds per strategy (default per setting)")
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2], choices=[1, 2],
                     help="check the recommended (1) and/or the runner-up (2)")
-    ap.add_argument("--advice", type=Path, help="keep the calibrated advice in this file "
-                    "(pickle); with --reuse, check the advice it holds instead of "
-                    "calibrating again (to split a long check into shorter sessions)")
-    ap.add_argument("--reuse", action="store_true", help="see --advice")
     args = ap.parse_args()
-    if args.reuse and (args.advice is None or len(args.engine) * len(args.workload) != 1):
-        print("advise_check: --reuse needs --advice and one engine and workload",
-              file=sys.stderr)
-        return 2
     if args.seeds is not None and args.seeds < 1:
         print("advise_check: --seeds must be at least 1", file=sys.stderr)
         return 2
@@ -219,7 +197,7 @@ def main() -> int:
             started = ensure_ray()  # one session: advise and the checks share it
         try:
             for w in args.workload:
-                one(engine, w, args.seeds, args.ranks, args.advice, args.reuse)
+                one(engine, w, args.seeds, args.ranks)
         finally:
             if started:
                 from trainthrough.engines.ray.runtime import shutdown_ray
