@@ -43,10 +43,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import ray
 import torch
 
 from trainthrough.engines.ray import wire
+from trainthrough.engines.ray.forward import Forwarder, Pending, SuccessorDied
 
 Item = wire.Item
 Tensors = dict[str, torch.Tensor]
@@ -111,6 +111,7 @@ class ChainLink:
         self._send_cv = threading.Condition(cond)  # type: ignore[arg-type]
         self._ack_cv = threading.Condition(cond)  # type: ignore[arg-type]
         self.successor: Any = None
+        self.forwarder = Forwarder()
         self.mode = "none"
         self.forwarded = 0
         self.sent_states = 0  # forwards that carried the state (the rest carried pushes)
@@ -132,7 +133,8 @@ class ChainLink:
         # continue what the successor has (a state taken, a rewire, a break).
         self._whole = True
         self._calls = 0  # forward calls outstanding in this link epoch
-        self._sent: deque[tuple[int, Any, int]] = deque()  # last position, ref, link epoch
+        # Forwards on their way: last position, pending reply, link epoch.
+        self._sent: deque[tuple[int, Pending, int]] = deque()
         # Only ever grows (a reset keeps counting): an outcome of a send from before a
         # reset can never pass for a current one.
         self._epoch = getattr(self, "_epoch", 0) + 1
@@ -222,10 +224,10 @@ class ChainLink:
             self._send_cv.notify()
 
     def _send_loop(self) -> None:
-        """Send in position order, one thread, without the shard's lock: a Ray call's
-        submission (pickling, task set-up) costs more CPU than applying an update, and
-        a push (or pull) waiting behind it would pay for it. Only the state's copy
-        (one concatenation) is taken under the lock, so it matches ``pos``."""
+        """Send in position order, one thread, without the shard's lock: a send costs
+        more CPU than applying an update (a Ray call's much more), and a push (or pull)
+        waiting behind it would pay for it. Only the state's copy is taken under the
+        lock, so it matches ``pos``."""
         while True:
             with self.cond:
                 while not self._closed:
@@ -242,29 +244,20 @@ class ChainLink:
                     return
                 succ, gen, epoch, last = self.successor, self.gen, self._epoch, self.pos
                 first = last - len(self._out) + 1
-                state: Any = None  # packed, or a dict of tensors
+                state: Tensors | None = None
                 live = self.replica.state()  # live views; built once (it makes small tensors)
                 if self._whole or self._out_bytes >= wire.state_nbytes(live):
                     # The copy is taken here, under the lock, so it matches ``last``.
-                    state = wire.pack_state(live) if wire.packable_state(live) \
-                        else {k: v.clone() for k, v in live.items()}  # pickled by Ray
+                    state = {k: v.clone() for k, v in live.items()}
                     self.sent_states += 1
                 items = self._out
                 self._out, self._out_bytes, self._whole = [], 0, False
                 self._calls += 1
-            if isinstance(state, tuple):
-                ref = succ.chain_state.remote(gen, last, state[0], *state[1])
-            elif state is not None:
-                ref = succ.chain_state.remote(gen, last, state)
-            elif wire.packable(items):
-                meta, chunks = wire.pack(items)
-                ref = succ.chain_push.remote(gen, first, meta, *chunks)
-            else:  # anything but float32: as it is (pickled)
-                ref = succ.chain_push.remote(gen, first, items)
+            pending = self.forwarder.send(succ, epoch, gen, first, last, items, state)
             with self.cond:
                 # A rewire meanwhile sends the state again: this call's outcome is moot.
                 if epoch == self._epoch:
-                    self._sent.append((last, ref, epoch))
+                    self._sent.append((last, pending, epoch))
                     self._ack_cv.notify()
 
     def _linger(self) -> float:
@@ -316,6 +309,7 @@ class ChainLink:
             self._out, self._sent = [], deque()
             for c in (self.cond, self._send_cv, self._ack_cv):
                 c.notify_all()
+        self.forwarder.drop()
         for t in (self._sender, self._completer):
             if t is not None:
                 t.join(timeout=5)
@@ -323,6 +317,7 @@ class ChainLink:
 
     def _reconnect(self) -> None:
         self._epoch += 1
+        self.forwarder.drop()  # a new connection for the new epoch
         self._broken = False
         self._sent.clear()  # outcomes of earlier sends no longer decide anything
         self._calls = 0
@@ -344,11 +339,11 @@ class ChainLink:
                     self._ack_cv.wait()
                 if self._closed:
                     return
-                pos, ref, epoch = self._sent.popleft()
+                pos, pending, epoch = self._sent.popleft()
             error: Exception | None = None
             try:
-                ray.get(ref)
-            except ray.exceptions.RayError as e:
+                pending.result()
+            except Exception as e:  # noqa: BLE001 - every failure breaks the link
                 error = e
             with self.cond:
                 if epoch == self._epoch:
@@ -365,7 +360,7 @@ class ChainLink:
                     continue  # sent before a rewire: already sent again
                 self._broken = True
                 self.cond.notify_all()
-            if isinstance(error, ray.exceptions.RayActorError):
+            if isinstance(error, SuccessorDied):
                 continue  # the successor died: the driver rewires (rewire sends again)
             time.sleep(RETRY_PAUSE)  # alive, its own successor broke: try it again
             with self.cond:
