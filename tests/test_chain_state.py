@@ -120,5 +120,8 @@ def test_replicas_end_bit_identical_to_the_head_with_adam(mode: str) -> None:
         assert ray.get(a.stats.remote())["applied"] == {0: 30, 1: 30, 2: 30, 3: 30}
     if mode == "async":
         assert ray.get(actors[0].stats.remote())["sent_states"] > 1
+    for a in actors[:2]:  # every forward went over the link's socket, none by Ray call
+        stats = ray.get(a.stats.remote())
+        assert stats["socket_sends"] == stats["forwarded"] > 0
     for a in actors:
         ray.kill(a)

@@ -3,9 +3,16 @@
 Every push a replica applies gets a *chain position* (1, 2, ...), assigned by the head
 and carried down the chain. The head forwards as it applies, without waiting for the
 previous forwards to reach the tail: up to ``IN_FLIGHT`` forward calls are outstanding
-on each link, and what is applied meanwhile goes in the next call (a Ray call costs
+on each link, and what is applied meanwhile goes in the next call (a send costs
 more CPU than applying a push, and the CPU is what a replicated chain runs out of);
 an asynchronous link also lingers for a fuller group.
+
+How a forward travels (:mod:`~trainthrough.engines.ray.forward`): over one TCP
+connection per link, a non-pickle frame (:mod:`~trainthrough.engines.ray.link_socket`),
+not a Ray actor call (~0.55 ms of CPU on each side). Who sends: on an asynchronous link
+the link's sender thread, and its collector thread takes the replies; on a synchronous
+one a thread that waits for the tail anyway (a push, or in the middle the forward's own
+thread) sends the group and takes the reply itself (see :meth:`ChainLink._await_durable`).
 
 What a forward carries (group commit). Either the pushes applied since the last
 forward, at positions ``first``, ``first + 1``, ... (the successor applies them), or
@@ -43,10 +50,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import ray
 import torch
 
 from trainthrough.engines.ray import wire
+from trainthrough.engines.ray.forward import Forwarder, Pending, SuccessorDied
 
 Item = wire.Item
 Tensors = dict[str, torch.Tensor]
@@ -110,7 +117,9 @@ class ChainLink:
         # (a thread switch each, where the CPU is what a chain runs out of).
         self._send_cv = threading.Condition(cond)  # type: ignore[arg-type]
         self._ack_cv = threading.Condition(cond)  # type: ignore[arg-type]
+        self._drive_cv = threading.Condition(cond)  # type: ignore[arg-type]
         self.successor: Any = None
+        self.forwarder = Forwarder()
         self.mode = "none"
         self.forwarded = 0
         self.sent_states = 0  # forwards that carried the state (the rest carried pushes)
@@ -118,6 +127,11 @@ class ChainLink:
         self._completer: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self._lingering = False  # the sender waits for a fuller group (a timed wait)
+        # Synchronous links: threads waiting for the tail, and whether one of them is
+        # the driver (sends the next group itself: see ``_await_durable``).
+        self._waiters = 0
+        self._driving = False
+        self._driver_lingering = False
         self._closed = False
 
     def reset(self, gen: int, pos: int) -> None:
@@ -132,7 +146,8 @@ class ChainLink:
         # continue what the successor has (a state taken, a rewire, a break).
         self._whole = True
         self._calls = 0  # forward calls outstanding in this link epoch
-        self._sent: deque[tuple[int, Any, int]] = deque()  # last position, ref, link epoch
+        # Forwards on their way: last position, pending reply, link epoch.
+        self._sent: deque[tuple[int, Pending, int]] = deque()
         # Only ever grows (a reset keeps counting): an outcome of a send from before a
         # reset can never pass for a current one.
         self._epoch = getattr(self, "_epoch", 0) + 1
@@ -217,19 +232,28 @@ class ChainLink:
     def _flush(self) -> None:
         """Wake the sender if it has something to do now. A sender lingering for a
         fuller group wakes on its own when the linger is over: waking it for every push
-        cost a thread switch each."""
-        if self._ready() and (not self._lingering or self._linger() <= 0):
+        cost a thread switch each. Synchronous, with threads waiting for the tail: one
+        of them sends (the thread whose push this is claims it next), so only a
+        lingering driver is woken, once its group is full."""
+        if not self._ready():
+            return
+        if self.mode == "sync" and self._waiters:
+            if self._driver_lingering and self._linger() <= 0:
+                self._drive_cv.notify()
+            return
+        if not self._lingering or self._linger() <= 0:
             self._send_cv.notify()
 
     def _send_loop(self) -> None:
-        """Send in position order, one thread, without the shard's lock: a Ray call's
-        submission (pickling, task set-up) costs more CPU than applying an update, and
-        a push (or pull) waiting behind it would pay for it. Only the state's copy
-        (one concatenation) is taken under the lock, so it matches ``pos``."""
+        """Send in position order, one thread, without the shard's lock: a send costs
+        more CPU than applying an update (a Ray call's much more), and a push (or pull)
+        waiting behind it would pay for it. Only the state's copy is taken under the
+        lock, so it matches ``pos``."""
         while True:
             with self.cond:
                 while not self._closed:
-                    if not self._ready():
+                    if not self._ready() or self._driving or \
+                            (self.mode == "sync" and self._waiters):
                         self._send_cv.wait()
                         continue
                     linger = self._linger()
@@ -240,32 +264,29 @@ class ChainLink:
                     self._lingering = False
                 if self._closed:
                     return
-                succ, gen, epoch, last = self.successor, self.gen, self._epoch, self.pos
-                first = last - len(self._out) + 1
-                state: Any = None  # packed, or a dict of tensors
-                live = self.replica.state()  # live views; built once (it makes small tensors)
-                if self._whole or self._out_bytes >= wire.state_nbytes(live):
-                    # The copy is taken here, under the lock, so it matches ``last``.
-                    state = wire.pack_state(live) if wire.packable_state(live) \
-                        else {k: v.clone() for k, v in live.items()}  # pickled by Ray
-                    self.sent_states += 1
-                items = self._out
-                self._out, self._out_bytes, self._whole = [], 0, False
-                self._calls += 1
-            if isinstance(state, tuple):
-                ref = succ.chain_state.remote(gen, last, state[0], *state[1])
-            elif state is not None:
-                ref = succ.chain_state.remote(gen, last, state)
-            elif wire.packable(items):
-                meta, chunks = wire.pack(items)
-                ref = succ.chain_push.remote(gen, first, meta, *chunks)
-            else:  # anything but float32: as it is (pickled)
-                ref = succ.chain_push.remote(gen, first, items)
+                job = self._take()
+            pending = self.forwarder.send(*job)
             with self.cond:
                 # A rewire meanwhile sends the state again: this call's outcome is moot.
-                if epoch == self._epoch:
-                    self._sent.append((last, ref, epoch))
+                if job[1] == self._epoch:
+                    self._sent.append((job[4], pending, job[1]))
                     self._ack_cv.notify()
+
+    def _take(self) -> tuple[Any, int, int, int, int, list[Item], Tensors | None]:
+        """What the next forward carries (under the lock): successor, link epoch,
+        generation, first and last position, the pushes, or the state (copied here,
+        under the lock, so it matches the last position)."""
+        last = self.pos
+        first = last - len(self._out) + 1
+        state: Tensors | None = None
+        live = self.replica.state()  # live views; built once (it makes small tensors)
+        if self._whole or self._out_bytes >= wire.state_nbytes(live):
+            state = {k: v.clone() for k, v in live.items()}
+            self.sent_states += 1
+        items = self._out
+        self._out, self._out_bytes, self._whole = [], 0, False
+        self._calls += 1
+        return self.successor, self._epoch, self.gen, first, last, items, state
 
     def _linger(self) -> float:
         """Seconds the sender still waits for more pushes before sending (0: now)."""
@@ -280,10 +301,71 @@ class ChainLink:
         return ASYNC_LINGER - (time.monotonic() - self._out_since)
 
     def _await_durable(self, pos: int) -> None:
-        if not self._wait(lambda: self.durable >= pos or self._broken, ACK_SECONDS):
-            raise ChainBroken(f"position {pos} not acknowledged by the tail in time")
+        """Wait until the tail has ``pos`` (synchronous links). Meanwhile one waiting
+        thread at a time is the *driver*: it sends the next group itself and collects
+        the reply, instead of handing the group to the sender thread and the reply to
+        the collector (two thread switches per group per replica, where the CPU is
+        what a chain runs out of). In the middle of a chain that thread is the one that
+        received the forward: it applies, forwards, waits and replies, alone."""
+        deadline = time.monotonic() + ACK_SECONDS
+        self._waiters += 1
+        try:
+            while self.durable < pos and not self._broken:
+                if not self._driving and self._ready():
+                    if not self._drive(deadline):
+                        break
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ChainBroken(f"position {pos} not acknowledged by the tail in time")
+                self.cond.wait(left)
+        finally:
+            self._waiters -= 1
+            if not self._waiters:
+                self._flush()  # work left with no waiter to drive it: the sender's
         if self.durable < pos:
             raise ChainBroken(f"the chain broke before position {pos} reached the tail")
+
+    def _drive(self, deadline: float) -> bool:
+        """As the driver: linger for a fuller group, or send it and wait for the reply
+        with the lock released (the caller holds it exactly once: the actor's
+        ``with lock``). Another waiter drives the group after this one.
+
+        Returns:
+            False if the forward failed: the link is broken (and, the successor alive,
+            already set to send its state again), and this push raises, as every
+            waiting one does.
+        """
+        self._driving = True
+        try:
+            linger = min(self._linger(), deadline - time.monotonic())
+            if linger > 0:
+                self._driver_lingering = True
+                self._drive_cv.wait(linger)
+                self._driver_lingering = False
+                return True
+            job = self._take()
+            self.cond.release()
+            try:
+                error = self._transmit(job)
+            finally:
+                self.cond.acquire()
+            failed = error is not None and job[1] == self._epoch  # else moot: sent again
+            retry = self._settle(job[4], job[1], error)
+        finally:
+            self._driving = False
+        if retry:
+            self._pause_and_reconnect(job[1])
+        return not failed
+
+    def _transmit(self, job: tuple[Any, int, int, int, int, list[Item], Tensors | None]
+                  ) -> Exception | None:
+        """Send one forward and wait for its reply (without the lock)."""
+        try:
+            self.forwarder.send(*job).result()
+        except Exception as e:  # noqa: BLE001 - every failure breaks the link
+            return e
+        return None
 
     def _wait(self, done: Callable[[], bool], seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -314,8 +396,9 @@ class ChainLink:
         with self.cond:
             self._closed, self.successor = True, None
             self._out, self._sent = [], deque()
-            for c in (self.cond, self._send_cv, self._ack_cv):
+            for c in (self.cond, self._send_cv, self._ack_cv, self._drive_cv):
                 c.notify_all()
+        self.forwarder.drop()
         for t in (self._sender, self._completer):
             if t is not None:
                 t.join(timeout=5)
@@ -323,6 +406,7 @@ class ChainLink:
 
     def _reconnect(self) -> None:
         self._epoch += 1
+        self.forwarder.drop()  # a new connection for the new epoch
         self._broken = False
         self._sent.clear()  # outcomes of earlier sends no longer decide anything
         self._calls = 0
@@ -344,30 +428,45 @@ class ChainLink:
                     self._ack_cv.wait()
                 if self._closed:
                     return
-                pos, ref, epoch = self._sent.popleft()
+                pos, pending, epoch = self._sent.popleft()
             error: Exception | None = None
             try:
-                ray.get(ref)
-            except ray.exceptions.RayError as e:
+                pending.result()
+            except Exception as e:  # noqa: BLE001 - every failure breaks the link
                 error = e
             with self.cond:
-                if epoch == self._epoch:
-                    self._calls -= 1
-                if error is None:
-                    self.forwarded += 1
-                    if pos > self.durable:  # an acknowledgement covers all before it
-                        self.durable = pos
-                        self.cond.notify_all()
-                    if epoch == self._epoch:
-                        self._flush()  # what was applied meanwhile, as one call
-                    continue
-                if epoch != self._epoch:
-                    continue  # sent before a rewire: already sent again
-                self._broken = True
-                self.cond.notify_all()
-            if isinstance(error, ray.exceptions.RayActorError):
-                continue  # the successor died: the driver rewires (rewire sends again)
-            time.sleep(RETRY_PAUSE)  # alive, its own successor broke: try it again
-            with self.cond:
-                if self._broken and epoch == self._epoch:
-                    self._reconnect()
+                if self._settle(pos, epoch, error):
+                    self._pause_and_reconnect(epoch)
+
+    def _settle(self, pos: int, epoch: int, error: Exception | None) -> bool:
+        """A forward's outcome (under the lock); True: pause and send the state again
+        (the successor is alive; its own successor broke, or the connection failed)."""
+        if epoch == self._epoch:
+            self._calls -= 1
+        if error is None:
+            self.forwarded += 1
+            advanced = pos > self.durable
+            if advanced:  # an acknowledgement covers all before it
+                self.durable = pos
+            if advanced or (self.mode == "sync" and self._waiters and self._ready()):
+                self.cond.notify_all()  # and a waiter drives what was applied meanwhile
+            if epoch == self._epoch:
+                self._flush()  # what was applied meanwhile, as one call
+            return False
+        if epoch != self._epoch:
+            return False  # sent before a rewire: already sent again
+        self._broken = True
+        self.cond.notify_all()
+        # The successor died: the driver rewires (rewire sends again).
+        return not isinstance(error, SuccessorDied)
+
+    def _pause_and_reconnect(self, epoch: int) -> None:
+        """Alive successor, failed forward: try again shortly (under the lock, held
+        once; released while pausing)."""
+        self.cond.release()
+        try:
+            time.sleep(RETRY_PAUSE)
+        finally:
+            self.cond.acquire()
+        if self._broken and epoch == self._epoch:
+            self._reconnect()

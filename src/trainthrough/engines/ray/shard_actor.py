@@ -24,6 +24,7 @@ import torch
 
 from trainthrough.engines.ray import wire
 from trainthrough.engines.ray.chain_link import ChainLink, Replica
+from trainthrough.engines.ray.link_socket import Address, Listener
 from trainthrough.engines.ray.persister import Persister
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
@@ -43,6 +44,9 @@ class ShardActor:
                  values: Tensors, name: str, max_lag: int = 64) -> None:
         torch.set_num_threads(1)
         self._dead = threading.Event()  # released (set) only when a run gives it back
+        # Where predecessors connect to forward (one per process, kept across runs).
+        self._listener: Listener | None = None
+        self._listener_lock = threading.Lock()
         self.reset(shard_id, blocks, spec, values, name, max_lag)
 
     def reset(self, shard_id: int, blocks: tuple[RowBlock, ...], spec: OptimizerSpec,
@@ -152,6 +156,24 @@ class ShardActor:
             else:
                 self.link.from_worker((worker, seq, update, scale))
             return self.shard.version
+
+    def chain_address(self) -> Address:
+        """Where a predecessor connects to forward (link_socket): this node's IP, a
+        port of its own, and the token a connection must send first."""
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = Listener(ray.util.get_node_ip_address(), self._forwarded)
+            return self._listener.address
+
+    def _forwarded(self, header: dict[str, Any], payload: Any) -> None:
+        """A forward that came over a predecessor's connection (on that connection's
+        thread): as :meth:`chain_push` or :meth:`chain_state` with it."""
+        op, gen, pos, what = wire.from_frame(header, payload)  # outside the lock
+        with self.lock:
+            if op == "state":
+                self.link.from_state(gen, pos, what)
+            else:
+                self.link.from_predecessor(gen, pos, what)
 
     def chain_push(self, gen: int, first: int, meta: Any, *chunks: Any) -> None:
         """Pushes forwarded by this replica's predecessor, at chain positions ``first``
@@ -319,6 +341,7 @@ class ShardActor:
         with self.lock:
             return {"name": self.name, "version": self.shard.version,
                     "forwarded": self.link.forwarded, "sent_states": self.link.sent_states,
+                    "socket_sends": self.link.forwarder.socket_sends,
                     "lag": self.link.lag,
                     "position": self.link.pos, "applied": dict(self.shard.applied)}
 

@@ -1,5 +1,12 @@
-"""How forwards travel between chain replicas (pushes, or a whole state): flat
-float32 chunks.
+"""How forwards travel between chain replicas (pushes, or a whole state).
+
+Over a link's socket (:mod:`~trainthrough.engines.ray.link_socket`, the usual path) a
+forward is a JSON header naming every tensor (name, dtype, shape) followed by the
+tensors' raw bytes: :func:`frame_items`, :func:`frame_state` and
+:func:`from_frame`. Never pickle: a frame can only ever become tensors of the dtypes
+in ``DTYPES``.
+
+Over a Ray call (kept for tensors of other dtypes) a forward is flat float32 chunks:
 
 Two costs of Ray calls decide the form. A dict of tensors is pickled tensor by tensor
 (~1.6 ms for cnn's eight, more than applying the update), while a numpy array takes
@@ -12,8 +19,9 @@ chunks well under the limit, each its own argument: one call, all inline.
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -94,3 +102,83 @@ def unpack_state(meta: StateMeta, chunks: tuple[np.ndarray, ...]) -> dict[str, t
         at += size
     state.update({n: torch.from_numpy(a.copy()) for n, a in others.items()})
     return state
+
+
+# -- frames: what a link's socket carries (a JSON header, then raw tensor bytes) ------
+#: dtypes a frame may carry (by name in the header); anything else goes by Ray call.
+DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)}
+_ALIGN = 8  # every tensor starts 8-byte aligned in the payload
+
+
+def framable(tensors: list[torch.Tensor]) -> bool:
+    return all(t.dtype in DTYPES.values() for t in tensors)
+
+
+def frame_items(gen: int, first: int, items: list[Item]) -> tuple[dict[str, Any],
+                                                                   list[torch.Tensor]]:
+    """A forward of pushes at chain positions ``first`` on: header and tensors."""
+    header: dict[str, Any] = {"op": "push", "gen": gen, "pos": first, "items": []}
+    tensors: list[torch.Tensor] = []
+    for worker, seq, update, scale in items:
+        header["items"].append([worker, seq, scale, list(update)])
+        tensors += update.values()
+    return header, tensors
+
+
+def frame_state(gen: int, pos: int, state: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """A forward of a whole state at chain position ``pos``: header and tensors."""
+    return {"op": "state", "gen": gen, "pos": pos, "names": list(state)}, list(state.values())
+
+
+def describe(header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[bytes, list[Any]]:
+    """The header as JSON (with each tensor's dtype, shape and offset) and the
+    buffers to send after it (the tensors' own memory: no copy when contiguous)."""
+    layout: list[list[Any]] = []
+    buffers: list[Any] = []
+    at = 0
+    for t in tensors:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        pad = -at % _ALIGN
+        if pad:
+            buffers.append(bytes(pad))
+        at += pad
+        layout.append([str(t.dtype).removeprefix("torch."), list(t.shape), at])
+        buffers.append(raw)
+        at += raw.nbytes
+    return json.dumps({**header, "tensors": layout}).encode(), buffers
+
+
+def from_frame(header: dict[str, Any], payload: np.ndarray) -> tuple[str, int, int, Any]:
+    """(op, generation, position, items or state) from a received frame; the tensors
+    are views into ``payload`` (a fresh buffer per frame: they outlive the call).
+
+    Raises:
+        ValueError, KeyError, TypeError: a malformed frame (the link drops it).
+    """
+    tensors = []
+    for dtype, shape, at in header["tensors"]:
+        if not all(isinstance(n, int) and n >= 0 for n in shape) or at % _ALIGN:
+            raise ValueError(f"bad tensor layout {shape} at {at}")
+        count = math.prod(shape)
+        t = torch.frombuffer(cast(Any, payload), dtype=DTYPES[dtype], count=count,
+                             offset=at) if count else torch.zeros(0, dtype=DTYPES[dtype])
+        tensors.append(t.view(shape))
+    op, gen, pos = str(header["op"]), int(header["gen"]), int(header["pos"])
+    if op == "state":
+        names = [str(n) for n in header["names"]]
+        if len(names) != len(tensors):
+            raise ValueError("state names and tensors differ in number")
+        return op, gen, pos, dict(zip(names, tensors))
+    if op != "push":
+        raise ValueError(f"unknown op {op!r}")
+    items: list[Item] = []
+    at = 0
+    for worker, seq, scale, names in header["items"]:
+        update = {str(n): tensors[at + k] for k, n in enumerate(names)}
+        at += len(names)
+        items.append((int(worker), int(seq), update, float(scale)))
+    if at != len(tensors):
+        raise ValueError("items and tensors differ in number")
+    return op, gen, pos, items

@@ -1,0 +1,123 @@
+"""How one chain link sends its forwards: over its socket, or a Ray call.
+
+A forward goes over the link's own connection (:mod:`link_socket`) whenever its
+tensors are of a dtype a frame carries, which is every workload here; anything else
+goes as a Ray actor call (``chain_push`` / ``chain_state``), pickled by Ray as before.
+Either way the chain link gets a :class:`Pending` whose :meth:`Pending.result`
+returns once the successor has the forward, and raises:
+
+* :class:`SuccessorDied` when Ray reports the successor's process dead: the driver
+  rewires the chain, nothing to retry;
+* anything else when the successor is alive but refused (its own successor broke) or
+  the connection failed: the link pauses and resends its state.
+
+The connection is opened by the sender thread on the first forward of a link epoch
+(the successor's address comes from one Ray call, ``chain_address``, cached per
+successor), and closed when the link changes (:meth:`Forwarder.drop`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from trainthrough.engines.ray import wire
+from trainthrough.engines.ray.link_socket import Address, Channel
+
+# How long a forward's reply may take: the successor may wait ``REORDER_SECONDS`` for
+# a position and ``ACK_SECONDS`` for its own successor (chain_link), and more.
+REPLY_SECONDS = 60.0
+# How long the successor's address may take to come (one Ray call to a live actor).
+ADDRESS_SECONDS = 10.0
+
+
+class SuccessorDied(RuntimeError):
+    """Ray reported the successor's process dead: wait for the driver's rewire."""
+
+
+class Pending:
+    """A forward on its way; :meth:`result` waits for the successor's reply."""
+
+    def __init__(self, wait: Any = None, error: Exception | None = None) -> None:
+        self._wait, self._error = wait, error
+
+    def result(self) -> None:
+        if self._error is not None:
+            raise self._error
+        try:
+            self._wait()
+        except ray.exceptions.RayActorError as e:
+            raise SuccessorDied(str(e)) from e
+
+
+class Forwarder:
+    """One link's way to its successor (used by the link's sender thread; ``drop``
+    from any thread)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._chan: Channel | None = None
+        self._chan_epoch = -1
+        self._addresses: dict[int, tuple[Any, Address]] = {}  # id(handle) -> (handle, address)
+        self.socket_sends = 0  # forwards that went over the socket (the rest by Ray call)
+
+    def send(self, succ: Any, epoch: int, gen: int, first: int, last: int,
+             items: list[wire.Item], state: dict[str, Any] | None) -> Pending:
+        """Send pushes at positions ``first``..``last`` (``state`` None) or ``state`` at
+        ``last``; never raises (a failure is the returned Pending's)."""
+        header, tensors = (wire.frame_items(gen, first, items) if state is None
+                           else wire.frame_state(gen, last, state))
+        if not wire.framable(tensors):
+            return self._by_ray(succ, gen, first, last, items, state)
+        try:
+            chan = self._channel(succ, epoch)
+            head, buffers = wire.describe(header, tensors)
+            chan.send(head, buffers)
+        except ray.exceptions.RayActorError as e:
+            return Pending(error=SuccessorDied(str(e)))
+        except Exception as e:  # noqa: BLE001 - any failure is the link's to retry
+            self.drop()
+            return Pending(error=e)
+        self.socket_sends += 1
+        return Pending(chan.reply)
+
+    def _by_ray(self, succ: Any, gen: int, first: int, last: int, items: list[wire.Item],
+                state: dict[str, Any] | None) -> Pending:
+        if state is not None and wire.packable_state(state):
+            smeta, schunks = wire.pack_state(state)
+            ref = succ.chain_state.remote(gen, last, smeta, *schunks)
+        elif state is not None:  # as it is (pickled by Ray)
+            ref = succ.chain_state.remote(gen, last, state)
+        elif wire.packable(items):
+            meta, chunks = wire.pack(items)
+            ref = succ.chain_push.remote(gen, first, meta, *chunks)
+        else:  # as it is (pickled by Ray)
+            ref = succ.chain_push.remote(gen, first, items)
+        return Pending(lambda: ray.get(ref))
+
+    def _channel(self, succ: Any, epoch: int) -> Channel:
+        with self._guard:
+            if self._chan is not None and self._chan_epoch == epoch:
+                return self._chan
+        known = self._addresses.get(id(succ))
+        if known is None or known[0] is not succ:
+            address = ray.get(succ.chain_address.remote(), timeout=ADDRESS_SECONDS)
+            self._addresses = {id(succ): (succ, address)}  # only the current successor
+        else:
+            address = known[1]
+        chan = Channel(self._addresses[id(succ)][1], REPLY_SECONDS)
+        with self._guard:
+            old, self._chan, self._chan_epoch = self._chan, chan, epoch
+        if old is not None:
+            old.close()
+        return chan
+
+    def drop(self) -> None:
+        """Close the connection (a rewire, a break, the end): a thread waiting for a
+        reply on it gets an error, which the link's epoch makes moot."""
+        with self._guard:
+            chan, self._chan, self._chan_epoch = self._chan, None, -1
+        if chan is not None:
+            chan.close()
