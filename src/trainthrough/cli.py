@@ -119,7 +119,7 @@ def _add_run(sub: Any) -> None:
     reuse.add_argument("--resume", action="store_true",
                        help="continue the interrupted or failed run in --out from its newest "
                             "checkpoint, as recorded in its config.toml (other options must "
-                            "match it; engines: sim)")
+                            "match it, but --max-iterations, a new budget; engines: sim)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
