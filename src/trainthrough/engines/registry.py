@@ -99,7 +99,9 @@ def check_settings(engine: str, paradigm: str, consistency: str, strategy: Strat
     from trainthrough.config import flag_label
 
     e = entry(engine)
-    for k in unused_engine_settings(e.capabilities[paradigm].options, changed):
+    unread = unused_engine_settings(e.capabilities[paradigm].options, changed)
+    if unread:
+        k = unread[0]
         can = [n for n in names() if (c := entry(n).capabilities.get(paradigm))
                and k in c.options]
         verb = "reads" if len(can) == 1 else "read"
@@ -107,7 +109,9 @@ def check_settings(engine: str, paradigm: str, consistency: str, strategy: Strat
                  else f"; it does not apply to --paradigm {paradigm}")
         raise UserError(f"{flag_label(k)} is not used by the {e.name} engine{where}: "
                         "drop it")
-    for k, why in unused_mechanism_settings(consistency, strategy, changed):
+    idle = unused_mechanism_settings(consistency, strategy, changed)
+    if idle:
+        k, why = idle[0]
         raise UserError(f"{flag_label(k)} has no effect with strategy {strategy.name} "
                         f"and --consistency {consistency} ({why}): drop it")
 

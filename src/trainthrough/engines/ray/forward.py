@@ -107,7 +107,7 @@ class Forwarder:
             self._addresses = {id(succ): (succ, address)}  # only the current successor
         else:
             address = known[1]
-        chan = Channel(self._addresses[id(succ)][1], REPLY_SECONDS)
+        chan = Channel(address, REPLY_SECONDS)
         with self._guard:
             old, self._chan, self._chan_epoch = self._chan, chan, epoch
         if old is not None:
