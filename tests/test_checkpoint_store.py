@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -288,6 +290,36 @@ def test_every_file_is_fsynced_before_the_rename_and_a_failed_fsync_fails_the_sa
     assert sorted(p.name for p in root.iterdir()) == ["ckpt-00000001"]
     fail.clear()
     assert set(store.load_latest()[0]) == set(tensors)  # type: ignore[index]
+
+
+def test_a_signal_while_the_fsync_pool_starts_does_not_hang_the_exit(tmp_path: Path) -> None:
+    """CI hung a SIGTERMed run at exit: the signal, raised in the main thread while the
+    fsync pool started a thread, left a worker the interpreter joined forever. Here the
+    start is interrupted on purpose (as the handler's exception would, right after the
+    thread began); the pool still syncs, and the process exits."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import sys, threading\n"
+        "from trainthrough.ft.checkpoint import durable\n"
+        "real = threading.Event.wait\n"
+        "def wait(self, timeout=None):\n"
+        "    threading.Event.wait = real\n"
+        "    real(self, timeout)\n"
+        "    raise KeyboardInterrupt('SIGTERM while a thread starts')\n"
+        "threading.Event.wait = wait\n"
+        "try:\n"
+        "    durable.Syncing([sys.argv[1]]).wait()\n"
+        "    raise SystemExit('the start was not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "if sys.argv[2] == 'again':  # the pool still works after the interruption\n"
+        "    durable.Syncing([sys.argv[1]]).wait()\n"
+        "print('exits')\n")
+    (tmp_path / "f").write_bytes(b"x")
+    for then in ("exit", "again"):
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "f"), then],
+                              capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, "exits\n"), (then, done.stderr)
 
 
 def test_checkpoints_of_the_sha256_format_still_load_and_verify(tmp_path: Path) -> None:

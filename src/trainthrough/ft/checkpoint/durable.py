@@ -14,20 +14,58 @@ first use and again after a fork (a child does not inherit its threads).
 from __future__ import annotations
 
 import os
+import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 _WORKERS = 4  # files fsynced at once; more wait their turn (still durable, a bit later)
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+class _Pool:
+    """Daemon threads taking fsyncs from one queue.
+
+    Not a ``ThreadPoolExecutor``: its threads are not daemons, and the interpreter joins
+    them at exit. A SIGTERM raised in the main thread while ``submit`` was starting a
+    worker left that worker unregistered, never told to stop, and the process hung at
+    exit after printing that it was terminated (seen in CI). An fsync cut short by the
+    process exiting is harmless: nothing counts as durable before :meth:`Syncing.wait`.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue[tuple[str, Future[None]]] = queue.SimpleQueue()
+        for i in range(_WORKERS):
+            threading.Thread(target=self._work, daemon=True,
+                             name=f"checkpoint-fsync-{i}").start()
+
+    def _work(self) -> None:
+        while True:
+            path, future = self.jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                fsync_path(path)
+            except BaseException as e:  # handed to the waiter, who raises it
+                future.set_exception(e)
+            else:
+                future.set_result(None)
+
+    def submit(self, path: str) -> Future[None]:
+        future: Future[None] = Future()
+        self.jobs.put((path, future))
+        return future
+
+
+_pool: _Pool | None = None
 _pool_lock = threading.Lock()
 
 
-def _executor() -> ThreadPoolExecutor:
+def _executor() -> _Pool:
     global _pool
     with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(_WORKERS, "checkpoint-fsync"))
-        return _pool[1]
+        if _pool is None or _pool.pid != os.getpid():
+            _pool = _Pool()
+        return _pool
 
 
 class Syncing:
@@ -35,7 +73,7 @@ class Syncing:
 
     def __init__(self, paths: list[str]) -> None:
         pool = _executor()
-        self._futures: list[Future[None]] = [pool.submit(fsync_path, p) for p in paths]
+        self._futures: list[Future[None]] = [pool.submit(p) for p in paths]
 
     def wait(self) -> None:
         """Wait for every fsync (even after one failed: none is left running).
