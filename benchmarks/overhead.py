@@ -26,7 +26,9 @@ Checkpoint-async is also measured against the disk: the same checkpoint (the cnn
 shard's state, through the same store and write code as the actors) is written
 interleaved with plain writes of a new file of the same size, in the same file system:
 a crash-safe one (temp file, fsync, rename, folder fsync: the two durable rounds a
-checkpoint needs too) and a bare write + fsync (one round, the disk's floor). Times and
+checkpoint needs too), a bare write + fsync (one round, the disk's floor), and the
+checkpoint's own layout (as many files of the same sizes, in a temp folder renamed into
+place) written plainly: what the layout costs, apart from our code. Times and
 ratios (bandwidth reached) are printed at the checkpoint's own size and at
 ``--mid-mb`` and ``--large-mb`` (where bandwidth, not sync latency, counts); the prune that follows a
 save (deleting the oldest checkpoint) is printed apart, as the plain writes' deletes
@@ -46,11 +48,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -66,6 +70,7 @@ TARGETS = (("checkpoint-async", "overhead <= 3%", lambda r: r >= 0.97),
            ("chain-sync", ">= 0.8x none", lambda r: r >= 0.8),
            ("chain-async", ">= 0.9x none", lambda r: r >= 0.9))
 BANDWIDTH_TARGET = 0.8
+_FSYNCS = ThreadPoolExecutor(4)  # the plain folder write's fsyncs, run together
 
 
 def _cluster_cpu_seconds() -> float | None:
@@ -157,6 +162,38 @@ def _raw_write(folder: str, data: bytes, atomic: bool) -> float:
     return took
 
 
+def _raw_folder_write(folder: str, sizes: list[int]) -> float:
+    """A crash-safe plain write of a folder of files of ``sizes`` bytes (a checkpoint's
+    layout: one file per tensor group and the manifest), with none of our code: temp
+    folder, the files written, fsynced together on long-lived threads (as the store
+    does: a thread started per file cost more than the sync at this size), the
+    folder renamed, its parent fsynced. The cost of the layout itself, apart from ours."""
+    final = os.path.join(folder, f"rawdir-{uuid.uuid4().hex}")
+    tmp = final + ".tmp"
+    blobs = [os.urandom(n) for n in sizes]
+    t0 = time.perf_counter()
+    os.mkdir(tmp)
+    paths = []
+    for i, blob in enumerate(blobs):
+        paths.append(os.path.join(tmp, f"f{i}"))
+        with open(paths[-1], "wb") as f:
+            f.write(blob)
+    list(_FSYNCS.map(_fsync, paths))
+    os.rename(tmp, final)
+    _fsync(folder)
+    took = time.perf_counter() - t0
+    shutil.rmtree(final)  # not timed, as for the other plain writes
+    return took
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
     """Median seconds of a cnn-shard checkpoint (``scale`` times wider rows: same code,
     more bytes) against plain writes of as many bytes, all three interleaved; keep 3
@@ -175,28 +212,35 @@ def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
     part = make_layout(x0, 1).split(x0)[0]
     shard = Shard(0, make_layout(x0, 1).shards[0], w.default_optimizer, part)
     t: dict[str, list[float]] = {"checkpoint": [], "written": [], "prune": [], "raw": [],
-                                 "raw_atomic": [], "crc32": []}
+                                 "raw_atomic": [], "raw_folder": [], "crc32": []}
     with tempfile.TemporaryDirectory(prefix="tt-disk-") as folder:
         store = CheckpointStore(run_location(folder, "disk"), 3)
         saver = ShardCheckpoint(shard, part, store, reuse_snapshot=True)
         full = CheckpointDecision(asynchronous=True)
-        nbytes = 0
+        nbytes = files = 0
         for step in range(1, repeats + 1):
             plan = saver.plan(full, step)
             assert plan is not None
             t0 = time.perf_counter()
-            nbytes = saver.write(plan).nbytes
+            info = saver.write(plan)
             t["checkpoint"].append(time.perf_counter() - t0)
             t["written"].append(store.last_timing[0])
             t["prune"].append(store.last_timing[1])
+            nbytes = info.nbytes
             data = os.urandom(nbytes)
-            # Alternate which plain write goes first: neither always follows the save.
-            for atomic in ((True, False) if step % 2 else (False, True)):
-                t["raw_atomic" if atomic else "raw"].append(_raw_write(folder, data, atomic))
+            written = os.path.join(store.url, info.name)
+            sizes = [os.path.getsize(os.path.join(written, f)) for f in os.listdir(written)]
+            files = len(sizes)
+            # Rotate which plain write goes first: none always follows the save.
+            kinds = ["raw_atomic", "raw", "raw_folder"]
+            for kind in kinds[step % 3:] + kinds[:step % 3]:
+                t[kind].append(_raw_folder_write(folder, sizes) if kind == "raw_folder"
+                               else _raw_write(folder, data, kind == "raw_atomic"))
             t0 = time.perf_counter()  # the checksum every checkpoint file needs, alone
             zlib.crc32(data)
             t["crc32"].append(time.perf_counter() - t0)
-    return {"bytes": nbytes, **{k: statistics.median(v) for k, v in t.items()}}
+    return {"bytes": nbytes, "files": files,
+            **{k: statistics.median(v) for k, v in t.items()}}
 
 
 def main() -> None:
@@ -334,6 +378,10 @@ def disk_report(rows: list[tuple[str, dict[str, float]]]) -> None:
               f"(vs bare {d['raw'] / d['written']:.2f}; with prune "
               f"{d['raw_atomic'] / d['checkpoint']:.2f}); CRC-32 of the bytes alone "
               f"{1e3 * d['crc32']:.2f} ms")
+        print(f"    the same {d['files']:.0f} files as a plain crash-safe folder write: "
+              f"{1e3 * d['raw_folder']:.2f} ms, so the layout alone is at "
+              f"{d['raw_atomic'] / d['raw_folder']:.2f} of one file and our code at "
+              f"{d['raw_folder'] / d['written']:.2f} of the layout")
     for label, d in rows:
         r = d["raw_atomic"] / d["written"]
         print(f"  checkpoint write  >= {BANDWIDTH_TARGET:.0%} of raw ({label}) "
