@@ -61,6 +61,7 @@ import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+from trainthrough.ft.checkpoint.durable import fsync_path
 from trainthrough.lab.runner import run_silent
 
 STRATEGIES = ("none", "checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async",
@@ -152,11 +153,7 @@ def _raw_write(folder: str, data: bytes, atomic: bool) -> float:
         os.fsync(f.fileno())
     if atomic:
         os.rename(path, final)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(folder)
     took = time.perf_counter() - t0
     os.remove(final)  # not timed, as the checkpoint's prune is timed apart
     return took
@@ -178,20 +175,12 @@ def _raw_folder_write(folder: str, sizes: list[int]) -> float:
         paths.append(os.path.join(tmp, f"f{i}"))
         with open(paths[-1], "wb") as f:
             f.write(blob)
-    list(_FSYNCS.map(_fsync, paths))
+    list(_FSYNCS.map(fsync_path, paths))
     os.rename(tmp, final)
-    _fsync(folder)
+    fsync_path(folder)
     took = time.perf_counter() - t0
     shutil.rmtree(final)  # not timed, as for the other plain writes
     return took
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def disk_comparison(scale: int, repeats: int) -> dict[str, float]:
