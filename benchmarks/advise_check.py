@@ -37,13 +37,14 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.advise import advise, trace_spec
 from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
+from trainthrough.lab.advise.model import predict
 from trainthrough.lab.runner import resolve_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +126,8 @@ def per_seed(c: Check) -> None:
         ff = "n/a" if r["failure_free"] is None else f"{r['failure_free']:.2f}"
         print(f"    seed {r['seed']}: reference {r['reference']:.2f} s, failure-free {ff} s, "
               f"on the trace {trace} s, {r['failures']} failures at {r['struck_at']} s, "
-              f"recoveries {r['recoveries']} s; iterations to target failure-free / on "
+              f"recoveries {r['recoveries']} s, spares ready {r.get('spares')} s after "
+              f"their failure; iterations to target failure-free / on "
               f"the trace {r['iterations'][0]} / {r['iterations'][1]} "
               f"({r['executed']} executed)")
 
@@ -150,7 +152,8 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int]) -> None
               f"per interval, failure-free overhead {100 * m.steady:.2f}% (spread over pairs "
               f"{100 * m.steady_spread:.2f} points), recovery {m.recovery_seconds} s, rework "
               f"{m.rework} it, {lost} steps lost beyond recovering; a failure "
-              f"{m.refill_gap:.2f} s after another recovered {m.refill_excess:.3f} s slower")
+              f"{m.refill_gap:.2f} s after another recovered {m.refill_excess:.3f} s slower; "
+              f"the spare ready {_r(m.refill_window)} s after a failure, steps running")
     free = None
     if engine == "sim":  # its clock does not drift: one reference for both candidates
         t = time.perf_counter()
@@ -164,6 +167,15 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int]) -> None
         t = time.perf_counter()
         c = check(a, p.name, list(range(n)), free)
         report(engine, workload, rank, c, a.clock)
+        m = next(m for m in a.measured if m.name == p.name)
+        if m.refill_window is not None and c.measured_seconds is not None:
+            # The model before the window was measured: the back-to-back run's alone.
+            old = predict(a.baseline, replace(m, refill_window=None), p.label, a.mtbf,
+                          p.nodes)
+            print(f"  ... predicted from the back-to-back window alone "
+                  f"{old.seconds_to_target:7.2f}   ratio "
+                  f"{c.measured_seconds / old.seconds_to_target:.2f}; overhead "
+                  f"{100 * old.overhead:.1f}%")
         own = steady_from_steps(c, resolve_defaults(RunConfig.from_dict(a.config))[0]
                                 .eval_every or 1)
         if len(own) > 1:

@@ -71,6 +71,9 @@ class Measured:
     #: a failure right after another's recovery took this much longer to recover ...
     refill_excess: float = 0.0
     refill_gap: float = 0.0  #: ... striking this many seconds after it
+    #: seconds from a failure until the spare started for the next one was ready, with
+    #: the steps running beside it (mean over the failure runs; None: not reported)
+    refill_window: float | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,8 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
                           m.recovery_seconds, None, None, math.inf, math.inf, nodes, None,
                           None, why)
     # A failure soon after another may find the engine's replacement not ready yet.
-    recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf)
+    recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf,
+                                                    m.refill_window)
     rework = max(0, m.rework)  # a failure that happened to help is noise, not a gain
     steps = rework if m.lost_steps is None else max(0.0, m.lost_steps)
     # A failure striking while an earlier one is still being recovered (probability

@@ -37,6 +37,9 @@ class StepClock(Callback):
         self.iterations: list[int] = []
         self.seconds: list[float] = []
         self.failures: list[float] = []  #: seconds each failure struck at
+        #: seconds from a failure until the spare started for the next one was ready
+        #: (Ray's warm spare: engines/ray/cluster.py ``refilled``)
+        self.spares: list[float] = []
 
     def after_step(self, iteration: int, sim_seconds: float) -> None:
         self.iterations.append(iteration)
@@ -45,6 +48,8 @@ class StepClock(Callback):
     def on_event(self, event: dict[str, Any]) -> None:
         if event.get("type") == "failure":
             self.failures.append(float(event["sim_seconds"]))
+        elif event.get("type") == "spare-ready":
+            self.spares.append(float(event["after_failure"]))
 
     def at(self, iteration: int) -> float:
         """Seconds when executed iteration ``iteration`` was last seen done (0 before
@@ -81,19 +86,30 @@ def failure_cost(clock: StepClock, failed_at: int, seconds: float, base: StepClo
     return seconds - free, free / base_iterations
 
 
-def refill_delay(excess: float, gap: float, mtbf: float) -> float:
+def refill_delay(excess: float, gap: float, mtbf: float, window: float | None = None
+                 ) -> float:
     """Expected extra recovery seconds per failure from the one before it.
 
     A failure that strikes ``gap`` seconds after another took ``excess`` seconds longer
     to recover than a lone one (Ray: the warm spare the first replacement used is being
-    started again, on the cores the steps need). Taken as the whole ``excess`` for any
-    gap up to ``gap``, shrinking second for second after it, for failures ``Exp(mtbf)``
-    apart; 0 where no excess was measured (sim: a replacement is always ready).
+    started again, on the cores the steps need). That back-to-back failure stopped the
+    steps as soon as they resumed, so the spare started on idle cores; once steps run
+    beside it, it starts slower: ready ``window`` seconds after the first failure
+    (measured in the lone-failure runs; Ray mlr: 2.3-3.0 s on the trace where the
+    back-to-back run read 2.1-2.5 s). A failure at a gap ``g`` between the two stops the
+    steps there, and the spare finishes starting at the idle pace: its wait falls
+    linearly from ``excess`` at ``gap`` to 0 at ``window``. Taken as the whole
+    ``excess`` for any gap up to ``gap``, for failures ``Exp(mtbf)`` apart; 0 where no
+    excess was measured (sim: a replacement is always ready). Without ``window`` (or
+    one shorter than the back-to-back run's, which steps running beside the spare
+    cannot make: noise), the wait falls second for second, to 0 at ``gap + excess``.
     """
     if excess <= 0:
         return 0.0
+    span = max(excess, (window or 0.0) - gap)  # from ``gap`` to where the wait is 0
     near = 1 - math.exp(-gap / mtbf)
-    later = math.exp(-gap / mtbf) * (excess - mtbf * (1 - math.exp(-excess / mtbf)))
+    # E[excess * (1 - u / span); u < span] for u = g - gap ~ Exp(mtbf) past ``gap``
+    later = math.exp(-gap / mtbf) * excess * (1 - mtbf / span * (1 - math.exp(-span / mtbf)))
     return excess * near + later
 
 
