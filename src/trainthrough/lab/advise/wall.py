@@ -92,24 +92,24 @@ def refill_delay(excess: float, gap: float, mtbf: float, window: float | None = 
 
     A failure that strikes ``gap`` seconds after another took ``excess`` seconds longer
     to recover than a lone one (Ray: the warm spare the first replacement used is being
-    started again, on the cores the steps need). That back-to-back failure stopped the
-    steps as soon as they resumed, so the spare started on idle cores; once steps run
-    beside it, it starts slower: ready ``window`` seconds after the first failure
-    (measured in the lone-failure runs; Ray mlr: 2.3-3.0 s on the trace where the
-    back-to-back run read 2.1-2.5 s). A failure at a gap ``g`` between the two stops the
-    steps there, and the spare finishes starting at the idle pace: its wait falls
-    linearly from ``excess`` at ``gap`` to 0 at ``window``. Taken as the whole
-    ``excess`` for any gap up to ``gap``, for failures ``Exp(mtbf)`` apart; 0 where no
-    excess was measured (sim: a replacement is always ready). Without ``window`` (or
-    one shorter than the back-to-back run's, which steps running beside the spare
-    cannot make: noise), the wait falls second for second, to 0 at ``gap + excess``.
+    started again, on the cores the steps need): it waits until that spare is ready,
+    ``window`` seconds after the first failure. The back-to-back run that measures the
+    excess is one sample of that window (``gap + excess``) and stops the steps right
+    after the first recovery; ``window`` is measured in the lone-failure runs, with the
+    steps running beside the starting spare as on a trace, 16 samples on Ray (mlr: 2.98
+    s there, 2.78 s back to back; 2.85 s on average over 43 trace failures, where each
+    waited about ``window - g`` at a gap ``g``, second for second). So a failure ``g``
+    after another waits ``max(0, window - g)``, for failures ``Exp(mtbf)`` apart; 0
+    where no excess was measured (sim: a replacement is always ready). Without
+    ``window``, the back-to-back sample: the whole ``excess`` for any gap up to ``gap``,
+    less second for second after it.
     """
     if excess <= 0:
         return 0.0
-    span = max(excess, (window or 0.0) - gap)  # from ``gap`` to where the wait is 0
+    if window is not None:
+        return window - mtbf * (1 - math.exp(-window / mtbf))  # E[max(0, window - g)]
     near = 1 - math.exp(-gap / mtbf)
-    # E[excess * (1 - u / span); u < span] for u = g - gap ~ Exp(mtbf) past ``gap``
-    later = math.exp(-gap / mtbf) * excess * (1 - mtbf / span * (1 - math.exp(-span / mtbf)))
+    later = math.exp(-gap / mtbf) * (excess - mtbf * (1 - math.exp(-excess / mtbf)))
     return excess * near + later
 
 
