@@ -300,11 +300,21 @@ def test_refill_delay_with_the_spare_window_measured_with_steps_running() -> Non
     assert refill_delay(0.4, 1.0, mtbf, 3.0) == pytest.approx(numeric, rel=1e-4)
     assert refill_delay(2.0, 1.0, mtbf, 3.0) == refill_delay(0.4, 1.0, mtbf, 3.0)
     assert refill_delay(0.0, 1.0, mtbf, 3.0) == 0.0
+    # A 10 s run starts with a spare ready: a failure at t waits only for gaps g < t.
+    def upto(t: float) -> float:  # E[max(0, 3 - g); g < t]
+        a = min(t, 3.0)
+        e = math.exp(-a / mtbf)
+        return 3.0 * (1 - e) - (mtbf * (1 - e) - a * e)
+    dt = 1e-3
+    numeric = sum(upto((k + 0.5) * dt) for k in range(int(10 / dt))) * dt / 10
+    assert refill_delay(0.4, 1.0, mtbf, 3.0, 10.0) == pytest.approx(numeric, rel=1e-4)
+    assert refill_delay(0.4, 1.0, mtbf, 3.0, 10.0) < refill_delay(0.4, 1.0, mtbf, 3.0)
     base = Baseline("none", iterations=100, seconds=10.0)
     m = Measured("x", None, recovery_seconds=0.1, rework=0, refill_excess=0.4,
                  refill_gap=1.0, refill_window=3.0)
-    assert predict(base, m, "x", mtbf, 4).recovery_seconds == pytest.approx(
-        0.1 + refill_delay(0.4, 1.0, mtbf, 3.0))
+    p = predict(base, m, "x", mtbf, 4)  # over the run it predicts (a fixed point)
+    assert p.recovery_seconds == pytest.approx(
+        0.1 + refill_delay(0.4, 1.0, mtbf, 3.0, p.seconds_to_target), rel=1e-3)
 
 
 def test_failure_free_overhead_read_off_a_checks_own_steps() -> None:

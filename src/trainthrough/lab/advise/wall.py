@@ -86,8 +86,8 @@ def failure_cost(clock: StepClock, failed_at: int, seconds: float, base: StepClo
     return seconds - free, free / base_iterations
 
 
-def refill_delay(excess: float, gap: float, mtbf: float, window: float | None = None
-                 ) -> float:
+def refill_delay(excess: float, gap: float, mtbf: float, window: float | None = None,
+                 run: float | None = None) -> float:
     """Expected extra recovery seconds per failure from the one before it.
 
     A failure that strikes ``gap`` seconds after another took ``excess`` seconds longer
@@ -103,11 +103,22 @@ def refill_delay(excess: float, gap: float, mtbf: float, window: float | None = 
     where no excess was measured (sim: a replacement is always ready). Without
     ``window``, the back-to-back sample: the whole ``excess`` for any gap up to ``gap``,
     less second for second after it.
+
+    ``run``: the run's seconds, if known. A failure in its first ``window`` seconds
+    cannot have waited for a spare started before the run (the run starts with one
+    ready): a failure at ``t`` waits only for gaps ``g < t``, which takes
+    ``E[g * max(0, window - g)] / run`` off the mean (failures uniform over the run).
     """
     if excess <= 0:
         return 0.0
     if window is not None:
-        return window - mtbf * (1 - math.exp(-window / mtbf))  # E[max(0, window - g)]
+        w, e = window, math.exp(-window / mtbf)
+        mean = w - mtbf * (1 - e)  # E[max(0, w - g)]
+        if run is None or run <= w:
+            return mean
+        g1 = mtbf * (1 - e) - w * e  # E[g; g < w]
+        g2 = 2 * mtbf * g1 - w * w * e  # E[g^2; g < w]
+        return mean - (w * g1 - g2) / run
     near = 1 - math.exp(-gap / mtbf)
     later = math.exp(-gap / mtbf) * (excess - mtbf * (1 - math.exp(-excess / mtbf)))
     return excess * near + later
