@@ -274,8 +274,8 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _present(runs: list[dict[str, Any]], key: str) -> float | None:
-    """Mean of the runs that have ``key`` (None: none has)."""
-    values = [r[key] for r in runs if r[key] is not None]
+    """Mean of the runs that have ``key`` (None: none has; an engine without spares)."""
+    values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.fmean(values) if values else None
 
 
