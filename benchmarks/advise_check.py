@@ -27,8 +27,8 @@ failure-free overhead is also read off each seed's failure-free run's own steps
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
 [--seeds N] [--ranks 1 2] [--save FILE | --advice FILE]`` (sim mlr ~1 min, sim cnn ~3
-min, Ray mlr ~20 min, Ray cnn ~25 min on a 2-core box; run it under ``flock
-/tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
+min, Ray mlr and cnn ~17 min each on a 2-core box: ~7 min calibrating, ~5 min per
+strategy checked; run it under ``flock /tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
 strategy, ``--ranks 2`` only the runner-up, ``--ranks 0`` none; ``--save`` writes the
 advice as JSON (advice.json's form) and ``--advice`` checks a saved one instead of
 calibrating again, so a long check splits in parts (one workload at a time).
