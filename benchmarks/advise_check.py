@@ -26,25 +26,30 @@ failure-free overhead is also read off each seed's failure-free run's own steps
 (check.steady_from_steps), which the drift between two whole runs does not touch.
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
-[--seeds N] [--ranks 1 2]`` (sim mlr ~1 min, sim cnn ~3 min, Ray mlr ~16 min, Ray cnn
-~17 min on a 2-core box; run it under ``flock /tmp/tt-bench.lock`` on a shared machine).
-``--ranks 1`` checks only the recommended strategy, ``--ranks 2`` only the runner-up.
+[--seeds N] [--ranks 1 2] [--save FILE | --advice FILE]`` (sim mlr ~1 min, sim cnn ~3
+min, Ray mlr and cnn ~17 min each on a 2-core box: ~7 min calibrating, ~5 min per
+strategy checked; run it under ``flock /tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
+strategy, ``--ranks 2`` only the runner-up, ``--ranks 0`` none; ``--save`` writes the
+advice as JSON (advice.json's form) and ``--advice`` checks a saved one instead of
+calibrating again, so a long check splits in parts (one workload at a time).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
-from trainthrough.lab.advise import advise, trace_spec
+from trainthrough.lab.advise import Advice, advise, trace_spec
 from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
-from trainthrough.lab.runner import resolve_defaults
+from trainthrough.lab.advise.model import predict
+from trainthrough.lab.runner import resolve_defaults, run_silent
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.20
@@ -125,19 +130,30 @@ def per_seed(c: Check) -> None:
         ff = "n/a" if r["failure_free"] is None else f"{r['failure_free']:.2f}"
         print(f"    seed {r['seed']}: reference {r['reference']:.2f} s, failure-free {ff} s, "
               f"on the trace {trace} s, {r['failures']} failures at {r['struck_at']} s, "
-              f"recoveries {r['recoveries']} s; iterations to target failure-free / on "
+              f"recoveries {r['recoveries']} s, spares ready {r.get('spares')} s after "
+              f"their failure; iterations to target failure-free / on "
               f"the trace {r['iterations'][0]} / {r['iterations'][1]} "
               f"({r['executed']} executed)")
 
 
-def one(engine: str, workload: str, seeds: int | None, ranks: list[int]) -> None:
+def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
+        save: Path | None = None, saved: Path | None = None) -> None:
     s = settings(engine, workload)
     n = seeds or s.seeds
     t = time.perf_counter()
-    a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
-               seeds=s.calibration,
-               say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
-                                   flush=True))
+    if saved is not None:
+        a = Advice.from_dict(json.loads(saved.read_text()))
+        print(f"  advice read from {saved} (calibrated earlier)")
+        if engine != "sim":  # a new session: warmed up as calibration does, unmeasured
+            run_silent(replace(RunConfig.from_dict(a.config), strategy=a.baseline.strategy,
+                               failures=[], stop_at_target=False, max_iterations=50))
+    else:
+        a = advise(s.cfg, trace_spec(s.cfg.paradigm, s.mtbf, None), only=s.only,
+                   seeds=s.calibration,
+                   say=lambda m: print(f"  calibrating: {m} ({time.perf_counter() - t:.0f} s)",
+                                       flush=True))
+        if save is not None:
+            save.write_text(json.dumps(a.to_dict(), indent=1))
     took = time.perf_counter() - t
     print(f"\n== {engine} {workload}: MTBF {s.mtbf} ({a.clock}); advice in {took:.0f} s wall; "
           f"recommended {a.recommended.name}, runner-up "
@@ -150,7 +166,8 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int]) -> None
               f"per interval, failure-free overhead {100 * m.steady:.2f}% (spread over pairs "
               f"{100 * m.steady_spread:.2f} points), recovery {m.recovery_seconds} s, rework "
               f"{m.rework} it, {lost} steps lost beyond recovering; a failure "
-              f"{m.refill_gap:.2f} s after another recovered {m.refill_excess:.3f} s slower")
+              f"{m.refill_gap:.2f} s after another recovered {m.refill_excess:.3f} s slower; "
+              f"the spare ready {_r(m.refill_window)} s after a failure, steps running")
     free = None
     if engine == "sim":  # its clock does not drift: one reference for both candidates
         t = time.perf_counter()
@@ -164,6 +181,15 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int]) -> None
         t = time.perf_counter()
         c = check(a, p.name, list(range(n)), free)
         report(engine, workload, rank, c, a.clock)
+        m = next(m for m in a.measured if m.name == p.name)
+        if m.refill_window is not None and c.measured_seconds is not None:
+            # The model before the window was measured: the back-to-back run's alone.
+            old = predict(a.baseline, replace(m, refill_window=None), p.label, a.mtbf,
+                          p.nodes)
+            print(f"  ... predicted from the back-to-back window alone "
+                  f"{old.seconds_to_target:7.2f}   ratio "
+                  f"{c.measured_seconds / old.seconds_to_target:.2f}; overhead "
+                  f"{100 * old.overhead:.1f}%")
         own = steady_from_steps(c, resolve_defaults(RunConfig.from_dict(a.config))[0]
                                 .eval_every or 1)
         if len(own) > 1:
@@ -183,9 +209,16 @@ def main() -> int:
     ap.add_argument("--engine", nargs="+", default=["sim", "ray"], choices=["sim", "ray"])
     ap.add_argument("--workload", nargs="+", default=["mlr"], choices=["mlr", "cnn"])
     ap.add_argument("--seeds", type=int, help="seeds per strategy (default per setting)")
-    ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2], choices=[1, 2],
-                    help="check the recommended (1) and/or the runner-up (2)")
+    ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2], choices=[0, 1, 2],
+                    help="check the recommended (1) and/or the runner-up (2); 0: neither")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--save", type=Path, help="write the advice to this JSON file")
+    where.add_argument("--advice", type=Path, help="check this saved advice (no calibration)")
     args = ap.parse_args()
+    if (args.save or args.advice) and len(args.engine) * len(args.workload) > 1:
+        print("advise_check: --save and --advice take one engine and one workload",
+              file=sys.stderr)
+        return 2
     if args.seeds is not None and args.seeds < 1:
         print("advise_check: --seeds must be at least 1", file=sys.stderr)
         return 2
@@ -197,7 +230,7 @@ def main() -> int:
             started = ensure_ray()  # one session: advise and the checks share it
         try:
             for w in args.workload:
-                one(engine, w, args.seeds, args.ranks)
+                one(engine, w, args.seeds, args.ranks, args.save, args.advice)
         finally:
             if started:
                 from trainthrough.engines.ray.runtime import shutdown_ray

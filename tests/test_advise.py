@@ -19,7 +19,7 @@ from trainthrough.errors import UserError
 from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
 from trainthrough.ft.strategy import PRESETS, Strategy
-from trainthrough.lab.advise import advise, trace_spec
+from trainthrough.lab.advise import Advice, advise, trace_spec
 from trainthrough.lab.advise.calibrate import (
     FAILURE_RUNS,
     REAL_FAILURE_RUNS,
@@ -208,6 +208,9 @@ def test_mlr_predictions_within_20_percent_of_the_seeded_trace() -> None:
     a = advise(RunConfig.from_toml(EXAMPLE), trace_spec("ps", "3s", None))
     assert a.clock == "simulated seconds"
     assert a.recommended.seconds_to_target <= a.runner_up.seconds_to_target  # type: ignore[union-attr]
+    # Through JSON (advice.json, advise_check --save/--advice) and back, infinities too.
+    again = Advice.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert again.to_dict() == a.to_dict() and again.predictions == a.predictions
     free = failure_free(a, list(range(16)))
     for p in a.predictions[:2]:
         c = check(a, p.name, list(range(16)), free)
@@ -287,6 +290,33 @@ def test_refill_delay_prices_a_failure_that_finds_the_replacement_not_ready() ->
     assert predict(base, m, "x", 3.0, 4).recovery_seconds == pytest.approx(0.1 + d)
 
 
+def test_refill_delay_with_the_spare_window_measured_with_steps_running() -> None:
+    """With the steps running the spare was ready 3 s after a failure: a failure g
+    seconds after another waits 3 - g (midpoint sums over the Exp(3 s) gaps agree),
+    whatever the back-to-back sample read; none if no failure ever waited (sim)."""
+    mtbf, dt = 3.0, 1e-4
+    numeric = sum(max(0.0, 3.0 - (k + 0.5) * dt) * math.exp(-(k + 0.5) * dt / mtbf) * dt
+                  / mtbf for k in range(int(4 / dt)))
+    assert refill_delay(0.4, 1.0, mtbf, 3.0) == pytest.approx(numeric, rel=1e-4)
+    assert refill_delay(2.0, 1.0, mtbf, 3.0) == refill_delay(0.4, 1.0, mtbf, 3.0)
+    assert refill_delay(0.0, 1.0, mtbf, 3.0) == 0.0
+    # A 10 s run starts with a spare ready: a failure at t waits only for gaps g < t.
+    def upto(t: float) -> float:  # E[max(0, 3 - g); g < t]
+        a = min(t, 3.0)
+        e = math.exp(-a / mtbf)
+        return 3.0 * (1 - e) - (mtbf * (1 - e) - a * e)
+    dt = 1e-3
+    numeric = sum(upto((k + 0.5) * dt) for k in range(int(10 / dt))) * dt / 10
+    assert refill_delay(0.4, 1.0, mtbf, 3.0, 10.0) == pytest.approx(numeric, rel=1e-4)
+    assert refill_delay(0.4, 1.0, mtbf, 3.0, 10.0) < refill_delay(0.4, 1.0, mtbf, 3.0)
+    base = Baseline("none", iterations=100, seconds=10.0)
+    m = Measured("x", None, recovery_seconds=0.1, rework=0, refill_excess=0.4,
+                 refill_gap=1.0, refill_window=3.0)
+    p = predict(base, m, "x", mtbf, 4)  # over the run it predicts (a fixed point)
+    assert p.recovery_seconds == pytest.approx(
+        0.1 + refill_delay(0.4, 1.0, mtbf, 3.0, p.seconds_to_target), rel=1e-3)
+
+
 def test_failure_free_overhead_read_off_a_checks_own_steps() -> None:
     """Saves after every 9th step cost 0.09 s on 0.1 s steps: 10% failure-free, read
     from each seed's failure-free run whatever its pace (the second run is 2x slower);
@@ -309,11 +339,21 @@ def test_back_to_back_excess_is_pooled_over_candidates_replaced_from_the_spare()
     """The wait for the warm spare is the engine's, not the strategy's: the candidates
     replaced from it share the mean of their back-to-back runs; a chain's failover
     keeps its own, and one candidate alone keeps its own."""
-    ms = [Measured("a", 8, refill_excess=1.8, refill_gap=0.2),
-          Measured("b", 8, refill_excess=2.2, refill_gap=0.1),
+    ms = [Measured("a", 8, refill_excess=1.8, refill_gap=0.2, refill_window=3.0),
+          Measured("b", 8, refill_excess=2.2, refill_gap=0.1, refill_window=4.0),
           Measured("chain", None, refill_excess=0.0, refill_gap=0.0)]
     a, b, chain = pool_refill(ms, [True, True, False])
     assert (a.refill_excess, b.refill_excess) == pytest.approx((2.0, 2.0))
     assert (a.refill_gap, b.refill_gap) == pytest.approx((0.15, 0.15))
+    assert (a.refill_window, b.refill_window) == pytest.approx((3.5, 3.5))
     assert chain == ms[2]
     assert pool_refill(ms[:1], [True]) == ms[:1]
+
+
+def test_step_clock_records_when_the_spare_after_a_failure_was_ready() -> None:
+    """Ray reports each refill spare ready (engines/ray/cluster.py ``refilled``): the
+    calibration's lone-failure runs read the window from it."""
+    clock = StepClock()
+    clock.on_event({"type": "failure", "sim_seconds": 2.0})
+    clock.on_event({"type": "spare-ready", "after_failure": 3.1, "sim_seconds": 5.1})
+    assert (clock.failures, clock.spares) == ([2.0], [3.1])

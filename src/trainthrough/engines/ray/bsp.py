@@ -52,6 +52,7 @@ class BulkSynchronous:
             self.executed += 1
             eng.checkpointer.after_iteration(self.logical)
             eng._measure()
+            eng.report_spares()
             eng.cb.after_step(self.executed, eng.ctx.wall())
             done = eng.ctx.observe(self.executed, eng.c.pull, **eng._extras({}, self.logical))
         if not done and not eng.ctx.evaluated(self.executed):
@@ -81,6 +82,7 @@ class BulkSynchronous:
                 for e in eng.schedule.due(self.executed, eng.ctx.wall(), phase="recovery"):
                     eng._strike(e, self.executed)
             eng._activate_due(self.logical, {})
+            eng.report_spares()
             if not eng.pending and not ready and self._whole():
                 return
             if not watches:  # ray.wait paused for TICK already when there was one

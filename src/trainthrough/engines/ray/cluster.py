@@ -67,6 +67,9 @@ class Member:
     work_at_kill: tuple[float, float] | None = None
     version_at_kill: int | None = None  # a shard's version (worker-copy's replay needs it)
     pool_key: tuple[str, ...] = ()  # what a pooled actor of its kind needs (pool.py)
+    #: a spare started when a replacement took the previous one: when (perf_counter)
+    #: that failure struck, until this one is seen ready (:meth:`RayCluster.refilled`)
+    refill_since: float | None = None
 
 
 @dataclass
@@ -153,12 +156,13 @@ class RayCluster:
             ray.get(reset)
         return _armed(Member("shard", shard, name, h, pool_key=("shard",)))
 
-    def add_replica(self, shard: int, join: bool) -> Member:
+    def add_replica(self, shard: int, join: bool, since: float | None = None) -> Member:
         """A replica of ``shard`` (joined to the chain now or later).
 
         Replacements come from a warm spare when one is ready (a process that has
         already started Python and imported torch, which takes seconds here), and a
-        new spare is started in the background for the next failure.
+        new spare is started in the background for the next failure (``since``: when
+        the failure this replaces struck, for :meth:`refilled`; now if not given).
         """
         if join or not self.spares:
             m = self._new_shard_actor(shard, f"s{shard}")
@@ -170,11 +174,25 @@ class RayCluster:
                 {n: v.clone() for n, v in self.x0_parts[shard].items()}))
             m.index = shard
             self.spares.append(self._new_shard_actor(0, "spare"))
+            self.spares[-1].refill_since = time.perf_counter() if since is None else since
         self.members[m.name] = m
         if join:
             self.chains[shard].members.append(m.name)
             self._register(m)
         return m
+
+    def refilled(self) -> list[tuple[Member, float]]:
+        """The spares started after a failure that are ready now (never blocks), each
+        with the seconds since that failure, reported once. A failure soon after
+        another waits for this spare, so these seconds are what advise's calibration
+        needs (lab/advise/calibrate.py); a spare taken before it was ready is reported
+        when it is, as a member."""
+        out = []
+        for m in list(self.members.values()) + self.spares:
+            if m.refill_since is not None and m.killed_at is None and self.ready(m):
+                out.append((m, time.perf_counter() - m.refill_since))
+                m.refill_since = None
+        return out
 
     def announce(self, shard: int) -> None:
         """Tell live workers that shard ``shard`` is served by someone new."""

@@ -139,6 +139,7 @@ class RayEngine:
                 iteration, self._rewound_to = self._rewound_to, None
                 executed = iteration + self.replayed
             self._measure()
+            self.report_spares()
             self.checkpointer.after_iteration(iteration)
             # The driver sees the iteration at its ticks: it keeps or scores what it sees.
             done = self.ctx.observe(executed, self.c.pull, **self._extras(progress, iteration))
@@ -249,6 +250,13 @@ class RayEngine:
                 # A recovery ended: the next iterations are evaluated too.
                 self.ctx.disruption(self.bsp.executed if self.bsp is not None
                                     else iteration + self.replayed)
+
+    def report_spares(self) -> None:
+        """An event for each spare started after a failure that is now ready: how long a
+        failure soon after that one would wait for its replacement (advise's model)."""
+        for m, seconds in self.c.refilled():
+            self._emit({"type": "spare-ready", "member": m.name,
+                        "after_failure": round(seconds, 4)})
 
     def _measure(self) -> None:
         """Close recoveries: the time from the kill to the next update applied."""

@@ -78,13 +78,13 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
         eng.measuring.append({"handle": head, "version": _version(head),
                               "kill_time": kill_time, "record": record,
                               "work_at_kill": m.work_at_kill})
-        warm = c.add_replica(shard, join=False)
+        warm = c.add_replica(shard, join=False, since=kill_time)
         eng.pending.append({"kind": "replica", "member": warm, "at": at, "dead": m})
         return
     c.chains[shard].members = [n for n in c.chains[shard].members if n != m.name]
     c.coord.leave(f"shard{shard}", m.name)
     eng._emit({"type": "down", "shard": shard, "iteration": iteration})
-    warm = c.add_replica(shard, join=False)
+    warm = c.add_replica(shard, join=False, since=kill_time)
     eng.pending.append({"kind": "shard", "member": warm, "at": at, "dead": m})
 
 
@@ -97,7 +97,7 @@ def _replace_pending(eng: RayEngine, p: dict[str, Any], m: Member, iteration: in
         p["member"] = c.start_worker(m.index, start_step=iteration,
                                      incarnation=eng.incarnation[m.index])
     else:
-        p["member"] = c.add_replica(m.index, join=False)
+        p["member"] = c.add_replica(m.index, join=False, since=m.killed_at)
     eng._emit({"type": "replacement-lost", "member": m.name, "kind": m.kind,
                "replaced_by": p["member"].name, "for": p["dead"].name})
 

@@ -88,6 +88,18 @@ class Advice:
         out: dict[str, Any] = _finite(d)
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Advice:
+        """The advice :meth:`to_dict` gave (``advice.json``), plain data only: a null
+        time to target or overhead is the infinity it stood for."""
+        def pred(p: dict[str, Any]) -> Prediction:
+            inf = {k: math.inf for k in ("seconds_to_target", "overhead") if p[k] is None}
+            return Prediction(**{**p, **inf})
+        fields = {k: v for k, v in d.items() if k not in ("recommended", "runner_up")}
+        return cls(**{**fields, "baseline": Baseline(**d["baseline"]),
+                      "measured": [Measured(**m) for m in d["measured"]],
+                      "predictions": [pred(p) for p in d["predictions"]]})
+
 
 def _finite(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):

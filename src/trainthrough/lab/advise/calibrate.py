@@ -21,7 +21,11 @@
 4. Each candidate with that failure and another on the first step after its recovery:
    how much longer the second takes to recover (Ray: the warm spare the first used is
    still starting; on a trace with a 3 s MTBF, recoveries took 0.1 s alone and 0.4-0.6 s
-   after another failure), priced by the model for failures an MTBF apart.
+   after another failure), priced by the model for failures an MTBF apart. The second
+   failure stops the steps, so that spare starts on idle cores; the runs of step 3
+   also record when the spare started after their failure was ready with the steps
+   running beside it, as on a trace (engines/ray/cluster.py ``refilled``): how late a
+   failure may still find it starting (wall.refill_delay).
 
 A failure run has its failure-free run's seed, so rework is the failure's alone; with
 several calibration seeds both are repeated per seed and averaged (a workload whose
@@ -249,7 +253,9 @@ def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
         "rework": s["iterations_to_target"] - base.iterations if reached else None,
         "recovery": sum(r["recovery_seconds"] for r in recs) if recs else None,
         "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
-        "lost": None, "bound": None}
+        "lost": None, "bound": None,
+        # the spare this failure's replacement started, ready with the steps resumed
+        "window": clock.spares[0] if clock.spares else None}
     if reached and recs:
         lost, pace = failure_cost(clock, s["failed_at"], float(s["sim_seconds_to_target"]),
                                   shape, base.seconds, base.iterations)
@@ -265,6 +271,12 @@ def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
 def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs]
     return None if any(v is None for v in values) else statistics.fmean(values)
+
+
+def _present(runs: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of the runs that have ``key`` (None: none has; an engine without spares)."""
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.fmean(values) if values else None
 
 
 def _spread(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -315,13 +327,15 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
             c.name, every, cost, write, cost / (every * t0) if every else 0.0,
             runs[0]["failed_at"], _mean(runs, "recovery"), _mean(runs, "rework"),
             _mean(runs, "bound"), _mean(runs, "norm"), _mean(runs, "lost"),
-            spread / (every * t0) if every else 0.0, _spread(runs, "lost"), excess, gap))
+            spread / (every * t0) if every else 0.0, _spread(runs, "lost"), excess, gap,
+            _present(runs, "window")))
     return base, pool_refill(out, [c.strategy.replication == "none" for c in cands])
 
 
 def pool_refill(measured: list[Measured], spare: list[bool]) -> list[Measured]:
     """Every candidate whose replacement comes from the engine's warm spare (``spare``;
-    not a chain's failover) gets the mean back-to-back excess and gap of them all.
+    not a chain's failover) gets the mean back-to-back excess and gap of them all, and
+    the mean spare window.
 
     What a failure soon after another waits for is the spare the first one's
     replacement started: the same actor, started the same way, whatever the strategy.
@@ -334,5 +348,7 @@ def pool_refill(measured: list[Measured], spare: list[bool]) -> list[Measured]:
         return measured
     excess = statistics.fmean(m.refill_excess for m in pool)
     gap = statistics.fmean(m.refill_gap for m in pool)
-    return [replace(m, refill_excess=excess, refill_gap=gap) if s else m
-            for m, s in zip(measured, spare)]
+    windows = [m.refill_window for m in pool if m.refill_window is not None]
+    window = statistics.fmean(windows) if windows else None
+    return [replace(m, refill_excess=excess, refill_gap=gap, refill_window=window) if s
+            else m for m, s in zip(measured, spare)]

@@ -126,6 +126,8 @@ def check(advice: Advice, name: str, seeds: list[int],
                      "steps": ((own.iterations, own.seconds),
                                (clock.iterations, clock.seconds)),
                      "struck_at": [round(t, 3) for t in clock.failures],
+                     # seconds from a failure to its refill spare ready (Ray)
+                     "spares": [round(t, 3) for t in clock.spares],
                      "recoveries": [round(r["recovery_seconds"], 3)
                                     for r in s["recoveries"]]})
         blocked.append(s["checkpoint_blocked_seconds"] / max(1, s["iterations"])

@@ -71,6 +71,9 @@ class Measured:
     #: a failure right after another's recovery took this much longer to recover ...
     refill_excess: float = 0.0
     refill_gap: float = 0.0  #: ... striking this many seconds after it
+    #: seconds from a failure until the spare started for the next one was ready, with
+    #: the steps running beside it (mean over the failure runs; None: not reported)
+    refill_window: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,25 +123,34 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, None,
                           m.recovery_seconds, None, None, math.inf, math.inf, nodes, None,
                           None, why)
-    # A failure soon after another may find the engine's replacement not ready yet.
-    recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf)
     rework = max(0, m.rework)  # a failure that happened to help is noise, not a gain
     steps = rework if m.lost_steps is None else max(0.0, m.lost_steps)
-    # A failure striking while an earlier one is still being recovered (probability
-    # 1 - exp(-R/MTBF): arrivals are memoryless) lengthens the outage but finds no new
-    # progress to lose: only the others cost rework.
-    during = 1 - math.exp(-recovery / mtbf)
-    lost = recovery + (1 - during) * steps * t0 * (1 + m.steady)
+    # A failure soon after another may find the engine's replacement not ready yet;
+    # less so early in the run (it starts with one ready), so the time to target
+    # itself is needed: from a run without end, then the time that gave, twice.
+    run: float | None = None
+    for _ in range(3):
+        recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf,
+                                                        m.refill_window, run)
+        # A failure striking while an earlier one is still being recovered (probability
+        # 1 - exp(-R/MTBF): arrivals are memoryless) lengthens the outage but finds no
+        # new progress to lose: only the others cost rework.
+        during = 1 - math.exp(-recovery / mtbf)
+        lost = recovery + (1 - during) * steps * t0 * (1 + m.steady)
+        try:
+            seconds = pm.expected_runtime(base.seconds, pm.Overhead(
+                m.name, m.steady, lost, m.steady + lost / mtbf), mtbf)
+        except ValueError:
+            seconds = math.inf
+            break
+        run = seconds
     why.append(f"a failure costs {recovery:.3g} s recovering"
                + (f" ({m.recovery_seconds:.3g} s alone)" if recovery > m.recovery_seconds
                   else "") + f" + {rework:.3g} it rework"
                + (f" ({steps:.3g} steps lost in all)" if m.lost_steps is not None else "")
                + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
                   and math.isfinite(m.rework_bound) else ""))
-    try:
-        seconds = pm.expected_runtime(base.seconds, pm.Overhead(m.name, m.steady, lost,
-                                                                m.steady + lost / mtbf), mtbf)
-    except ValueError:
+    if not math.isfinite(seconds):
         why.append(f"each failure costs {lost:.3g} s >= the MTBF: no progress")
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
                           recovery, lost, None, math.inf, math.inf, nodes, None,
