@@ -87,8 +87,12 @@ def test_every_group_is_sent_by_a_waiting_push_not_the_sender_thread() -> None:
 
 
 def test_a_failed_forward_raises_for_its_push_and_the_state_goes_next() -> None:
-    fwd = _Forwarder(fail=(2,))  # the first forward is the state sent when wired
+    fwd = _Forwarder(fail=(3,))  # the first forward is the state sent when wired
     cond, link = _link(fwd)
+    # That state goes first, by the sender thread (no push waits yet): waited for, so
+    # the forwards below are numbered whichever thread got the lock first.
+    with cond:
+        assert link._wait(lambda: len(fwd.sent) == 1 and link._calls == 0, 5.0)
     _push(cond, link, 0, 1)
     with pytest.raises(ChainBroken):
         _push(cond, link, 0, 2)  # applied here, but its forward failed

@@ -44,10 +44,11 @@ heads never hand out the same position.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -145,6 +146,7 @@ class ChainLink:
         # The next forward must be the state: pushes since the last forward would not
         # continue what the successor has (a state taken, a rewire, a break).
         self._whole = True
+        self._state_bytes = -1  # the replica's state size, once known (see ``_take``)
         self._calls = 0  # forward calls outstanding in this link epoch
         # Forwards on their way: last position, pending reply, link epoch.
         self._sent: deque[tuple[int, Pending, int]] = deque()
@@ -167,10 +169,11 @@ class ChainLink:
         self._workers.add(item[0])
         if self.mode == "async":
             self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
-        if self.replica.apply(*item):
-            self._advance(item)
-        if self.mode == "sync":
-            self._await_durable(self.pos)
+        with self._sync_waiter() as sync:
+            if self.replica.apply(*item):
+                self._advance(item)
+            if sync:
+                self._await_durable(self.pos)
 
     def from_predecessor(self, gen: int, first: int, items: list[Item]) -> None:
         """Forwarded pushes at chain positions ``first``, ``first + 1``, ... of
@@ -182,29 +185,31 @@ class ChainLink:
                 raise ChainBroken(f"position {first} came without the ones before it")
             if self.gen != gen:
                 raise ChainBroken("the head was replaced")
-        for k, item in enumerate(items):
-            if first + k == self.pos + 1:
-                self.replica.apply(*item)
-                self._advance(item)
-        self.cond.notify_all()
-        if self.mode == "sync":
-            self._await_durable(first + len(items) - 1)
+        with self._sync_waiter() as sync:
+            for k, item in enumerate(items):
+                if first + k == self.pos + 1:
+                    self.replica.apply(*item)
+                    self._advance(item)
+            self.cond.notify_all()
+            if sync:
+                self._await_durable(first + len(items) - 1)
 
     def from_state(self, gen: int, pos: int, state: Tensors) -> None:
         """The predecessor's whole state at position ``pos``: taken if ahead of this
         replica (it holds every push up to ``pos``), else only acknowledged."""
         self._check_gen(gen)
-        if pos > self.pos:
-            self.replica.load(state)
-            self.pos = pos
-            if self.successor is None:
-                self.durable = pos
-            else:  # pushes gathered before it are in it; the successor needs the state
-                self._out, self._out_bytes, self._whole = [], 0, True
-                self._flush()
-        self.cond.notify_all()
-        if self.mode == "sync":
-            self._await_durable(pos)
+        with self._sync_waiter() as sync:
+            if pos > self.pos:
+                self.replica.load(state)
+                self.pos = pos
+                if self.successor is None:
+                    self.durable = pos
+                else:  # pushes gathered before it are in it; the successor needs the state
+                    self._out, self._out_bytes, self._whole = [], 0, True
+                    self._flush()
+            self.cond.notify_all()
+            if sync:
+                self._await_durable(pos)
 
     def _check_gen(self, gen: int) -> None:
         if gen < self.gen:
@@ -279,8 +284,14 @@ class ChainLink:
         last = self.pos
         first = last - len(self._out) + 1
         state: Tensors | None = None
-        live = self.replica.state()  # live views; built once (it makes small tensors)
-        if self._whole or self._out_bytes >= wire.state_nbytes(live):
+        if self._state_bytes < 0:
+            self._state_bytes = wire.state_nbytes(self.replica.state())
+        # The state's size as of the last state built: it changes only with the dedup
+        # table (16 bytes a worker), and building the state dict for every group to
+        # size it cost ~40 us a forward.
+        if self._whole or self._out_bytes >= self._state_bytes:
+            live = self.replica.state()  # live views; built once (it makes small tensors)
+            self._state_bytes = wire.state_nbytes(live)
             state = {k: v.clone() for k, v in live.items()}
             self.sent_states += 1
         items = self._out
@@ -300,29 +311,43 @@ class ChainLink:
             return 0.0
         return ASYNC_LINGER - (time.monotonic() - self._out_since)
 
+    @contextlib.contextmanager
+    def _sync_waiter(self) -> Iterator[bool]:
+        """Around a synchronous push or forward, from before it is applied: the thread
+        counts as waiting for the tail (it will drive its own group), so applying it
+        does not wake the sender thread, which would find a waiter and sleep again (a
+        thread switch per push, where the CPU is what a chain runs out of). Only code
+        that does not block runs between this and :meth:`_await_durable` (a waiter
+        that blocks elsewhere would drive nothing). Yields whether the link is sync."""
+        if self.mode != "sync":
+            yield False
+            return
+        self._waiters += 1
+        try:
+            yield True
+        finally:
+            self._waiters -= 1
+            if not self._waiters:
+                self._flush()  # work left with no waiter to drive it: the sender's
+
     def _await_durable(self, pos: int) -> None:
         """Wait until the tail has ``pos`` (synchronous links). Meanwhile one waiting
         thread at a time is the *driver*: it sends the next group itself and collects
         the reply, instead of handing the group to the sender thread and the reply to
         the collector (two thread switches per group per replica, where the CPU is
         what a chain runs out of). In the middle of a chain that thread is the one that
-        received the forward: it applies, forwards, waits and replies, alone."""
+        received the forward: it applies, forwards, waits and replies, alone. The
+        caller is a waiter already (:meth:`_sync_waiter`)."""
         deadline = time.monotonic() + ACK_SECONDS
-        self._waiters += 1
-        try:
-            while self.durable < pos and not self._broken:
-                if not self._driving and self._ready():
-                    if not self._drive(deadline):
-                        break
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ChainBroken(f"position {pos} not acknowledged by the tail in time")
-                self.cond.wait(left)
-        finally:
-            self._waiters -= 1
-            if not self._waiters:
-                self._flush()  # work left with no waiter to drive it: the sender's
+        while self.durable < pos and not self._broken:
+            if not self._driving and self._ready():
+                if not self._drive(deadline):
+                    break
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChainBroken(f"position {pos} not acknowledged by the tail in time")
+            self.cond.wait(left)
         if self.durable < pos:
             raise ChainBroken(f"the chain broke before position {pos} reached the tail")
 

@@ -109,6 +109,8 @@ def unpack_state(meta: StateMeta, chunks: tuple[np.ndarray, ...]) -> dict[str, t
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)}
 _ALIGN = 8  # every tensor starts 8-byte aligned in the payload
+_NAMES = {d: n for n, d in DTYPES.items()}
+_NUMPY = frozenset(DTYPES.values()) - {torch.bfloat16}  # dtypes numpy has too
 
 
 def framable(tensors: list[torch.Tensor]) -> bool:
@@ -139,12 +141,17 @@ def describe(header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[bytes
     buffers: list[Any] = []
     at = 0
     for t in tensors:
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        t = t.detach()
+        # A contiguous tensor of a numpy dtype is sent from its own memory as it is
+        # (one call, ~2 us); anything else as bytes (five calls, ~7 us: a forward
+        # carries eight tensors a push, twice down a chain of three).
+        raw = (t.numpy() if t.is_contiguous() and t.dtype in _NUMPY and t.numel()
+               else t.contiguous().reshape(-1).view(torch.uint8).numpy())
         pad = -at % _ALIGN
         if pad:
             buffers.append(bytes(pad))
         at += pad
-        layout.append([str(t.dtype).removeprefix("torch."), list(t.shape), at])
+        layout.append([_NAMES[t.dtype], list(t.shape), at])
         buffers.append(raw)
         at += raw.nbytes
     return json.dumps({**header, "tensors": layout}).encode(), buffers
