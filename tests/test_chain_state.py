@@ -10,6 +10,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from tests.frames import through_bytes  # noqa: E402
 from trainthrough.engines.ray import wire  # noqa: E402
 from trainthrough.engines.ray.chain_link import ChainLink, Replica  # noqa: E402
 from trainthrough.ps.shard import Shard  # noqa: E402
@@ -24,23 +25,24 @@ def _shard() -> Shard:
                  values)
 
 
-def test_a_packed_state_comes_back_bit_identical() -> None:
+def test_a_forwarded_state_comes_back_bit_identical() -> None:
     shard = _shard()
     for seq in range(1, 4):
         shard.apply_once(seq % 2, seq, {"w": torch.randn(3, 5), "b": torch.randn(5)})
     state = shard.state_dict()
-    assert wire.packable_state(state)
-    meta, chunks = wire.pack_state(state)
-    back = wire.unpack_state(meta, tuple(chunks))
+    assert wire.framable(list(state.values()))
+    op, _, _, back = through_bytes(*wire.frame_state(1, 3, state))
+    assert op == "state"
     assert back.keys() == state.keys()
     for k, v in state.items():
         assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
     other = _shard()
     other.load_state_dict(back)
     assert other.version == 3 and other.applied == shard.applied
-    # The packed copy stays still while the shard moves on.
+    # The forwarded copy stays still while the shard moves on.
+    kept = back["value/w"].clone()
     shard.apply_once(0, 9, {"w": torch.ones(3, 5), "b": torch.ones(5)})
-    assert torch.equal(wire.unpack_state(meta, tuple(chunks))["value/w"], back["value/w"])
+    assert torch.equal(back["value/w"], kept)
 
 
 class _Fake(Replica):

@@ -10,18 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.frames import through_bytes
 from trainthrough.engines.ray import wire
 from trainthrough.engines.ray.link_socket import Channel, LinkError, Listener
-
-
-def _through_bytes(header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple:
-    """A frame as the receiver sees it: JSON decoded, payload in one fresh buffer."""
-    import json
-
-    head, buffers = wire.describe(header, tensors)
-    payload = np.frombuffer(b"".join(bytes(memoryview(b).cast("B")) for b in buffers),
-                            np.uint8).copy()
-    return wire.from_frame(json.loads(head), payload)
 
 
 def test_pushes_and_a_state_come_back_bit_identical_with_every_dtype() -> None:
@@ -29,7 +20,7 @@ def test_pushes_and_a_state_come_back_bit_identical_with_every_dtype() -> None:
     items = [(3, 7, {"w": torch.randn(4, 5, generator=g), "b": torch.randn(3, generator=g)}, 0.5),
              (1, 2, {"w": torch.randn(4, 5, generator=g).half()}, 1.0),
              (2, 9, {}, 1.0)]  # an empty push still takes a position
-    op, gen, pos, back = _through_bytes(*wire.frame_items(4, 11, items))
+    op, gen, pos, back = through_bytes(*wire.frame_items(4, 11, items))
     assert (op, gen, pos) == ("push", 4, 11) and len(back) == 3
     for (w, s, u, sc), (w2, s2, u2, sc2) in zip(items, back):
         assert (w, s, sc) == (w2, s2, sc2) and u.keys() == u2.keys()
@@ -37,7 +28,7 @@ def test_pushes_and_a_state_come_back_bit_identical_with_every_dtype() -> None:
     state = {"value/w": torch.randn(4, 5, generator=g), "opt/w.m": torch.randn(1, generator=g),
              "version": torch.tensor([5]), "applied": torch.tensor([[0, 3], [1, 4]]),
              "x": torch.tensor(2.5, dtype=torch.bfloat16), "e": torch.zeros(0, 3)}
-    op, gen, pos, back = _through_bytes(*wire.frame_state(2, 40, state))
+    op, gen, pos, back = through_bytes(*wire.frame_state(2, 40, state))
     assert (op, gen, pos) == ("state", 2, 40) and back.keys() == state.keys()
     for k, v in state.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)

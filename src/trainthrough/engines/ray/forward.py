@@ -85,16 +85,9 @@ class Forwarder:
 
     def _by_ray(self, succ: Any, gen: int, first: int, last: int, items: list[wire.Item],
                 state: dict[str, Any] | None) -> Pending:
-        if state is not None and wire.packable_state(state):
-            smeta, schunks = wire.pack_state(state)
-            ref = succ.chain_state.remote(gen, last, smeta, *schunks)
-        elif state is not None:  # as it is (pickled by Ray)
-            ref = succ.chain_state.remote(gen, last, state)
-        elif wire.packable(items):
-            meta, chunks = wire.pack(items)
-            ref = succ.chain_push.remote(gen, first, meta, *chunks)
-        else:  # as it is (pickled by Ray)
-            ref = succ.chain_push.remote(gen, first, items)
+        # Only tensors a frame cannot carry come here, pickled by Ray as they are.
+        ref = (succ.chain_state.remote(gen, last, state) if state is not None
+               else succ.chain_push.remote(gen, first, items))
         return Pending(lambda: ray.get(ref))
 
     def _channel(self, succ: Any, epoch: int) -> Channel:

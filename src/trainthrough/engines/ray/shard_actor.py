@@ -175,19 +175,15 @@ class ShardActor:
             else:
                 self.link.from_predecessor(gen, pos, what)
 
-    def chain_push(self, gen: int, first: int, meta: Any, *chunks: Any) -> None:
-        """Pushes forwarded by this replica's predecessor, at chain positions ``first``
-        on (see :meth:`push`): packed (:mod:`~trainthrough.engines.ray.wire`), or a list
-        of (worker, sequence number, update, scale) with no chunks."""
-        # Outside the lock: the copy is not the shard's business.
-        items = wire.unpack(meta, chunks) if chunks else meta
+    def chain_push(self, gen: int, first: int, items: list[wire.Item]) -> None:
+        """Pushes forwarded by this replica's predecessor at chain positions ``first``
+        on, by Ray call: those of dtypes a frame cannot carry (see :meth:`push`)."""
         with self.lock:
             self.link.from_predecessor(gen, first, items)
 
-    def chain_state(self, gen: int, pos: int, meta: Any, *chunks: Any) -> None:
+    def chain_state(self, gen: int, pos: int, state: dict[str, Any]) -> None:
         """The predecessor's whole state at chain position ``pos`` (it holds every push
-        up to there): packed, or a dict of tensors with no chunks."""
-        state = wire.unpack_state(meta, chunks) if chunks else meta
+        up to there), by Ray call: a state a frame cannot carry."""
         with self.lock:
             self.link.from_state(gen, pos, state)
 
