@@ -121,6 +121,34 @@ def test_chain_sync_loses_no_acknowledged_update(position: int) -> None:
         ray.kill(h)
 
 
+@ray.remote(num_cpus=0)
+class _StuckReplica:
+    """A replacement whose state copy never returns (a stopped process, say)."""
+
+    def load(self, state: object, chain: object = None) -> int:
+        time.sleep(15)
+        return 0
+
+
+def test_a_replacement_that_hangs_in_its_copy_does_not_hold_the_tails_pushes() -> None:
+    """The tail copies its state into a replacement with its lock held, so pushes wait
+    meanwhile; a replacement that never answers must not hold them for ever: the copy
+    gives up after its timeout, nothing changed, and the tail takes pushes again."""
+    import torch
+
+    (tail,) = _chain(1, "sync")
+    stuck = _StuckReplica.remote()  # type: ignore[attr-defined]
+    t = time.perf_counter()
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        ray.get(tail.attach_tail.remote(stuck, "sync", 1.0), timeout=12)
+    assert time.perf_counter() - t < 10
+    assert ray.get(tail.push.remote(0, 1, {"x": torch.ones(4)}), timeout=5) == 1
+    version, values = ray.get(tail.pull.remote(), timeout=5)
+    assert values["x"].tolist() == [1.0] * 4  # applied, and with no successor to wait for
+    ray.kill(stuck)
+    ray.kill(tail)
+
+
 def test_chain_failover_through_zookeeper_membership(zk_server) -> None:  # noqa: ANN001
     """With coordinator=zookeeper each replica holds an ephemeral node in a real
     ZooKeeper server; the head's SIGKILL is seen when its session expires, and the

@@ -9,15 +9,14 @@ nothing), and writes ``results.csv``, ``report.md``, ``report.html`` and plots.
 from __future__ import annotations
 
 import csv
-import multiprocessing as mp
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.errors import UserError
+from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.progress import console, make_progress
 from trainthrough.lab.runner import baseline_config, run, run_baseline
 
@@ -72,37 +71,6 @@ def flatten(summary: dict[str, Any], labels: dict[str, Any], run_id: str) -> dic
     return row
 
 
-class _Inline:
-    """An executor that runs each job at once in this process (jobs=1: Ray suites
-    share one Ray session instead of starting one per run)."""
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def submit(self, fn: Any, *args: Any) -> _Lazy:
-        return _Lazy(fn, args)
-
-
-class _Lazy:
-    """A job run when its result is asked for, so progress advances run by run."""
-
-    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
-        self.fn, self.args = fn, args
-
-    def result(self) -> Any:
-        return self.fn(*self.args)
-
-
-def _pool(jobs: int) -> ProcessPoolExecutor | _Inline:
-    if jobs == 1:
-        return _Inline()
-    # spawn, not fork: a forked torch with an initialised thread pool can deadlock.
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
-
-
 def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None = None) -> str:
     """Run every cell of ``spec`` into ``out`` and write the report; return the headline.
 
@@ -136,7 +104,7 @@ def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
     unique = {k: twin(r.config) for r in spec.runs for k in [keys[r.run_id]]}
     baselines: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
-    with make_progress(quiet) as progress, _pool(jobs) as pool:
+    with make_progress(quiet) as progress, job_pool(jobs) as pool:
         if spec.baselines:
             task = progress.add_task(f"{spec.name}: baselines", total=len(unique), status="")
             futs = {k: pool.submit(_baseline_job, c) for k, c in unique.items()}

@@ -45,6 +45,9 @@ ZK_JOIN_SECONDS = 30.0
 # Start-up of an actor (Python and torch imports) on a loaded machine: 6-12 s measured.
 START_SECONDS = 300.0
 PULL_SECONDS = 30.0
+# The tail's copy of its state into a replacement: the tail holds its lock meanwhile
+# (the newcomer must miss no push), so the tail gives up first, then the driver.
+ATTACH_SECONDS = 20.0
 
 
 @dataclass
@@ -323,7 +326,8 @@ class RayCluster:
             if tail.killed_at is not None:
                 return False  # killed, death not seen yet: join behind its successor later
             try:
-                ray.get(tail.handle.attach_tail.remote(m.handle, self.mode), timeout=30)
+                ray.get(tail.handle.attach_tail.remote(m.handle, self.mode, ATTACH_SECONDS),
+                        timeout=ATTACH_SECONDS + 10)
             except (ray.exceptions.RayError, TimeoutError):
                 return False
         chain.members = list(change.members)

@@ -227,12 +227,17 @@ class ShardActor:
         with self.lock:
             self.link.rewire(successor, mode)
 
-    def attach_tail(self, newcomer: Any, mode: str) -> int:
+    def attach_tail(self, newcomer: Any, mode: str, timeout: float) -> int:
         """Copy state (and chain position) into ``newcomer`` and make it this replica's
-        successor, atomically with respect to pushes, so the newcomer misses nothing."""
+        successor, atomically with respect to pushes, so the newcomer misses nothing.
+
+        Pushes wait on the lock meanwhile, so a newcomer that hangs (stopped, or its
+        node unreachable) must not hold them for ever: after ``timeout`` seconds this
+        raises ``GetTimeoutError`` with nothing changed, and the driver tries again.
+        """
         with self.lock:
             ray.get(newcomer.load.remote(clone_state(self.shard.state_dict()),
-                                         (self.link.gen, self.link.pos)))
+                                         (self.link.gen, self.link.pos)), timeout=timeout)
             self.link.rewire(newcomer, mode)
             return self.shard.version
 

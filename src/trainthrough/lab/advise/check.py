@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.advise.advisor import Advice
+from trainthrough.lab.advise.advisor import Advice, clock_name
 from trainthrough.lab.advise.wall import StepClock, phase_cost
+from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.runner import run_silent
 
 
@@ -80,15 +81,50 @@ def _reference(advice: Advice, seed: int) -> float:
     return float(s["sim_seconds_to_target"])
 
 
-def failure_free(advice: Advice, seeds: list[int]) -> dict[int, float]:
+def failure_free(advice: Advice, seeds: list[int], jobs: int = 1) -> dict[int, float]:
     """Seconds to target of the advisor's failure-free strategy, per seed (the reference
     for the measured overheads; on ``sim``, whose clock does not drift, share it between
-    the candidates checked)."""
-    return {seed: _reference(advice, seed) for seed in seeds}
+    the candidates checked). ``jobs``: runs at a time (sim only, see :func:`check`)."""
+    with job_pool(_jobs(advice, jobs)) as pool:
+        futures = {seed: pool.submit(_reference, advice, seed) for seed in seeds}
+        return {seed: f.result() for seed, f in futures.items()}
+
+
+def _jobs(advice: Advice, jobs: int) -> int:
+    """Runs side by side only on a simulated clock: on a real engine they would share
+    the cores and each one's seconds would measure the others too."""
+    if jobs > 1 and advice.clock != clock_name("sim"):
+        raise ValueError(f"runs side by side need sim's clock, not {advice.clock!r}")
+    return max(1, jobs)
+
+
+def _seed_runs(advice: Advice, cfg: RunConfig, seed: int, budget: int,
+               reference: float | None) -> tuple[dict[str, Any], dict[str, Any],
+                                                 dict[str, Any]]:
+    """One seed of a check: the reference (unless given), the candidate failure-free,
+    then on the trace; their summaries and the seed's row of ``Check.runs``."""
+    ref = reference if reference is not None else _reference(advice, seed)
+    own = StepClock()
+    mine = run_silent(replace(cfg, seed=seed, failures=[]), own)
+    clock = StepClock()
+    s = run_silent(replace(cfg, seed=seed, failures=[advice.trace], max_iterations=budget),
+                   clock)
+    run = {"seed": seed, "reference": ref,
+           "failure_free": mine["sim_seconds_to_target"],
+           "trace": s["sim_seconds_to_target"], "failures": s["failures"],
+           "iterations": (mine["iterations_to_target"], s["iterations_to_target"]),
+           "executed": s["iterations"],
+           # the engine's clock after every step, failure-free and on the trace
+           "steps": ((own.iterations, own.seconds), (clock.iterations, clock.seconds)),
+           "struck_at": [round(t, 3) for t in clock.failures],
+           # seconds from a failure to its refill spare ready (Ray)
+           "spares": [round(t, 3) for t in clock.spares],
+           "recoveries": [round(r["recovery_seconds"], 3) for r in s["recoveries"]]}
+    return mine, s, run
 
 
 def check(advice: Advice, name: str, seeds: list[int],
-          free: dict[int, float] | None = None) -> Check:
+          free: dict[int, float] | None = None, jobs: int = 1) -> Check:
     """Run candidate ``name`` of ``advice`` failure-free and on its trace for ``seeds``.
 
     Measured overheads are against the failure-free strategy's runs on the same seeds,
@@ -96,7 +132,9 @@ def check(advice: Advice, name: str, seeds: list[int],
     the overhead: ``free`` (from :func:`failure_free`), or if not given, each seed's run
     just before that seed's runs of the candidate, so that on a real engine, whose pace
     drifts with what else the machine runs (Ray mlr, same seed: 10 s and 12 s minutes
-    apart), an overhead compares runs made at the same pace.
+    apart), an overhead compares runs made at the same pace. ``jobs``: seeds run at a
+    time, in processes of their own; more than one only on ``sim``, whose results do
+    not depend on it.
     """
     p = next(x for x in advice.predictions if x.name == name)
     cfg = RunConfig.from_dict(advice.config)
@@ -107,34 +145,21 @@ def check(advice: Advice, name: str, seeds: list[int],
     ref: dict[int, float] = {}
     steadies, times, failures, blocked, reached = [], [], [], [], []
     runs: list[dict[str, Any]] = []
-    for seed in seeds:
-        ref[seed] = free[seed] if free is not None else _reference(advice, seed)
-        own = StepClock()
-        mine = run_silent(replace(cfg, seed=seed, failures=[]), own)
-        steadies.append(mine["sim_seconds_to_target"] / ref[seed] - 1
-                        if mine["sim_seconds_to_target"] is not None else math.nan)
-        clock = StepClock()
-        s = run_silent(replace(cfg, seed=seed, failures=[advice.trace], max_iterations=budget),
-                       clock)
-        failures.append(s["failures"])  # the run stops at the target: failures before it
-        runs.append({"seed": seed, "reference": ref[seed],
-                     "failure_free": mine["sim_seconds_to_target"],
-                     "trace": s["sim_seconds_to_target"], "failures": s["failures"],
-                     "iterations": (mine["iterations_to_target"], s["iterations_to_target"]),
-                     "executed": s["iterations"],
-                     # the engine's clock after every step, failure-free and on the trace
-                     "steps": ((own.iterations, own.seconds),
-                               (clock.iterations, clock.seconds)),
-                     "struck_at": [round(t, 3) for t in clock.failures],
-                     # seconds from a failure to its refill spare ready (Ray)
-                     "spares": [round(t, 3) for t in clock.spares],
-                     "recoveries": [round(r["recovery_seconds"], 3)
-                                    for r in s["recoveries"]]})
-        blocked.append(s["checkpoint_blocked_seconds"] / max(1, s["iterations"])
-                       / base.step_seconds)
-        if s["sim_seconds_to_target"] is not None:
-            times.append(float(s["sim_seconds_to_target"]))
-            reached.append(seed)
+    with job_pool(_jobs(advice, jobs)) as pool:
+        futures = [pool.submit(_seed_runs, advice, cfg, seed, budget,
+                               None if free is None else free[seed]) for seed in seeds]
+        for seed, future in zip(seeds, futures):
+            mine, s, run = future.result()
+            ref[seed] = run["reference"]
+            steadies.append(mine["sim_seconds_to_target"] / ref[seed] - 1
+                            if mine["sim_seconds_to_target"] is not None else math.nan)
+            failures.append(s["failures"])  # the run stops at the target: failures before it
+            runs.append(run)
+            blocked.append(s["checkpoint_blocked_seconds"] / max(1, s["iterations"])
+                           / base.step_seconds)
+            if s["sim_seconds_to_target"] is not None:
+                times.append(float(s["sim_seconds_to_target"]))
+                reached.append(seed)
     mean = statistics.fmean(times) if times else None
     overhead = (mean / statistics.fmean(ref[k] for k in reached) - 1
                 if mean is not None else None)
