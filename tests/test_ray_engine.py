@@ -57,14 +57,14 @@ def test_a_killed_worker_is_replaced() -> None:
     assert s["recoveries"][0]["action"] == "restart-worker"
 
 
-def _chain(n: int, mode: str) -> list:
+def _chain(n: int, mode: str, dtype: object = None) -> list:
     import torch
 
     from trainthrough.engines.ray.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 
-    values = {"x": torch.zeros(4)}
+    values = {"x": torch.zeros(4, dtype=dtype or torch.float32)}
     blocks = make_layout(values, 1).shards[0]
     actors = [ShardActor.remote(0, blocks, OptimizerSpec(kind="add"), values, f"r{i}")
               for i in range(n)]
@@ -117,6 +117,33 @@ def test_chain_sync_loses_no_acknowledged_update(position: int) -> None:
         assert stats["applied"][0] == 80
         version, values = ray.get(handles[n].pull.remote())
         assert values["x"].tolist() == [80.0] * 4  # each acknowledged push applied once
+    for h in actors:
+        ray.kill(h)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_tensors_a_frame_cannot_carry_are_forwarded_by_ray_call(mode: str) -> None:
+    """A chain's forwards go over its socket as frames of the dtypes wire.DTYPES names;
+    a parameter of another dtype (complex64 here) goes by Ray call instead, pushes and
+    states alike, and reaches every replica exactly once."""
+    import torch
+
+    from trainthrough.engines.ray import wire
+
+    assert torch.complex64 not in wire.DTYPES.values()
+    actors = _chain(3, mode, torch.complex64)
+    for seq in range(1, 21):
+        ray.get(actors[0].push.remote(0, seq, {"x": torch.ones(4, dtype=torch.complex64)}))
+    for h in actors:  # async: the tail may still be catching up
+        deadline = time.time() + 10
+        while ray.get(h.stats.remote())["applied"].get(0) != 20 and time.time() < deadline:
+            time.sleep(0.05)
+        _, values = ray.get(h.pull.remote())
+        assert values["x"].dtype == torch.complex64 and values["x"].tolist() == [20] * 4
+    for h in actors[:2]:
+        stats = ray.get(h.stats.remote())
+        assert stats["forwarded"] > 0 and stats["sent_states"] > 0, stats
+        assert stats["socket_sends"] == 0, stats
     for h in actors:
         ray.kill(h)
 
