@@ -35,23 +35,24 @@ class Capabilities:
     modes: frozenset[str] = field(default_factory=lambda: frozenset({"crash"}))
     replica_position: bool = False  # failure specs may name a chain position (replica=)
     resume: bool = False  # starts a run from its newest checkpoint (``--resume``)
-    # Failures that overlap are recovered side by side (each death starts its own
-    # replacement at once), not one after another: a failure during another's recovery
-    # then lengthens the outage by less than its recovery (lab/advise/model.py outage).
-    parallel_recovery: bool = False
+    # The consistency modes in which a failure due during another's recovery strikes
+    # then and is recovered side by side with it (its own replacement, started at once),
+    # not after it: it lengthens the outage by less than its recovery
+    # (lab/advise/model.py outage).
+    parallel_recovery: frozenset[str] = frozenset()
     # The engine settings it reads (engines/options.py: ENGINE_SETTINGS); any other one
     # set away from its default is refused before the run.
     options: frozenset[str] = frozenset()
 
 
 def caps(replica_position: bool = False, resume: bool = False,
-         parallel_recovery: bool = False, **kw: tuple[str, ...]) -> Capabilities:
+         **kw: tuple[str, ...]) -> Capabilities:
     """Build :class:`Capabilities` from plain tuples (declaration sites stay short)."""
     sets = {k: frozenset(v) for k, v in kw.items()}
     unknown = sets.get("options", frozenset()) - set(ENGINE_SETTINGS)
     assert not unknown, f"not engine settings: {sorted(unknown)}"
     return Capabilities(replica_position=replica_position, resume=resume,  # type: ignore[arg-type]
-                        parallel_recovery=parallel_recovery, **sets)
+                        **sets)
 
 
 def _phase_key(phase: str | None) -> str:

@@ -101,7 +101,8 @@ class Advice:
             inf = {k: math.inf for k in ("seconds_to_target", "overhead") if p[k] is None}
             return Prediction(**{**p, **inf})
         fields = {k: v for k, v in d.items() if k not in ("recommended", "runner_up")}
-        fields.setdefault("parallel_recovery", parallel_recovery(d["engine"], d["paradigm"]))
+        fields.setdefault("parallel_recovery", parallel_recovery(
+            d["engine"], d["paradigm"], d["config"].get("consistency", "bsp")))
         return cls(**{**fields, "baseline": Baseline(**d["baseline"]),
                       "measured": [Measured(**m) for m in d["measured"]],
                       "predictions": [pred(p) for p in d["predictions"]]})
@@ -117,9 +118,9 @@ def _finite(v: Any) -> Any:
     return v
 
 
-def parallel_recovery(engine: str, paradigm: str) -> bool:
+def parallel_recovery(engine: str, paradigm: str, consistency: str) -> bool:
     """Whether ``engine`` recovers overlapping failures side by side (its claim)."""
-    return entry(engine).capabilities[paradigm].parallel_recovery
+    return consistency in entry(engine).capabilities[paradigm].parallel_recovery
 
 
 def _nodes(cfg: RunConfig, c: Candidate) -> int:
@@ -178,7 +179,7 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     validate([trace], {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
     base, measured = _measure_on(cfg, cands, trace, say, seeds)
     by_name = {c.name: c for c in cands}
-    parallel = parallel_recovery(cfg.engine, cfg.paradigm)
+    parallel = parallel_recovery(cfg.engine, cfg.paradigm, cfg.consistency)
     preds = [predict(base, m, by_name[m.name].label, trace.mtbf, _nodes(cfg, by_name[m.name]),
                      pricing, parallel) for m in measured]
     return Advice(cfg.workload, cfg.engine, cfg.paradigm, clock_name(cfg.engine), trace.mtbf,
