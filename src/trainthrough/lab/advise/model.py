@@ -135,6 +135,9 @@ def outage(recovery: float, mtbf: float, parallel: bool) -> float:
     its recovery runs past the earlier one's end only by the time between them. Summed
     over failures it is the covered share of an M/D/infinity queue's time,
     ``1 - exp(-R/M)`` (never all of it: parallel recoveries alone never stop progress).
+    On Ray, asynchronous mlr at an MTBF of 3 s (74 failures, mean R 1.43 s), the
+    recoveries' union was 0.83 of their sum, this formula 0.80 at the mean R: recoveries
+    are long mostly right after another failure (waiting for the spare), not independent.
     """
     if not parallel:
         return recovery
