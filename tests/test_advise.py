@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
 from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import Advice, advise, trace_spec
+from trainthrough.lab.advise.advisor import parallel_recovery
 from trainthrough.lab.advise.calibrate import (
     FAILURE_RUNS,
     REAL_FAILURE_RUNS,
@@ -31,7 +33,14 @@ from trainthrough.lab.advise.calibrate import (
 )
 from trainthrough.lab.advise.candidates import candidates
 from trainthrough.lab.advise.check import Check, check, failure_free, steady_from_steps
-from trainthrough.lab.advise.model import Baseline, Measured, interval, predict, rank
+from trainthrough.lab.advise.model import (
+    Baseline,
+    Measured,
+    interval,
+    outage,
+    predict,
+    rank,
+)
 from trainthrough.lab.advise.wall import (
     StepClock,
     failure_cost,
@@ -58,6 +67,77 @@ def test_prediction_is_the_renewal_model_at_young_daly() -> None:
     assert p.failures == pytest.approx(p.seconds_to_target / 5.0)
     assert p.overhead == pytest.approx(p.seconds_to_target / 10.0 - 1)
     assert p.cost_on_demand == pytest.approx(8 * p.seconds_to_target / 3600 * 0.10)
+
+
+def _union_outage_per_failure(recovery: float, mtbf: float, n: int, seed: int) -> float:
+    """Monte Carlo: ``n`` Poisson failures ``mtbf`` apart on average, each out for
+    ``recovery`` from its strike, side by side: the time covered by any, per failure."""
+    rng = random.Random(seed)
+    t, end, covered = 0.0, 0.0, 0.0
+    for _ in range(n):
+        t += rng.expovariate(1 / mtbf)
+        covered += t + recovery - max(t, end)  # the part past the outage already running
+        end = t + recovery
+    return covered / n
+
+
+@pytest.mark.parametrize(("recovery", "mtbf"), [(1.0, 3.0), (1.2, 3.0), (4.0, 2.0)])
+def test_overlapping_recoveries_add_mtbf_times_one_minus_exp(recovery: float, mtbf: float
+                                                             ) -> None:
+    expected = mtbf * (1 - math.exp(-recovery / mtbf))
+    assert outage(recovery, mtbf, parallel=True) == pytest.approx(expected)
+    assert _union_outage_per_failure(recovery, mtbf, 200_000, 7) == pytest.approx(expected,
+                                                                                  rel=0.01)
+    assert outage(recovery, mtbf, parallel=False) == recovery  # queued: each its whole R
+
+
+def test_overlapping_recovery_by_hand() -> None:
+    # R = 1 s, MTBF = 3 s: 3 (1 - e^(-1/3)) = 0.8504 s; the 28.3% striking during a
+    # recovery add E[g | g < 1] = 3 - e^(-1/3) / (1 - e^(-1/3)) = 0.4723 s each, the rest 1 s.
+    during = 1 - math.exp(-1 / 3)
+    assert during == pytest.approx(0.28347, abs=1e-5)
+    assert (1 - during) * 1.0 + during * 0.47227 == pytest.approx(0.85041, abs=1e-4)
+    assert outage(1.0, 3.0, parallel=True) == pytest.approx(0.85041, abs=1e-5)
+
+
+def test_parallel_recovery_lowers_the_prediction_by_the_overlap_only() -> None:
+    base = Baseline("none", iterations=100, seconds=10.0)
+    m = Measured("x", interval=20, checkpoint_seconds=0.2, steady=0.1, failed_at=50,
+                 recovery_seconds=1.0, rework=10)
+    serial = predict(base, m, "x", mtbf=5.0, nodes=8)
+    assert serial == predict(base, m, "x", mtbf=5.0, nodes=8, parallel=False)  # sim's
+    side = predict(base, m, "x", mtbf=5.0, nodes=8, parallel=True)
+    # The same rework (the same failures strike outside a recovery); the outage each adds
+    # is 5 (1 - e^(-1/5)) = 0.9063 s, not 1 s.
+    gain = 1.0 - 5.0 * (1 - math.exp(-1.0 / 5.0))
+    assert gain == pytest.approx(0.09365, abs=1e-5)
+    assert side.recovery_seconds == serial.recovery_seconds == 1.0
+    assert serial.per_failure_seconds is not None and side.per_failure_seconds is not None
+    assert side.per_failure_seconds == pytest.approx(serial.per_failure_seconds - gain)
+    assert side.seconds_to_target == pytest.approx(
+        10.0 * 1.1 / (1 - side.per_failure_seconds / 5.0))
+    assert side.seconds_to_target < serial.seconds_to_target
+    # Recoveries longer than an MTBF stop progress only if they queue.
+    slow = Measured("slow", None, recovery_seconds=6.0, rework=0)
+    assert math.isinf(predict(base, slow, "slow", 5.0, 4).seconds_to_target)
+    assert math.isfinite(predict(base, slow, "slow", 5.0, 4, parallel=True).seconds_to_target)
+
+
+def test_parallel_recovery_is_the_engines_claim_and_survives_json() -> None:
+    assert parallel_recovery("ray", "ps", "async") and not parallel_recovery("sim", "ps", "bsp")
+    # Ray's bulk-synchronous rounds deliver a failure due during a recovery after it.
+    assert not parallel_recovery("ray", "ps", "bsp")
+    a = advise(RunConfig.from_toml(EXAMPLE), trace_spec("ps", "3s", None),
+               only=["none", "checkpoint-restart"])
+    assert a.parallel_recovery is False  # sim recovers one at a time
+    d = a.to_dict()
+    assert Advice.from_dict(json.loads(json.dumps(d))).parallel_recovery is False
+    # Advice saved before the fact was recorded takes its engine's claim.
+    old = {k: v for k, v in d.items() if k != "parallel_recovery"}
+    ray_async = {**old, "engine": "ray", "config": {**old["config"], "consistency": "async"}}
+    assert Advice.from_dict(ray_async).parallel_recovery is True
+    assert Advice.from_dict({**old, "engine": "ray"}).parallel_recovery is False  # bsp
+    assert Advice.from_dict(old).parallel_recovery is False
 
 
 def test_a_failure_costing_an_mtbf_is_no_progress_and_ranks_last() -> None:

@@ -35,6 +35,11 @@ class Capabilities:
     modes: frozenset[str] = field(default_factory=lambda: frozenset({"crash"}))
     replica_position: bool = False  # failure specs may name a chain position (replica=)
     resume: bool = False  # starts a run from its newest checkpoint (``--resume``)
+    # The consistency modes in which a failure due during another's recovery strikes
+    # then and is recovered side by side with it (its own replacement, started at once),
+    # not after it: it lengthens the outage by less than its recovery
+    # (lab/advise/model.py outage).
+    parallel_recovery: frozenset[str] = frozenset()
     # The engine settings it reads (engines/options.py: ENGINE_SETTINGS); any other one
     # set away from its default is refused before the run.
     options: frozenset[str] = frozenset()

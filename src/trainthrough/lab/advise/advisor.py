@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.registry import entry
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec, parse, parse_one, validate
 from trainthrough.lab.advise.calibrate import measure
@@ -70,6 +71,8 @@ class Advice:
     measured: list[Measured]
     predictions: list[Prediction]
     config: dict[str, Any]
+    #: the engine recovers overlapping failures side by side (model.outage)
+    parallel_recovery: bool = False
 
     @property
     def recommended(self) -> Prediction:
@@ -91,11 +94,15 @@ class Advice:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Advice:
         """The advice :meth:`to_dict` gave (``advice.json``), plain data only: a null
-        time to target or overhead is the infinity it stood for."""
+        time to target or overhead is the infinity it stood for. Advice saved before
+        ``parallel_recovery`` was recorded gets its engine's claim (a fact about the
+        engine, not the run; its stored predictions stay as they were made)."""
         def pred(p: dict[str, Any]) -> Prediction:
             inf = {k: math.inf for k in ("seconds_to_target", "overhead") if p[k] is None}
             return Prediction(**{**p, **inf})
         fields = {k: v for k, v in d.items() if k not in ("recommended", "runner_up")}
+        fields.setdefault("parallel_recovery", parallel_recovery(
+            d["engine"], d["paradigm"], d["config"].get("consistency", "bsp")))
         return cls(**{**fields, "baseline": Baseline(**d["baseline"]),
                       "measured": [Measured(**m) for m in d["measured"]],
                       "predictions": [pred(p) for p in d["predictions"]]})
@@ -109,6 +116,11 @@ def _finite(v: Any) -> Any:
     if isinstance(v, list):
         return [_finite(x) for x in v]
     return v
+
+
+def parallel_recovery(engine: str, paradigm: str, consistency: str) -> bool:
+    """Whether ``engine`` recovers overlapping failures side by side (its claim)."""
+    return consistency in entry(engine).capabilities[paradigm].parallel_recovery
 
 
 def _nodes(cfg: RunConfig, c: Candidate) -> int:
@@ -167,8 +179,9 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     validate([trace], {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
     base, measured = _measure_on(cfg, cands, trace, say, seeds)
     by_name = {c.name: c for c in cands}
+    parallel = parallel_recovery(cfg.engine, cfg.paradigm, cfg.consistency)
     preds = [predict(base, m, by_name[m.name].label, trace.mtbf, _nodes(cfg, by_name[m.name]),
-                     pricing) for m in measured]
+                     pricing, parallel) for m in measured]
     return Advice(cfg.workload, cfg.engine, cfg.paradigm, clock_name(cfg.engine), trace.mtbf,
                   trace.text, rank_by, base, measured, rank(preds, rank_by),
-                  replace(cfg, failures=[]).to_dict())
+                  replace(cfg, failures=[]).to_dict(), parallel)
