@@ -68,8 +68,11 @@ class BulkSynchronous:
         return back
 
     def _settle(self) -> None:
-        """Handle deaths and wait until every shard has a head and every worker serves
-        (a failure due during recovery strikes meanwhile, as in ``sim``)."""
+        """Handle deaths and wait until every shard has a head and every worker serves.
+
+        A ``phase=recovery`` failure strikes meanwhile; any other failure that falls
+        due now strikes once the recovery is over, as in ``sim``: recoveries queue, so
+        this mode does not claim ``parallel_recovery`` (engines/ray/__init__.py)."""
         eng, c = self.eng, self.c
         while True:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}
