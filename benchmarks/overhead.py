@@ -54,14 +54,13 @@ import tempfile
 import time
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
-from trainthrough.ft.checkpoint.durable import fsync_path
+from trainthrough.ft.checkpoint.durable import Syncing, fsync_path
 from trainthrough.lab.runner import run_silent
 
 STRATEGIES = ("none", "checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async",
@@ -71,7 +70,6 @@ TARGETS = (("checkpoint-async", "overhead <= 3%", lambda r: r >= 0.97),
            ("chain-sync", ">= 0.8x none", lambda r: r >= 0.8),
            ("chain-async", ">= 0.9x none", lambda r: r >= 0.9))
 BANDWIDTH_TARGET = 0.8
-_FSYNCS = ThreadPoolExecutor(4)  # the plain folder write's fsyncs, run together
 
 
 def _cluster_cpu_seconds() -> float | None:
@@ -162,8 +160,8 @@ def _raw_write(folder: str, data: bytes, atomic: bool) -> float:
 def _raw_folder_write(folder: str, sizes: list[int]) -> float:
     """A crash-safe plain write of a folder of files of ``sizes`` bytes (a checkpoint's
     layout: one file per tensor group and the manifest), with none of our code: temp
-    folder, the files written, fsynced together on long-lived threads (as the store
-    does: a thread started per file cost more than the sync at this size), the
+    folder, the files written, fsynced together on the store's own fsync threads
+    (durable.Syncing: a thread started per file cost more than the sync), the
     folder renamed, its parent fsynced. The cost of the layout itself, apart from ours."""
     final = os.path.join(folder, f"rawdir-{uuid.uuid4().hex}")
     tmp = final + ".tmp"
@@ -175,7 +173,7 @@ def _raw_folder_write(folder: str, sizes: list[int]) -> float:
         paths.append(os.path.join(tmp, f"f{i}"))
         with open(paths[-1], "wb") as f:
             f.write(blob)
-    list(_FSYNCS.map(fsync_path, paths))
+    Syncing(paths).wait()
     os.rename(tmp, final)
     fsync_path(folder)
     took = time.perf_counter() - t0

@@ -177,7 +177,8 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
         # recovery if recoveries queue, less if they overlap: outage()) but finds no new
         # progress to lose: only the others cost rework.
         during = 1 - math.exp(-recovery / mtbf)
-        lost = outage(recovery, mtbf, parallel) + (1 - during) * steps * t0 * (1 + m.steady)
+        down = outage(recovery, mtbf, parallel)
+        lost = down + (1 - during) * steps * t0 * (1 + m.steady)
         try:
             seconds = pm.expected_runtime(base.seconds, pm.Overhead(
                 m.name, m.steady, lost, m.steady + lost / mtbf), mtbf)
@@ -191,8 +192,8 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
                + (f" ({steps:.3g} steps lost in all)" if m.lost_steps is not None else "")
                + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
                   and math.isfinite(m.rework_bound) else "")
-               + (f"; recoveries overlap: {outage(recovery, mtbf, True):.3g} s of outage per"
-                  " failure" if parallel else ""))
+               + (f"; recoveries overlap: {down:.3g} s of outage per failure"
+                  if parallel else ""))
     if not math.isfinite(seconds):
         why.append(f"each failure costs {lost:.3g} s >= the MTBF: no progress")
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
