@@ -351,3 +351,26 @@ def test_mlr_trains_on_idx_files_the_larger_option(tmp_path: Path) -> None:
     assert w.describe()["train_images"] == files["train_images"]
     with pytest.raises(UserError, match="all four"):
         MLR(train_images=files["train_images"])
+
+
+def test_digits_are_scikit_learns_without_importing_it() -> None:
+    """The digits come from scikit-learn's own file, read as its load_digits reads it
+    (bit for bit), and building mlr or cnn no longer imports sklearn (and scipy),
+    which cost more than torch in every driver, actor and rank process."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from trainthrough.workloads._data import _digits
+
+    x, y = _digits()
+    d = load_digits()
+    assert x.dtype == d.data.dtype and np.array_equal(x, d.data)
+    assert y.dtype == d.target.dtype and np.array_equal(y, d.target)
+    code = ("import sys; from trainthrough.workloads import make_workload; "
+            "[make_workload(w, seed=0) for w in ('mlr', 'cnn')]; "
+            "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"

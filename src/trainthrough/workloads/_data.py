@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,15 +58,37 @@ def digits_split(test_fraction: float = 0.2) -> tuple[torch.Tensor, torch.Tensor
     The split is fixed (not seeded by the run) so every run of every strategy is
     scored on the same test set.
     """
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target, dtype=torch.long)
+    data, target = _digits()
+    x = torch.tensor(data / 16.0, dtype=torch.float32)
+    y = torch.tensor(target, dtype=torch.long)
     perm = torch.tensor(np.random.RandomState(0).permutation(len(y)))
     n_test = int(len(y) * test_fraction)
     te, tr = perm[:n_test], perm[n_test:]
     return x[tr], y[tr], x[te], y[te]
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' pixels (float64, 1797 x 64) and labels, read from the file
+    scikit-learn ships, as its ``load_digits`` reads it, without importing it.
+
+    Why: ``import sklearn`` pulls in scipy and took 1.5-2.8 s, more than torch, in
+    every process that builds mlr or cnn: the driver, each Ray actor, each gloo rank
+    (a cold Ray run of 6 actors on 2 cores paid it 7 times). The package is only
+    located here (``find_spec`` does not run it). Where its data file is not a plain
+    file (a zipped install), ``load_digits`` itself is used.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                table = np.loadtxt(f, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(int)
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.data, d.target
 
 
 class BatchSchedule:
