@@ -9,7 +9,6 @@ same in every plot of every report.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import sys
@@ -31,7 +30,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from trainthrough.lab.recorder import complete  # noqa: E402
+from trainthrough.lab.recorder import complete, read_jsonl_tolerant  # noqa: E402
 
 FIGSIZE = (8.0, 4.5)
 DPI = 110
@@ -83,21 +82,6 @@ def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         return None
     return float(v)
-
-
-def read_jsonl_tolerant(path: Path) -> list[dict[str, Any]] | None:
-    """Records of a ``.jsonl`` file, skipping a torn last line; None if it is missing."""
-    if not path.is_file():
-        return None
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def _pick_run(suite_dir: Path, runs: list[dict[str, Any]]

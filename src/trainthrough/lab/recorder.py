@@ -148,7 +148,16 @@ def complete(folder: Path) -> bool:
     return (folder / SUMMARY).is_file()
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a ``.jsonl`` file written by a recorder."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl_tolerant(path: Path) -> list[dict[str, Any]] | None:
+    """Records of a ``.jsonl`` file, skipping a torn last line; None if it is missing."""
+    if not path.is_file():
+        return None
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out

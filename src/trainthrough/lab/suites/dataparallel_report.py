@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainthrough.lab import perf_model as pm
-from trainthrough.lab.plots import read_jsonl_tolerant
-from trainthrough.lab.recorder import complete
+from trainthrough.lab.recorder import complete, read_jsonl_tolerant
 
 Row = dict[str, Any]
 
