@@ -170,13 +170,13 @@ def new_drivers(repeats: int) -> None:
           f"{repeats} repetitions, cold (after `trainthrough release`) and warm (--keep-warm "
           f"actors of the run before) alternated; medians (min-max) in seconds")
     print(f"{'':<6}{'process start -> first update':>30}{'driver ready (imports, join)':>30}"
-          f"{'engine start-up':>18}")
+          f"{'engine start-up':>22}")
     for kind, v in rows.items():
         cells = []
         for k in ("process_startup_seconds", "driver_ready_seconds", "startup_seconds"):
             xs = [r[k] for r in v]
             cells.append(f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})")
-        print(f"{kind:<6}{cells[0]:>30}{cells[1]:>30}{cells[2]:>18}")
+        print(f"{kind:<6}{cells[0]:>30}{cells[1]:>30}{cells[2]:>22}")
     for k, v in imports.items():
         print(f"python -c 'import {k}': {statistics.median(v):.2f} s "
               f"({min(v):.2f}-{max(v):.2f})")
