@@ -57,7 +57,7 @@ EXAMPLE = ROOT / "examples" / "advise.toml"
 # -- the model: arithmetic that can be checked by hand ---------------------------------
 def test_prediction_is_the_renewal_model_at_young_daly() -> None:
     base = Baseline("none", iterations=100, seconds=10.0)
-    m = Measured("x", interval=20, checkpoint_seconds=0.2, steady=0.1, failed_at=50,
+    m = Measured("x", interval=20, checkpoint_seconds=0.2, steady=0.1, failed_at=(50,),
                  recovery_seconds=1.0, rework=10)
     p = predict(base, m, "x", mtbf=5.0, nodes=8)
     # 1 - exp(-R/MTBF) of the failures strike while recovering and cost no rework.
@@ -102,7 +102,7 @@ def test_overlapping_recovery_by_hand() -> None:
 
 def test_parallel_recovery_lowers_the_prediction_by_the_overlap_only() -> None:
     base = Baseline("none", iterations=100, seconds=10.0)
-    m = Measured("x", interval=20, checkpoint_seconds=0.2, steady=0.1, failed_at=50,
+    m = Measured("x", interval=20, checkpoint_seconds=0.2, steady=0.1, failed_at=(50,),
                  recovery_seconds=1.0, rework=10)
     serial = predict(base, m, "x", mtbf=5.0, nodes=8)
     assert serial == predict(base, m, "x", mtbf=5.0, nodes=8, parallel=False)  # sim's
@@ -138,6 +138,15 @@ def test_parallel_recovery_is_the_engines_claim_and_survives_json() -> None:
     assert Advice.from_dict(ray_async).parallel_recovery is True
     assert Advice.from_dict({**old, "engine": "ray"}).parallel_recovery is False  # bsp
     assert Advice.from_dict(old).parallel_recovery is False
+    # Every calibration failure run's iteration is kept (the costs are their mean), and
+    # advice saved when only the first was kept (an int, or null) still loads.
+    m = next(x for x in a.measured if x.name == "checkpoint-restart")
+    assert m.failed_at and all(isinstance(i, int) for i in m.failed_at)
+    again = Advice.from_dict(json.loads(json.dumps(d)))
+    assert [x.failed_at for x in again.measured] == [x.failed_at for x in a.measured]
+    for stored, want in ((m.failed_at[0], m.failed_at[:1]), (None, ())):
+        one = {**d, "measured": [{**x, "failed_at": stored} for x in d["measured"]]}
+        assert all(x.failed_at == want for x in Advice.from_dict(one).measured)
 
 
 def test_a_failure_costing_an_mtbf_is_no_progress_and_ranks_last() -> None:

@@ -104,8 +104,16 @@ class Advice:
         fields.setdefault("parallel_recovery", parallel_recovery(
             d["engine"], d["paradigm"], d["config"].get("consistency", "bsp")))
         return cls(**{**fields, "baseline": Baseline(**d["baseline"]),
-                      "measured": [Measured(**m) for m in d["measured"]],
+                      "measured": [_measured(m) for m in d["measured"]],
                       "predictions": [pred(p) for p in d["predictions"]]})
+
+
+def _measured(m: dict[str, Any]) -> Measured:
+    """A stored :class:`Measured`; advice saved before every failure run's iteration
+    was kept holds the first one alone (or null)."""
+    at = m.get("failed_at")
+    at = () if at is None else (at,) if isinstance(at, int) else tuple(at)
+    return Measured(**{**m, "failed_at": at})
 
 
 def _finite(v: Any) -> Any:

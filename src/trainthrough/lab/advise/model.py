@@ -59,7 +59,9 @@ class Measured:
     checkpoint_seconds: float = 0.0  #: C, seconds one interval's saves add to a run
     write_seconds: float = 0.0  #: async: one interval's writes, done in the background
     steady: float = 0.0  #: C / (interval * t0): the failure-free overhead at ``interval``
-    failed_at: int | None = None  #: iteration the calibration failure struck
+    #: iterations the calibration failures struck, one per failure run (the recovery,
+    #: rework and steps lost below are means over these runs)
+    failed_at: tuple[int, ...] = ()
     recovery_seconds: float | None = None  #: failure to recovered, as the engine reports
     rework: float | None = None  #: iterations to target minus I0 (None: never reached it)
     rework_bound: float | None = None  #: SCAR's bound for the recorded perturbation

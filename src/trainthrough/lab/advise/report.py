@@ -94,13 +94,14 @@ def markdown(a: Advice, plot: str | None) -> str:
     md += ["", "## Calibration", "",
            f"Failure-free ({b.strategy}): {b.iterations} iterations, {b.seconds:.4g} s to "
            f"target ({b.step_seconds:.4g} s a step); contraction rate c = {c}.", "",
-           "| strategy | interval | C s (spread) | async write s | failure at | recovery s | "
-           "rework it | steps lost | SCAR bound it |",
+           "| strategy | interval | C s (spread) | async write s | failures at | mean recovery s | "
+           "mean rework it | mean steps lost | mean SCAR bound it |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in a.measured:
         spread = m.steady_spread * (m.interval or 0) * b.step_seconds
         md.append(f"| {m.name} | {m.interval or '-'} | {m.checkpoint_seconds:.4g} "
-                  f"({spread:.2g}) | {m.write_seconds:.4g} | {m.failed_at} | "
+                  f"({spread:.2g}) | {m.write_seconds:.4g} | "
+                  f"{', '.join(map(str, m.failed_at)) or '-'} | "
                   f"{_n(m.recovery_seconds)} | {_n(m.rework, '.0f')} | "
                   f"{_n(m.lost_steps, '.1f')} | {_n(m.rework_bound)} |")
     md += ["", "Model (lab/advise/model.py): time to target = failure-free time x (1 + "
