@@ -21,7 +21,9 @@ cnn the same way to its default target at an MTBF of 6 s (its failure-free run i
 twice mlr's), 6 seeds, calibrated on seeds 100-101. On Ray each
 seed's failure-free reference runs right before that seed's runs of the candidate (the
 machine's pace drifts between minutes), and the spread over seeds is printed next to
-every measured overhead: on a shared machine it is the measurement's noise. The
+every measured overhead: on a shared machine it is the measurement's noise. With it,
+the measured mean +- 2 standard errors and whether the prediction falls inside: a
+20% band narrower than that cannot be told from the seeds' scatter. The
 failure-free overhead is also read off each seed's failure-free run's own steps
 (check.steady_from_steps), which the drift between two whole runs does not touch.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -103,6 +106,20 @@ def _ok(ratio: float | None) -> str:
     return "yes" if abs(ratio - 1) <= TOLERANCE else "NO"
 
 
+def _band(mean: float | None, spread: float | None, n: int, predicted: float,
+          digits: int = 1) -> str:
+    """The measured mean +- 2 standard errors over ``n`` seeds, and whether the prediction
+    falls inside: what the check can resolve. A 20% band narrower than this one cannot
+    be told apart from the seeds' own scatter (each seed draws its failures)."""
+    if mean is None or spread is None or n < 2:
+        return ""
+    half = 2 * spread / math.sqrt(n)
+    where = "inside" if abs(predicted - mean) <= half else "outside"
+    return (f"; measured +- 2 SE {100 * (mean - half):.{digits}f}.."
+            f"{100 * (mean + half):.{digits}f}%, "
+            f"prediction {where}")
+
+
 def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
     ff_ratio = c.measured_steady / c.predicted_steady if c.predicted_steady > 0 else None
     ff_note = "" if ff_ratio is not None else " (no checkpoints)"
@@ -111,7 +128,8 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
     print(f"  failure-free overhead  predicted {100 * c.predicted_steady:7.4f}%  measured "
           f"{100 * c.measured_steady:7.4f}%  ratio {_r(ff_ratio)}  within 20%: "
           f"{_ok(ff_ratio)}{ff_note}" + ("" if c.steady_spread is None else
-                                         f"  (per-seed spread {100 * c.steady_spread:.2f} points)"))
+                                         f"  (per-seed spread {100 * c.steady_spread:.2f} points"
+                                         f"{_band(c.measured_steady, c.steady_spread, c.seeds, c.predicted_steady, 4)})"))
     b_ratio = c.measured_blocked / c.predicted_steady if c.predicted_steady > 0 else None
     print(f"  ... as paid on the trace (blocked share) measured {100 * c.measured_blocked:7.4f}%"
           f"  ratio {_r(b_ratio)}  within 20%: {_ok(b_ratio)}")
@@ -119,7 +137,8 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
           f"{_r(c.measured_seconds):>7}   ratio {_r(c.seconds_ratio)}  within 20%: "
           f"{_ok(c.seconds_ratio)}")
     spread = ("" if c.overhead_spread is None
-              else f"  (per-seed spread {100 * c.overhead_spread:.1f} points)")
+              else f"  (per-seed spread {100 * c.overhead_spread:.1f} points"
+                   f"{_band(c.measured_overhead, c.overhead_spread, c.reached, c.predicted_overhead)})")
     print(f"  overhead with failures predicted {100 * c.predicted_overhead:6.1f}%  measured "
           f"{100 * (c.measured_overhead or 0):6.1f}%  ratio {_r(c.overhead_ratio)}  within "
           f"20%: {_ok(c.overhead_ratio)}{spread}")
