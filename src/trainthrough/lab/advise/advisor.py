@@ -101,8 +101,9 @@ class Advice:
             inf = {k: math.inf for k in ("seconds_to_target", "overhead") if p[k] is None}
             return Prediction(**{**p, **inf})
         fields = {k: v for k, v in d.items() if k not in ("recommended", "runner_up")}
-        fields.setdefault("parallel_recovery", parallel_recovery(
-            d["engine"], d["paradigm"], d["config"].get("consistency", "bsp")))
+        if "parallel_recovery" not in fields:  # asked only when the file lacks it
+            fields["parallel_recovery"] = parallel_recovery(
+                d["engine"], d["paradigm"], d["config"].get("consistency", "bsp"))
         return cls(**{**fields, "baseline": Baseline(**d["baseline"]),
                       "measured": [_measured(m) for m in d["measured"]],
                       "predictions": [pred(p) for p in d["predictions"]]})

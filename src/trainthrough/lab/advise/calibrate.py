@@ -325,7 +325,7 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
         excess, gap = back_to_back(cfg, c, base, trace, every, say) or (0.0, 0.0)
         out.append(Measured(
             c.name, every, cost, write, cost / (every * t0) if every else 0.0,
-            tuple(int(r["failed_at"]) for r in runs), _mean(runs, "recovery"), _mean(runs, "rework"),
+            tuple(r["failed_at"] for r in runs), _mean(runs, "recovery"), _mean(runs, "rework"),
             _mean(runs, "bound"), _mean(runs, "norm"), _mean(runs, "lost"),
             spread / (every * t0) if every else 0.0, _spread(runs, "lost"), excess, gap,
             _present(runs, "window")))
