@@ -472,3 +472,16 @@ def test_real_process_exit_code(tmp_path: Path, args: list[str]) -> None:
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr + p.stdout
     assert p.stderr.startswith("trainthrough: error: ") and not out.exists()
+
+
+def test_the_parser_answers_without_importing_torch() -> None:
+    """``--help`` and a bad flag need the parser alone: before, building it imported the
+    suites, the runner and with them torch, 3 s for one line."""
+    code = ("import sys\nfrom trainthrough.cli import main\n"
+            "for argv in (['--help'], ['compare', '--help'], ['run', '--bogus']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n"
+            "        assert e.code in (0, 2), e.code\n"
+            "print(sorted({'torch', 'ray', 'matplotlib'} & set(sys.modules)), file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stderr.strip().splitlines()[-1] == "[]", p.stderr

@@ -17,7 +17,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -366,6 +366,11 @@ class RunConfig:
             raise UserError(f"config file {p} is not valid TOML: {e}") from None
         except UserError as e:
             raise UserError(f"config file {p}: {e}") from None
+
+
+def baseline_config(cfg: RunConfig) -> RunConfig:
+    """The failure-free twin of ``cfg`` (same seed, same everything but failures)."""
+    return replace(cfg, failures=[], baseline=False, checkpoint_dir=None)
 
 
 def _check_storage_url(url: str | None) -> None:

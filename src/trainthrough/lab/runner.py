@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trainthrough.config import RunConfig
+from trainthrough.config import RunConfig, baseline_config
 from trainthrough.engines.base import Engine, RunContext
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.engines.registry import canonical, check_resumable, entry
@@ -98,11 +98,6 @@ def _scratch_checkpoints(engine: str) -> Iterator[str]:
     # Real engines' actors run in other processes: they need a real path, not memory.
     with tempfile.TemporaryDirectory(prefix="tt-ckpt-", ignore_cleanup_errors=True) as base:
         yield run_location(base, new_run_id())
-
-
-def baseline_config(cfg: RunConfig) -> RunConfig:
-    """The failure-free twin of ``cfg`` (same seed, same everything but failures)."""
-    return replace(cfg, failures=[], baseline=False, checkpoint_dir=None)
 
 
 def run_silent(cfg: RunConfig, callback: Callback | None = None) -> dict[str, Any]:

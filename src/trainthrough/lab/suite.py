@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainthrough.config import RunConfig
+from trainthrough.config import RunConfig, baseline_config
 from trainthrough.errors import UserError
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.progress import console, make_progress
-from trainthrough.lab.runner import baseline_config, run, run_baseline
 
 
 @dataclass
@@ -50,11 +49,17 @@ class SuiteSpec:
     baseline_of: Any = None
 
 
+# The runner is imported where a run starts: it imports the engines and torch, which a
+# suite's spec, and the CLI's parser that lists the suites, do not need.
 def _baseline_job(cfg: RunConfig) -> dict[str, Any]:
+    from trainthrough.lab.runner import run_baseline
+
     return run_baseline(cfg)
 
 
 def _run_job(cfg: RunConfig, out: str, baseline: dict[str, Any]) -> dict[str, Any]:
+    from trainthrough.lab.runner import run
+
     return run(cfg, Path(out), baseline=baseline)
 
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainthrough.config import RunConfig
-from trainthrough.lab.runner import baseline_config
+from trainthrough.config import RunConfig, baseline_config
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
 
 DESCRIPTION = "SCAR: rework of checkpoint-restart vs partial recovery vs prioritized checkpoints"
