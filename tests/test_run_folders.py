@@ -154,6 +154,40 @@ def test_overwrite_replaces_the_run_and_keeps_a_users_files(cli, tmp_path: Path)
     assert max(m["iteration"] for m in read_metrics(out)) <= 30  # the old curve is gone
 
 
+def test_overwrite_removes_the_old_runs_checkpoints_from_a_checkpoint_dir_given(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """With ``--checkpoint-dir`` (relative, as typed): the old run's location there goes,
+    the user's files there stay. Before, --overwrite read the folder config.toml names
+    after deleting config.toml, and looked in the default folder instead."""
+    monkeypatch.chdir(tmp_path)
+    Path("mine").mkdir()
+    Path("mine/weights.bin").write_bytes(b"mine")
+    args = ("run", "--workload", "mlr", "--max-iterations", "20", "--checkpoint-every", "10",
+            "--checkpoint-dir", "mine", "--out", "run", "--quiet")
+    assert cli(*args).code in (0, 1)  # 1: the target is not reached in 20 iterations
+    old = _status(Path("run"))["run_id"]
+    assert Path("mine", f"run-{old}").is_dir()
+    assert cli(*args, "--overwrite").code in (0, 1)
+    new = _status(Path("run"))["run_id"]
+    assert sorted(p.name for p in Path("mine").iterdir()) == [f"run-{new}", "weights.bin"]
+    assert Path("mine/weights.bin").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize(("where", "words"), [
+    ("file", "is a file, not a folder"),
+    ("file/sub", "which is a file"),
+])
+def test_a_checkpoint_dir_that_cannot_be_a_folder_is_refused_before_the_run(
+        where: str, words: str, cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """Before, the first save raised NotADirectoryError with a traceback, exit 1."""
+    (tmp_path / "file").write_text("a user's file")
+    r = cli("run", "--workload", "mlr", "--checkpoint-every", "2", "--checkpoint-dir",
+            str(tmp_path / where), "--out", str(tmp_path / "run"), "--quiet")
+    _one_line_error(r, "--checkpoint-dir", words)
+    assert not (tmp_path / "run").exists()
+    assert (tmp_path / "file").read_text() == "a user's file"
+
+
 def test_overwrite_refuses_a_folder_that_holds_no_run(cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "mine"
     out.mkdir()

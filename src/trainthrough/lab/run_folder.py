@@ -119,8 +119,7 @@ def check_out(out: Path, overwrite: bool = False, resume: bool = False) -> Folde
             ``overwrite`` nor ``resume`` is set, holds a run still running, or (with
             ``resume``) holds no incomplete run.
     """
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a folder; choose another --out")
+    check_creatable(out, "--out")
     try:
         used = out.is_dir() and any(out.iterdir())
     except OSError as e:
@@ -137,13 +136,40 @@ def check_out(out: Path, overwrite: bool = False, resume: bool = False) -> Folde
         more = "" if previous.complete else ", or --resume to continue it"
         raise UserError(f"run folder {out} already exists and holds {previous.describe()}; "
                         f"add --overwrite to replace it{more}")
-    # The nearest existing ancestor decides whether the folder can be made at all.
-    base = next((p for p in out.absolute().parents if p.exists()), None)
-    if base is not None and not base.is_dir():
-        raise UserError(f"--out {out} lies under {base}, which is a file; choose another --out")
-    if base is not None and not out.exists() and not os.access(base, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out}: no permission to create folders in {base}")
     return previous
+
+
+def check_creatable(path: Path, label: str) -> None:
+    """Check that ``path`` is a folder, or one this process can create.
+
+    Raises:
+        UserError: ``path`` is a file, lies under a file, or its nearest existing
+            ancestor is not writable; ``label`` names the option that gave it.
+    """
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{label} {path} is a file, not a folder; choose another {label}")
+    # The nearest existing ancestor decides whether the folder can be made at all.
+    base = next((p for p in path.absolute().parents if p.exists()), None)
+    if base is not None and not base.is_dir():
+        raise UserError(f"{label} {path} lies under {base}, which is a file; "
+                        f"choose another {label}")
+    if base is not None and not path.exists() and not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"{label} {path}: no permission to create folders in {base}")
+
+
+def check_checkpoint_dir(base: str) -> None:
+    """A local ``--checkpoint-dir`` must be a folder a run can create and write in. A
+    remote URL's store is only known when it writes (it raises then).
+
+    Raises:
+        UserError: as :func:`check_creatable`, or the folder is not writable.
+    """
+    if "://" in base and not base.startswith("file://"):
+        return
+    path = Path(base.removeprefix("file://"))
+    check_creatable(path, "--checkpoint-dir")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"--checkpoint-dir {path}: no permission to write in it")
 
 
 def _check_resumable(out: Path, run: FolderRun | None) -> None:
@@ -216,6 +242,8 @@ def clear(run: FolderRun) -> None:
         UserError: a file cannot be removed.
     """
     folder = run.folder
+    # Read before the run's files go: config.toml is one of them.
+    recorded = _recorded_checkpoint_dir(folder) if run.run_id else None
     try:
         for name in (*RUN_FILES, *TEMP_FILES):
             p = folder / name
@@ -224,7 +252,6 @@ def clear(run: FolderRun) -> None:
     except OSError as e:
         raise UserError(f"--overwrite: cannot remove {e.filename} ({e.strerror})") from None
     if run.run_id:
-        recorded = _recorded_checkpoint_dir(folder)
         default = str(folder / "checkpoints")
         _remove_checkpoints(_location(folder, recorded or default, run.run_id))
         if recorded in (None, default):

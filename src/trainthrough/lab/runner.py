@@ -26,7 +26,7 @@ from trainthrough.ft.checkpoint import new_run_id, run_location
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
-from trainthrough.lab.run_folder import check_out, clear, require_checkpoint
+from trainthrough.lab.run_folder import check_checkpoint_dir, check_out, clear, require_checkpoint
 from trainthrough.workloads import Workload, make_workload
 from trainthrough.workloads.reference import absolute
 
@@ -163,6 +163,8 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     if resume:
         check_resumable(cfg.engine, cfg.paradigm, resolve(cfg.strategy))
     previous = check_out(out, overwrite=overwrite, resume=resume)
+    if cfg.checkpoint_dir:  # the default, inside ``out``, is checked with it
+        check_checkpoint_dir(cfg.checkpoint_dir)
     if resume and previous is not None:
         run_id = run_id or previous.run_id
     base = cfg.checkpoint_dir or str(out / "checkpoints")
