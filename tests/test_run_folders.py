@@ -299,6 +299,26 @@ def test_resume_refusals(cli, tmp_path: Path) -> None:  # noqa: ANN001
                     "holds no trainthrough run")
 
 
+def test_a_run_resumes_from_another_working_folder(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Relative --out and --checkpoint-dir, typed in one folder, resumed from another:
+    the run records its checkpoint folder absolute. Before, it recorded it as typed
+    and the resumed run looked for it under the new working folder."""
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    for ckpt in ("ck", None):
+        out = Path(f"cut-{ckpt}")
+        _cut(out, **({"checkpoint_dir": ckpt} if ckpt else {}))
+        recorded = RunConfig.from_toml(out / "config.toml").checkpoint_dir
+        assert recorded is not None and Path(recorded).is_absolute()
+    monkeypatch.chdir(tmp_path)
+    for ckpt in ("ck", None):
+        r = cli("run", "--out", f"a/cut-{ckpt}", "--resume", "--quiet")
+        assert r.code == 0, r.err
+        assert read_summary(Path(f"a/cut-{ckpt}"))["resumed_from"] == 40
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["ck", "cut-None", "cut-ck"]
+
+
 def test_resume_to_a_new_iteration_budget(cli, tmp_path: Path) -> None:  # noqa: ANN001
     """``--max-iterations`` is the one setting a resume may change: the run goes on to
     the new budget exactly as a run started with it, and records it; a budget the

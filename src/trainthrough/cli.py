@@ -226,6 +226,7 @@ def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
             resume in ``--out`` (lab/run_folder.py).
     """
     from trainthrough.config import flag_label
+    from trainthrough.ft.checkpoint.location import absolute_base
     from trainthrough.lab.run_folder import resume_point
     from trainthrough.lab.runner import resolve_defaults
 
@@ -242,8 +243,11 @@ def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     if budget is not None:
         recorded = replace(recorded, max_iterations=budget)
     if over:
+        # As the run records it: a local folder absolute (ft/checkpoint/location.py).
+        ckpt = over.get("checkpoint_dir")
         asked = replace(resolve_defaults(replace(recorded, **over))[0],
-                        checkpoint_dir=over.get("checkpoint_dir", recorded.checkpoint_dir))
+                        checkpoint_dir=recorded.checkpoint_dir if ckpt is None
+                        else absolute_base(ckpt))
         mine, theirs = asked.to_dict(), recorded.to_dict()
         for k in sorted(set(mine) | set(theirs)):
             if mine.get(k) != theirs.get(k):

@@ -34,7 +34,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.engines.signals import ProcessIdentity, alive, identify
 from trainthrough.errors import UserError
-from trainthrough.ft.checkpoint import run_location
+from trainthrough.ft.checkpoint import absolute_base, run_location
 from trainthrough.ft.checkpoint.manifest import MANIFEST
 from trainthrough.lab.recorder import RUN_FILES, STATUS, SUMMARY, TEMP_FILES
 
@@ -254,7 +254,7 @@ def clear(run: FolderRun) -> None:
     if run.run_id:
         default = str(folder / "checkpoints")
         _remove_checkpoints(_location(folder, recorded or default, run.run_id))
-        if recorded in (None, default):
+        if recorded is None or absolute_base(recorded) == absolute_base(default):
             _remove_if_empty(Path(default))
 
 

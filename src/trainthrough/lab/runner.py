@@ -22,7 +22,7 @@ from trainthrough.engines.registry import canonical, check_resumable, entry
 from trainthrough.engines.result import limits, new_result
 from trainthrough.errors import UserError, terminated
 from trainthrough.faults.spec import parse
-from trainthrough.ft.checkpoint import new_run_id, run_location
+from trainthrough.ft.checkpoint import absolute_base, new_run_id, run_location
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
@@ -167,7 +167,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         check_checkpoint_dir(cfg.checkpoint_dir)
     if resume and previous is not None:
         run_id = run_id or previous.run_id
-    base = cfg.checkpoint_dir or str(out / "checkpoints")
+    base = absolute_base(cfg.checkpoint_dir or str(out / "checkpoints"))
     run_id = run_id or new_run_id()
     try:
         url = run_location(base, run_id)

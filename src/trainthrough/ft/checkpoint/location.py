@@ -9,7 +9,9 @@ and pruning thus only ever see the run's own checkpoints, whatever else shares t
 folder. A resumed run keeps its id, which is how it finds its checkpoints again.
 
 The location is one string because it must cross process boundaries unchanged (Ray
-actors and gloo ranks open their own stores from it).
+actors and gloo ranks open their own stores from it). A local one is therefore
+absolute: those processes, and a run resumed from another folder, do not share the
+working folder of the command that started the run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from pathlib import Path
 
 from trainthrough.ft.checkpoint.manifest import RUN_RE
 
@@ -31,6 +34,12 @@ def new_run_id() -> str:
     in every run of one configuration.
     """
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def absolute_base(base: str) -> str:
+    """``base`` with a local path made absolute (against this process's working
+    folder); a URL (``memory://``, ``s3://``, ``file://``...) as it is."""
+    return base if "://" in base else str(Path(base).absolute())
 
 
 def run_location(base: str, run_id: str) -> str:
