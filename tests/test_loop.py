@@ -130,6 +130,16 @@ def test_a_loop_that_cannot_travel_is_refused() -> None:
     assert reference_of(ledger_train) == "tests.loops.ledger_loop:train"
 
 
+def test_one_failure_spec_may_be_a_plain_string(tmp_path: Path) -> None:
+    """Before, a string was split into its characters: "failure spec 'r'"."""
+    from trainthrough.loop import launch
+
+    with pytest.raises(UserError, match=r"'rank=9@iter=3': rank 9 does not exist"):
+        launch(ledger_train, engine="gloo", fail="rank=9@iter=3", out=tmp_path / "o",
+               progress=False)
+    assert not (tmp_path / "o").exists()
+
+
 def _netns_ok() -> bool:
     try:
         return subprocess.run(["unshare", "--net", "true"], capture_output=True,

@@ -96,7 +96,7 @@ def reference_of(train: TrainingLoop) -> str:
 
 
 def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
-           fail: Sequence[str] = (), seed: int = 0, engine: str = "ray",
+           fail: str | Sequence[str] = (), seed: int = 0, engine: str = "ray",
            ray_address: str | None = None, out: str | Path | None = None,
            replace: bool = True, recovery_delay: float = 2.0,
            checkpoint_every: int | None = None, timeout: float = 5.0,
@@ -109,7 +109,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         strategy: how a lost rank is recovered: ``rollback`` (redo the step on the
             survivors), ``lossy-forward``, ``checkpoint-restart`` (``trainthrough list``).
         fail: failures to inject, in the spec language of ``trainthrough run --fail``
-            (``rank=1@iter=30``: rank 1 is SIGKILLed at its 30th step).
+            (``rank=1@iter=30``: rank 1 is SIGKILLed at its 30th step); one spec may be
+            given as a plain string.
         engine: ``ray`` (local Ray, or the cluster at ``ray_address``) or ``gloo``.
         replace: start a replacement for a lost rank ``recovery_delay`` seconds later; it
             joins with a live peer's state (the group shrinks, then grows back).
@@ -125,7 +126,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
     ref = reference_of(train)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("loop-%Y%m%d-%H%M%S")
     cfg = RunConfig(workload=ref, paradigm="dp", engine=engine, ranks=ranks, strategy=strategy,
-                    failures=list(fail), seed=seed, ray_address=ray_address, replace=replace,
+                    failures=[fail] if isinstance(fail, str) else list(fail), seed=seed, ray_address=ray_address, replace=replace,
                     recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
                     elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout))
