@@ -6,5 +6,4 @@ from trainthrough.ft.checkpoint.manifest import FORMAT
 from trainthrough.ft.checkpoint.store import CheckpointInfo, CheckpointStore, require_ints
 
 __all__ = ["FORMAT", "CheckpointCorrupt", "CheckpointInfo", "CheckpointStore", "absolute_base",
-           "new_run_id",
-           "require_ints", "run_location", "run_of"]
+           "new_run_id", "require_ints", "run_location", "run_of"]
