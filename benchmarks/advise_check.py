@@ -106,18 +106,21 @@ def _ok(ratio: float | None) -> str:
     return "yes" if abs(ratio - 1) <= TOLERANCE else "NO"
 
 
-def _band(mean: float | None, spread: float | None, n: int, predicted: float,
-          digits: int = 1) -> str:
-    """The measured mean +- 2 standard errors over ``n`` seeds, and whether the prediction
+def _scatter(mean: float | None, spread: float | None, n: int, predicted: float,
+             digits: int, band_digits: int) -> str:
+    """Beside a measured overhead: the per-seed spread (a standard deviation), and the
+    measured mean +- 2 standard errors over ``n`` seeds with whether the prediction
     falls inside: what the check can resolve. A 20% band narrower than this one cannot
     be told apart from the seeds' own scatter (each seed draws its failures)."""
-    if mean is None or spread is None or n < 2:
+    if spread is None:
         return ""
-    half = 2 * spread / math.sqrt(n)
-    where = "inside" if abs(predicted - mean) <= half else "outside"
-    return (f"; measured +- 2 SE {100 * (mean - half):.{digits}f}.."
-            f"{100 * (mean + half):.{digits}f}%, "
-            f"prediction {where}")
+    note = f"  (per-seed spread {100 * spread:.{digits}f} points"
+    if mean is not None and n >= 2:
+        half = 2 * spread / math.sqrt(n)
+        where = "inside" if abs(predicted - mean) <= half else "outside"
+        note += (f"; measured +- 2 SE {100 * (mean - half):.{band_digits}f}.."
+                 f"{100 * (mean + half):.{band_digits}f}%, prediction {where}")
+    return note + ")"
 
 
 def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
@@ -127,18 +130,16 @@ def report(engine: str, workload: str, rank: int, c: Check, clock: str) -> None:
           f"{c.reached}/{c.seeds} seeds reached the target; seconds are {clock}")
     print(f"  failure-free overhead  predicted {100 * c.predicted_steady:7.4f}%  measured "
           f"{100 * c.measured_steady:7.4f}%  ratio {_r(ff_ratio)}  within 20%: "
-          f"{_ok(ff_ratio)}{ff_note}" + ("" if c.steady_spread is None else
-                                         f"  (per-seed spread {100 * c.steady_spread:.2f} points"
-                                         f"{_band(c.measured_steady, c.steady_spread, c.seeds, c.predicted_steady, 4)})"))
+          f"{_ok(ff_ratio)}{ff_note}"
+          f"{_scatter(c.measured_steady, c.steady_spread, c.seeds, c.predicted_steady, 2, 4)}")
     b_ratio = c.measured_blocked / c.predicted_steady if c.predicted_steady > 0 else None
     print(f"  ... as paid on the trace (blocked share) measured {100 * c.measured_blocked:7.4f}%"
           f"  ratio {_r(b_ratio)}  within 20%: {_ok(b_ratio)}")
     print(f"  time to target         predicted {c.predicted_seconds:7.2f}   measured "
           f"{_r(c.measured_seconds):>7}   ratio {_r(c.seconds_ratio)}  within 20%: "
           f"{_ok(c.seconds_ratio)}")
-    spread = ("" if c.overhead_spread is None
-              else f"  (per-seed spread {100 * c.overhead_spread:.1f} points"
-                   f"{_band(c.measured_overhead, c.overhead_spread, c.reached, c.predicted_overhead)})")
+    spread = _scatter(c.measured_overhead, c.overhead_spread, c.reached, c.predicted_overhead,
+                      1, 1)
     print(f"  overhead with failures predicted {100 * c.predicted_overhead:6.1f}%  measured "
           f"{100 * (c.measured_overhead or 0):6.1f}%  ratio {_r(c.overhead_ratio)}  within "
           f"20%: {_ok(c.overhead_ratio)}{spread}")

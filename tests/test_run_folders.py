@@ -164,10 +164,10 @@ def test_overwrite_removes_the_old_runs_checkpoints_from_a_checkpoint_dir_given(
     Path("mine/weights.bin").write_bytes(b"mine")
     args = ("run", "--workload", "mlr", "--max-iterations", "20", "--checkpoint-every", "10",
             "--checkpoint-dir", "mine", "--out", "run", "--quiet")
-    assert cli(*args).code in (0, 1)  # 1: the target is not reached in 20 iterations
+    assert cli(*args).code == 0  # short of the target after 20 iterations: still 0
     old = _status(Path("run"))["run_id"]
     assert Path("mine", f"run-{old}").is_dir()
-    assert cli(*args, "--overwrite").code in (0, 1)
+    assert cli(*args, "--overwrite").code == 0
     new = _status(Path("run"))["run_id"]
     assert sorted(p.name for p in Path("mine").iterdir()) == [f"run-{new}", "weights.bin"]
     assert Path("mine/weights.bin").read_bytes() == b"mine"

@@ -90,7 +90,8 @@ def test_flapping_zookeeper_sessions_neither_hang_nor_break_the_chain(tmp_path: 
                         workers=2, consistency="async", eval_every=5, stop_at_target=False,
                         wall_limit=16.0, failures=["shards=0@time=2s"], replicas=3,
                         coordinator="zookeeper", zookeeper_hosts=link.hosts)
-        stop, cuts = threading.Event(), list[float]()
+        stop = threading.Event()
+        cuts: list[float] = []
         flapper = threading.Thread(target=_flap, args=(link, server.hosts, stop, cuts),
                                    daemon=True)
         flapper.start()

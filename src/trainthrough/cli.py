@@ -226,7 +226,7 @@ def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
             resume in ``--out`` (lab/run_folder.py).
     """
     from trainthrough.config import flag_label
-    from trainthrough.ft.checkpoint.location import absolute_base
+    from trainthrough.ft.checkpoint import absolute_base
     from trainthrough.lab.run_folder import resume_point
     from trainthrough.lab.runner import resolve_defaults
 
