@@ -208,12 +208,12 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         if m.refill_window is not None and c.measured_seconds is not None:
             # The model before the window was measured: the back-to-back run's alone.
             old = predict(a.baseline, replace(m, refill_window=None), p.label, a.mtbf,
-                          p.nodes, parallel=a.parallel_recovery)
+                          p.nodes, overlap=a.recovery_overlap)
             print(f"  ... predicted from the back-to-back window alone "
                   f"{old.seconds_to_target:7.2f}   ratio "
                   f"{c.measured_seconds / old.seconds_to_target:.2f}; overhead "
                   f"{100 * old.overhead:.1f}%")
-        if a.parallel_recovery and c.measured_seconds is not None:
+        if a.recovery_overlap != "queue" and c.measured_seconds is not None:
             # The model before overlapping recoveries were counted once: each failure
             # during another's recovery priced as a whole recovery more.
             serial = predict(a.baseline, m, p.label, a.mtbf, p.nodes)

@@ -21,7 +21,7 @@ from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
 from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import Advice, advise, trace_spec
-from trainthrough.lab.advise.advisor import parallel_recovery
+from trainthrough.lab.advise.advisor import recovery_overlap
 from trainthrough.lab.advise.calibrate import (
     FAILURE_RUNS,
     REAL_FAILURE_RUNS,
@@ -36,6 +36,7 @@ from trainthrough.lab.advise.check import Check, check, failure_free, steady_fro
 from trainthrough.lab.advise.model import (
     Baseline,
     Measured,
+    costing,
     interval,
     outage,
     predict,
@@ -47,6 +48,7 @@ from trainthrough.lab.advise.wall import (
     phase_cost,
     refill_delay,
     save_cost,
+    spare_share,
 )
 from trainthrough.lab.runner import run_silent
 
@@ -85,10 +87,52 @@ def _union_outage_per_failure(recovery: float, mtbf: float, n: int, seed: int) -
 def test_overlapping_recoveries_add_mtbf_times_one_minus_exp(recovery: float, mtbf: float
                                                              ) -> None:
     expected = mtbf * (1 - math.exp(-recovery / mtbf))
-    assert outage(recovery, mtbf, parallel=True) == pytest.approx(expected)
+    assert outage(recovery, mtbf, "parallel") == pytest.approx(expected)
     assert _union_outage_per_failure(recovery, mtbf, 200_000, 7) == pytest.approx(expected,
                                                                                   rel=0.01)
-    assert outage(recovery, mtbf, parallel=False) == recovery  # queued: each its whole R
+    assert outage(recovery, mtbf, "queue") == recovery  # queued: each its whole R
+
+
+def _batched(recovery: float, mtbf: float, n: int, seed: int) -> tuple[float, float]:
+    """Monte Carlo of Ray's bulk-synchronous rounds: a failure due during a recovery
+    waits for its end; all waiting then strike together and recover in one recovery
+    more. (outage per failure, share of failures striking a running engine)."""
+    rng = random.Random(seed)
+    t, end, covered, running = 0.0, 0.0, 0.0, 0
+    waiting = False
+    for _ in range(n):
+        t += rng.expovariate(1 / mtbf)
+        while waiting and t >= end:  # the held-back batch strikes at the end
+            covered += recovery
+            end += recovery
+            waiting = False
+            if t < end:
+                waiting = True
+        if t < end:
+            waiting = True  # held back (or joins the batch already held)
+            continue
+        running += 1
+        covered += recovery
+        end = t + recovery
+    if waiting:
+        covered += recovery
+    return covered / n, running / n
+
+
+@pytest.mark.parametrize(("recovery", "mtbf"), [(1.0, 3.0), (1.25, 3.0), (4.0, 2.0)])
+def test_held_back_failures_recover_together(recovery: float, mtbf: float) -> None:
+    x = recovery / mtbf
+    down, share = _batched(recovery, mtbf, 200_000, 11)
+    assert outage(recovery, mtbf, "batch") == pytest.approx(
+        recovery * math.exp(x) / (1 + x * math.exp(x)))
+    assert outage(recovery, mtbf, "batch") == pytest.approx(down, rel=0.01)
+    assert costing(recovery, mtbf, "batch") == pytest.approx(share, rel=0.01)
+    # Between side by side from the strike and one after another.
+    assert outage(recovery, mtbf, "parallel") < down < recovery
+    assert costing(recovery, mtbf, "queue") == costing(recovery, mtbf, "parallel") \
+        == pytest.approx(math.exp(-x))
+    with pytest.raises(ValueError, match="overlap"):
+        outage(recovery, mtbf, "sideways")
 
 
 def test_overlapping_recovery_by_hand() -> None:
@@ -97,7 +141,7 @@ def test_overlapping_recovery_by_hand() -> None:
     during = 1 - math.exp(-1 / 3)
     assert during == pytest.approx(0.28347, abs=1e-5)
     assert (1 - during) * 1.0 + during * 0.47227 == pytest.approx(0.85041, abs=1e-4)
-    assert outage(1.0, 3.0, parallel=True) == pytest.approx(0.85041, abs=1e-5)
+    assert outage(1.0, 3.0, "parallel") == pytest.approx(0.85041, abs=1e-5)
 
 
 def test_parallel_recovery_lowers_the_prediction_by_the_overlap_only() -> None:
@@ -105,8 +149,8 @@ def test_parallel_recovery_lowers_the_prediction_by_the_overlap_only() -> None:
     m = Measured("x", interval=20, checkpoint_seconds=0.2, steady=0.1, failed_at=(50,),
                  recovery_seconds=1.0, rework=10)
     serial = predict(base, m, "x", mtbf=5.0, nodes=8)
-    assert serial == predict(base, m, "x", mtbf=5.0, nodes=8, parallel=False)  # sim's
-    side = predict(base, m, "x", mtbf=5.0, nodes=8, parallel=True)
+    assert serial == predict(base, m, "x", mtbf=5.0, nodes=8, overlap="queue")  # sim's
+    side = predict(base, m, "x", mtbf=5.0, nodes=8, overlap="parallel")
     # The same rework (the same failures strike outside a recovery); the outage each adds
     # is 5 (1 - e^(-1/5)) = 0.9063 s, not 1 s.
     gain = 1.0 - 5.0 * (1 - math.exp(-1.0 / 5.0))
@@ -120,24 +164,30 @@ def test_parallel_recovery_lowers_the_prediction_by_the_overlap_only() -> None:
     # Recoveries longer than an MTBF stop progress only if they queue.
     slow = Measured("slow", None, recovery_seconds=6.0, rework=0)
     assert math.isinf(predict(base, slow, "slow", 5.0, 4).seconds_to_target)
-    assert math.isfinite(predict(base, slow, "slow", 5.0, 4, parallel=True).seconds_to_target)
+    assert math.isfinite(predict(base, slow, "slow", 5.0, 4, overlap="parallel")
+                         .seconds_to_target)
 
 
-def test_parallel_recovery_is_the_engines_claim_and_survives_json() -> None:
-    assert parallel_recovery("ray", "ps", "async") and not parallel_recovery("sim", "ps", "bsp")
-    # Ray's bulk-synchronous rounds deliver a failure due during a recovery after it.
-    assert not parallel_recovery("ray", "ps", "bsp")
+def test_recovery_overlap_is_the_engines_claim_and_survives_json() -> None:
+    assert recovery_overlap("ray", "ps", "async") == "parallel"
+    assert recovery_overlap("sim", "ps", "bsp") == "queue"
+    # Ray's bulk-synchronous rounds deliver failures due during a recovery after it,
+    # together.
+    assert recovery_overlap("ray", "ps", "bsp") == "batch"
     a = advise(RunConfig.from_toml(EXAMPLE), trace_spec("ps", "3s", None),
                only=["none", "checkpoint-restart"])
-    assert a.parallel_recovery is False  # sim recovers one at a time
+    assert a.recovery_overlap == "queue"  # sim recovers one at a time
     d = a.to_dict()
-    assert Advice.from_dict(json.loads(json.dumps(d))).parallel_recovery is False
-    # Advice saved before the fact was recorded takes its engine's claim.
-    old = {k: v for k, v in d.items() if k != "parallel_recovery"}
+    assert Advice.from_dict(json.loads(json.dumps(d))).recovery_overlap == "queue"
+    # Advice saved before the fact was recorded takes its engine's claim, also over the
+    # yes-or-no recorded before (Ray bsp said False: queued, which it is not).
+    old = {k: v for k, v in d.items() if k != "recovery_overlap"}
     ray_async = {**old, "engine": "ray", "config": {**old["config"], "consistency": "async"}}
-    assert Advice.from_dict(ray_async).parallel_recovery is True
-    assert Advice.from_dict({**old, "engine": "ray"}).parallel_recovery is False  # bsp
-    assert Advice.from_dict(old).parallel_recovery is False
+    assert Advice.from_dict(ray_async).recovery_overlap == "parallel"
+    assert Advice.from_dict({**old, "engine": "ray"}).recovery_overlap == "batch"
+    assert Advice.from_dict({**old, "engine": "ray", "parallel_recovery": False}
+                            ).recovery_overlap == "batch"
+    assert Advice.from_dict(old).recovery_overlap == "queue"
     # Every calibration failure run's iteration is kept (the costs are their mean), and
     # advice saved when only the first was kept (an int, or null) still loads.
     m = next(x for x in a.measured if x.name == "checkpoint-restart")
@@ -241,6 +291,55 @@ def test_trace_spec_needs_one_time_mtbf() -> None:
                        (None, "shard=any@mtbf=300iter"), (None, "shard=any@mtbf=3s,max=5")):
         with pytest.raises(UserError):
             trace_spec("ps", mtbf, fail)
+
+
+def test_a_recorded_trace_is_predicted_at_its_rate() -> None:
+    """Failures of one kind at times: MTBF = the last one's time / their number (4
+    failures by 12 s: one every 3 s), the same spec as ``--mtbf 3s``; the note says how
+    far the gaps (2, 3, 1, 6 s) are from random ones (coefficient of variation 1)."""
+    said: list[str] = []
+    spec = trace_spec("ps", None, "shard=any@time=2s;shard=any@time=5s;shard=any@time=6s;"
+                      "shard=any@time=12s", note=said.append)
+    assert spec == trace_spec("ps", "3s", None)
+    gaps = [2.0, 3.0, 1.0, 6.0]
+    cv = statistics.stdev(gaps) / statistics.fmean(gaps)
+    assert len(said) == 1 and "every 3 s" in said[0] and f"{cv:.2f}" in said[0]
+    # Options and the target carry over; the order of the lines does not matter.
+    two = trace_spec("ps", None, "shards=50%@time=9s,mode=hang;shards=50%@time=1s,mode=hang")
+    assert two.text == "shards=50%@mtbf=4.5s,mode=hang" and two.mode == "hang"
+    for bad in ("shard=any@time=2s",  # one failure: no rate
+                "shard=any@time=2s;worker=0@time=3s",  # two kinds
+                "shard=0@time=2s,mode=hang;shard=0@time=4s",  # two modes
+                "shard=any@time=2s;shard=any@iter=5",  # not a time
+                "shard=any@time=0s;shard=any@time=0s", ";"):
+        with pytest.raises(UserError):
+            trace_spec("ps", None, bad)
+
+
+def test_advise_reads_a_trace_file(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """``--trace FILE``: one failure per line, comments and blank lines skipped; the note
+    comes before any run (here the used --out refuses the run)."""
+    f = tmp_path / "failures.txt"
+    f.write_text("# from the cluster's log\nshard=any@time=2s\n\nshard=any@time=5s  # node 3\n"
+                 "shard=any@time=6s\nshard=any@time=12s\n")
+    out = tmp_path / "used"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    r = cli("advise", "--config", str(EXAMPLE), "--trace", str(f), "--out", str(out))
+    assert r.code == 2 and "not empty" in r.err
+    assert "note: the trace's 4 failures (shard=any) up to 12 s" in r.err
+    assert "shard=any@mtbf=3s" in r.err and (out / "mine.txt").read_text() == "keep"
+    for args in (["--trace", str(tmp_path / "missing.txt")],
+                 ["--trace", str(f), "--fail", "shard=any@time=1s;shard=any@time=2s"],
+                 ["--trace", str(f), "--mtbf", "3s"], ["--trace", str(tmp_path)]):
+        r = cli("advise", "--quiet", "--out", str(tmp_path / "new"), *args)
+        lines = [x for x in r.err.splitlines() if x.strip()]
+        assert r.code == 2 and len(lines) == 1, (args, r.err)
+        assert lines[0].startswith("trainthrough: error: ") and "Traceback" not in r.err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing yet\n")
+    r = cli("advise", "--quiet", "--trace", str(empty), "--out", str(tmp_path / "new"))
+    assert r.code == 2 and "no failure in it" in r.err
 
 
 # -- the command ----------------------------------------------------------------------
@@ -409,7 +508,48 @@ def test_refill_delay_with_the_spare_window_measured_with_steps_running() -> Non
                  refill_gap=1.0, refill_window=3.0)
     p = predict(base, m, "x", mtbf, 4)  # over the run it predicts (a fixed point)
     assert p.recovery_seconds == pytest.approx(
-        0.1 + refill_delay(0.4, 1.0, mtbf, 3.0, p.seconds_to_target), rel=1e-3)
+        0.1 + refill_delay(0.4, 1.0, mtbf, 3.0, p.seconds_to_target, 0.1), rel=1e-3)
+    # A failure waiting for the spare recovers when it is ready: its lone recovery runs
+    # meanwhile, so the wait beyond it is that of a window shorter by it.
+    assert refill_delay(0.4, 1.0, mtbf, 3.0, None, 0.1) == pytest.approx(
+        refill_delay(0.4, 1.0, mtbf, 2.9))
+
+
+def test_slow_steps_beside_the_spare_stop_when_the_next_failure_waits_for_it() -> None:
+    """A lone failure's steps lost beyond its rework are slow steps beside the spare
+    being started again, from its recovery (``a`` s) until the spare is ready (``w`` s
+    after the failure); on a trace the next failure, ``Exp(MTBF)`` later, stops them
+    when it strikes before (its wait is counted in its recovery): they last
+    ``E[max(0, min(g, w) - a)]`` of the ``w - a`` seconds, not all of them."""
+    mtbf, w, a = 3.0, 3.08, 0.14
+    rng = random.Random(5)
+    gaps = [rng.expovariate(1 / mtbf) for _ in range(200_000)]
+    mc = statistics.fmean(max(0.0, min(g, w) - a) for g in gaps) / (w - a)
+    assert spare_share(w, mtbf, a) == pytest.approx(mc, rel=0.01)
+    assert spare_share(w, mtbf, a) == pytest.approx(0.6085, abs=1e-3)
+    assert spare_share(w, mtbf) == pytest.approx(
+        statistics.fmean(min(g, w) for g in gaps) / w, rel=0.01)
+    assert spare_share(w, 1e9, a) == pytest.approx(1.0)  # failures far apart: all of it
+    assert spare_share(a, mtbf, a) == 1.0  # nothing to cut
+    base = Baseline("none", iterations=250, seconds=10.0)
+    lone = Measured("x", 8, recovery_seconds=0.14, rework=4.75, lost_steps=14.4,
+                    refill_excess=2.7, refill_gap=0.2, refill_window=w)
+    p = predict(base, lone, "x", mtbf, 4, overlap="batch")
+    r = p.recovery_seconds
+    assert r is not None and p.per_failure_seconds is not None
+    steps = 4.75 + (14.4 - 4.75) * spare_share(w, mtbf, 0.14)  # 10.6: the rework stays whole
+    assert p.per_failure_seconds == pytest.approx(
+        outage(r, mtbf, "batch") + costing(r, mtbf, "batch") * steps * 0.04)
+    # No window (sim: a replacement is always ready): nothing to cut short.
+    bare = replace(lone, refill_excess=0.0, refill_window=None)
+    q = predict(base, bare, "x", mtbf, 4)
+    assert q.per_failure_seconds == pytest.approx(0.14 + math.exp(-0.14 / mtbf) * 14.4 * 0.04)
+    # Fewer steps lost than the rework (a noisy calibration): those, uncut.
+    few = predict(base, replace(lone, lost_steps=3.0), "x", mtbf, 4, overlap="batch")
+    r = few.recovery_seconds  # its own: the wait for the spare depends on the run's length
+    assert r is not None
+    assert few.per_failure_seconds == pytest.approx(
+        outage(r, mtbf, "batch") + costing(r, mtbf, "batch") * 3.0 * 0.04)
 
 
 def test_failure_free_overhead_read_off_a_checks_own_steps() -> None:

@@ -168,7 +168,12 @@ def _add_advise(sub: Any) -> None:
                                   "one random shard fails each time; simulated "
                                   "seconds on sim, wall seconds on ray")
     p.add_argument("--fail", help="or the failures as a spec with an mtbf= trigger, e.g. "
-                                  "'shards=50%%@mtbf=30s'")
+                                  "'shards=50%%@mtbf=30s', or a recorded trace: failures "
+                                  "of one kind at times, e.g. "
+                                  "'shard=any@time=4s;shard=any@time=9.5s'")
+    p.add_argument("--trace", type=Path,
+                   help="or the trace from a file: one failure per line in that form "
+                        "(# starts a comment)")
     p.add_argument("--strategies", help="weigh only these presets (comma-separated; default: "
                                         "every preset the engine runs for the paradigm)")
     p.add_argument("--calibration-seeds", dest="calibration_seeds", type=_int, default=1,
@@ -347,14 +352,20 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
     if args.config and (cfg.failures or cfg.baseline):
         print(f"trainthrough: note: advise ignores the failures and baseline of "
-              f"{args.config}; it uses --mtbf/--fail", file=sys.stderr)
+              f"{args.config}; it uses --mtbf, --fail or --trace", file=sys.stderr)
     over = {k: getattr(args, k) for k in ADVISE_FIELDS if getattr(args, k) is not None}
     if args.option:
         workload = over.get("workload", cfg.workload)
         over["workload_options"] = {**cfg.workload_options, **{
             k: parse_option(workload, k, v) for k, v in args.option}}
     cfg = replace(cfg, **over)
-    trace = trace_spec(cfg.paradigm, args.mtbf, args.fail)
+    fail = args.fail
+    if args.trace is not None:
+        if fail is not None:
+            raise UserError("give the failures once: --fail or --trace, not both")
+        fail = _read_trace(args.trace)
+    trace = trace_spec(cfg.paradigm, args.mtbf, fail,
+                       note=lambda m: print(f"trainthrough: note: {m}", file=sys.stderr))
     only = None
     if args.strategies is not None:
         only = [n.strip() for n in args.strategies.split(",") if n.strip()]
@@ -372,6 +383,21 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
           f"{out / 'advice.json'}")
     return 0
+
+
+def _read_trace(path: Path) -> str:
+    """A trace file's failures, ``;``-joined as --fail takes them."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--trace {path}: cannot read it ({type(e).__name__}: "
+                        f"{getattr(e, 'strerror', None) or e})") from None
+    specs = [line.split("#", 1)[0].strip() for line in lines]
+    text = ";".join(x for x in specs if x)
+    if not text:
+        raise UserError(f"--trace {path}: no failure in it (one per line, e.g. "
+                        "'shard=any@time=4s')")
+    return text
 
 
 def _cmd_release(address: str) -> int:

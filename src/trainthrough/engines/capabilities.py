@@ -40,6 +40,11 @@ class Capabilities:
     # not after it: it lengthens the outage by less than its recovery
     # (lab/advise/model.py outage).
     parallel_recovery: frozenset[str] = frozenset()
+    # The consistency modes in which a failure due during a recovery is held back to its
+    # end, and all held back then strike together and recover side by side (one
+    # recovery more for all of them, lab/advise/model.py outage). A mode in neither set
+    # recovers one failure after another.
+    batched_recovery: frozenset[str] = frozenset()
     # The engine settings it reads (engines/options.py: ENGINE_SETTINGS); any other one
     # set away from its default is refused before the run.
     options: frozenset[str] = frozenset()

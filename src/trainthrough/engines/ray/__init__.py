@@ -32,13 +32,15 @@ CAPABILITIES = {
     # starts its own replacement at once (recovery.py: one pending entry each), so
     # failures striking during a recovery recover side by side with it; in
     # bulk-synchronous rounds a failure due during a recovery strikes only after it
-    # (bsp.py _settle delivers phase=recovery failures alone), so none overlap there.
+    # (bsp.py _settle delivers phase=recovery failures alone), together with any other
+    # held back, and those recover side by side.
     "ps": caps(consistency=("bsp", "async"), checkpoint=("none", "full", "prioritized"),
                persist=("sync", "async"),
                recovery=("reinit", "rollback-all", "restore-lost", "failover", "worker-copy"),
                replication=("none", "chain-sync", "chain-async"), outage=("wait", "buffer"),
                targets=("shard", "worker", "replica"), triggers=("iter", "time", "mtbf"),
                phases=("",), replica_position=True, parallel_recovery=("async",),
+               batched_recovery=("bsp",),
                options=("shards", "workers", "ray_address", "recovery_delay", "coordinator",
                         "zookeeper_hosts", "wall_limit")),
     # Data parallel is the gloo engine's controller with ranks on actors: its claims,

@@ -71,8 +71,9 @@ class BulkSynchronous:
         """Handle deaths and wait until every shard has a head and every worker serves.
 
         A ``phase=recovery`` failure strikes meanwhile; any other failure that falls
-        due now strikes once the recovery is over, as in ``sim``: recoveries queue, so
-        this mode does not claim ``parallel_recovery`` (engines/ray/__init__.py)."""
+        due now strikes once the recovery is over, at the next round's start, together
+        with every other one held back, and those recover side by side: this mode
+        claims ``batched_recovery`` (engines/ray/__init__.py)."""
         eng, c = self.eng, self.c
         while True:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}

@@ -1,8 +1,8 @@
 """The advisor: calibrate on the chosen engine, predict every candidate, rank them.
 
 :func:`advise` is what ``trainthrough advise`` runs; :func:`trace_spec` turns the
-user's failure rate (``--mtbf 30s`` or a seeded MTBF spec) into the one failure spec
-the prediction is for and a validation replays.
+user's failure rate (``--mtbf 30s``, a seeded MTBF spec, or a recorded trace of failures
+at times) into the one failure spec the prediction is for and a validation replays.
 """
 
 from __future__ import annotations
@@ -30,30 +30,84 @@ def clock_name(engine: str) -> str:
     return "simulated seconds" if engine == "sim" else "wall seconds"
 
 
-def trace_spec(paradigm: str, mtbf: str | None, fail: str | None) -> FailureSpec:
+def trace_spec(paradigm: str, mtbf: str | None, fail: str | None,
+               note: Callable[[str], None] | None = None) -> FailureSpec:
     """The failure trace: ``--mtbf T`` (one random component of the paradigm's kind
-    every T on average) or ``--fail SPEC`` with an ``mtbf=`` trigger in time units.
+    every T on average), ``--fail SPEC`` with an ``mtbf=`` trigger in time units, or a
+    recorded trace: several failures of one kind at times (``time=``), whose rate the
+    prediction takes (:func:`recorded_rate`; ``note`` is told how it read them).
 
     Raises:
-        UserError: neither or both given, a spec without a time MTBF, or one with
-            ``max=`` (the model assumes failures keep coming).
+        UserError: neither or both given, a spec without a time MTBF, one with ``max=``
+            (the model assumes failures keep coming), or a trace that is not failures of
+            one kind at two or more times.
     """
     if (mtbf is None) == (fail is None):
         raise UserError("advise needs a failure rate: --mtbf 30s, or --fail with an mtbf= "
-                        "trigger (e.g. 'shards=50%@mtbf=30s'), not both")
+                        "trigger (e.g. 'shards=50%@mtbf=30s') or a trace of failures at "
+                        "times, not both")
     text = fail if fail is not None else f"{DEFAULT_KIND[paradigm]}=any@mtbf={mtbf}"
     specs = parse(text)
-    if len(specs) != 1:
-        raise UserError(f"--fail {text!r}: advise takes one failure spec (got {len(specs)})")
-    s = parse_one(text)
+    if not specs:
+        raise UserError(f"--fail {text!r}: no failure spec in it")
+    if len(specs) > 1 or specs[0].at_time is not None:
+        spec, said = recorded_rate(specs)
+        if note is not None:
+            note(said)
+        return spec
+    s = specs[0]
     if s.mtbf is None or s.mtbf_unit != "s":
         raise UserError(f"--fail {text!r}: advise needs failures at a mean time between "
-                        "them in seconds, e.g. 'shard=any@mtbf=30s' (not iter=, time= or "
-                        "an mtbf in iterations)")
+                        "them in seconds, e.g. 'shard=any@mtbf=30s', or a trace of "
+                        "failures at times (not iter= or an mtbf in iterations)")
     if s.max_count is not None:
         raise UserError(f"--fail {text!r}: drop max=; the prediction assumes failures keep "
                         "coming at that rate until the target")
     return s
+
+
+def recorded_rate(specs: list[FailureSpec]) -> tuple[FailureSpec, str]:
+    """A recorded trace as the MTBF spec the prediction is for, and what was read.
+
+    The trace is failures of one kind (the same target and options) at times ``t_1 <=
+    ... <= t_n`` from the start; its MTBF is ``t_n / n``, the mean gap from the start
+    to each failure (the rate's maximum likelihood for failures that keep coming, seen
+    until the last). The prediction takes them as random (Poisson) failures at that
+    rate; how far the trace is from that is reported as the gaps' coefficient of
+    variation (1 for Poisson; regular failures have less, bursts more).
+
+    Raises:
+        UserError: a spec without ``time=``, fewer than two failures, mixed kinds.
+    """
+    for s in specs:
+        if s.at_time is None:
+            raise UserError(f"failure spec {s.text!r}: a trace for advise is failures at "
+                            "times (time=), or one spec with mtbf=")
+    if len(specs) < 2:
+        raise UserError(f"failure spec {specs[0].text!r}: one failure gives no rate; give "
+                        "a trace of two or more, or --mtbf")
+    def key(s: FailureSpec) -> tuple[str, tuple[str, ...]]:
+        target, _, when = s.text.partition("@")
+        return target.strip(), tuple(o.strip() for o in when.split(",")[1:])
+    keys = {key(s) for s in specs}
+    if len(keys) > 1:
+        shown = sorted(f"{t} ({', '.join(o)})" if o else t for t, o in keys)
+        raise UserError(f"advise predicts one kind of failure; the trace has {len(keys)}: "
+                        + ", ".join(repr(k) for k in shown[:3]))
+    (target, opts), = keys
+    times = sorted(float(s.at_time) for s in specs if s.at_time is not None)
+    mean = times[-1] / len(times)
+    if mean <= 0:
+        raise UserError("a trace whose failures are all at time 0 gives no rate")
+    gaps = [b - a for a, b in zip([0.0, *times[:-1]], times)]
+    mu = sum(gaps) / len(gaps)
+    cv = math.sqrt(sum((g - mu) ** 2 for g in gaps) / (len(gaps) - 1)) / mu
+    spec = parse_one(f"{target}@mtbf={mean:.6g}s" + "".join("," + o for o in opts))
+    said = (f"the trace's {len(times)} failures ({target}) up to {times[-1]:.4g} s are taken "
+            f"as random failures every {mean:.4g} s on average ({spec.text}); their gaps "
+            f"vary by {cv:.2f} of their mean (1 for the random failures the prediction "
+            "assumes; regular failures vary less, bursts more)")
+    return spec, said
 
 
 @dataclass
@@ -71,8 +125,8 @@ class Advice:
     measured: list[Measured]
     predictions: list[Prediction]
     config: dict[str, Any]
-    #: the engine recovers overlapping failures side by side (model.outage)
-    parallel_recovery: bool = False
+    #: how the engine recovers a failure during another's recovery (model.outage)
+    recovery_overlap: str = "queue"
 
     @property
     def recommended(self) -> Prediction:
@@ -95,14 +149,16 @@ class Advice:
     def from_dict(cls, d: dict[str, Any]) -> Advice:
         """The advice :meth:`to_dict` gave (``advice.json``), plain data only: a null
         time to target or overhead is the infinity it stood for. Advice saved before
-        ``parallel_recovery`` was recorded gets its engine's claim (a fact about the
-        engine, not the run; its stored predictions stay as they were made)."""
+        ``recovery_overlap`` was recorded gets its engine's claim (a fact about the
+        engine, not the run; its stored predictions stay as they were made), also over
+        the yes-or-no ``parallel_recovery`` recorded before it."""
         def pred(p: dict[str, Any]) -> Prediction:
             inf = {k: math.inf for k in ("seconds_to_target", "overhead") if p[k] is None}
             return Prediction(**{**p, **inf})
-        fields = {k: v for k, v in d.items() if k not in ("recommended", "runner_up")}
-        if "parallel_recovery" not in fields:  # asked only when the file lacks it
-            fields["parallel_recovery"] = parallel_recovery(
+        fields = {k: v for k, v in d.items()
+                  if k not in ("recommended", "runner_up", "parallel_recovery")}
+        if "recovery_overlap" not in fields:  # asked only when the file lacks it
+            fields["recovery_overlap"] = recovery_overlap(
                 d["engine"], d["paradigm"], d["config"].get("consistency", "bsp"))
         return cls(**{**fields, "baseline": Baseline(**d["baseline"]),
                       "measured": [_measured(m) for m in d["measured"]],
@@ -127,9 +183,12 @@ def _finite(v: Any) -> Any:
     return v
 
 
-def parallel_recovery(engine: str, paradigm: str, consistency: str) -> bool:
-    """Whether ``engine`` recovers overlapping failures side by side (its claim)."""
-    return consistency in entry(engine).capabilities[paradigm].parallel_recovery
+def recovery_overlap(engine: str, paradigm: str, consistency: str) -> str:
+    """How ``engine`` recovers a failure during another's recovery (its claim):
+    ``parallel``, ``batch`` or ``queue`` (model.outage)."""
+    c = entry(engine).capabilities[paradigm]
+    return ("parallel" if consistency in c.parallel_recovery
+            else "batch" if consistency in c.batched_recovery else "queue")
 
 
 def _nodes(cfg: RunConfig, c: Candidate) -> int:
@@ -188,9 +247,9 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     validate([trace], {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
     base, measured = _measure_on(cfg, cands, trace, say, seeds)
     by_name = {c.name: c for c in cands}
-    parallel = parallel_recovery(cfg.engine, cfg.paradigm, cfg.consistency)
+    overlap = recovery_overlap(cfg.engine, cfg.paradigm, cfg.consistency)
     preds = [predict(base, m, by_name[m.name].label, trace.mtbf, _nodes(cfg, by_name[m.name]),
-                     pricing, parallel) for m in measured]
+                     pricing, overlap) for m in measured]
     return Advice(cfg.workload, cfg.engine, cfg.paradigm, clock_name(cfg.engine), trace.mtbf,
                   trace.text, rank_by, base, measured, rank(preds, rank_by),
-                  replace(cfg, failures=[]).to_dict(), parallel)
+                  replace(cfg, failures=[]).to_dict(), overlap)

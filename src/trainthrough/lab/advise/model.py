@@ -8,9 +8,9 @@ costing ``L = recovery + lost * t`` seconds (``lost``: the steps it cost beyond
 recovering, the rework and the slow steps after it, measured within a failure run;
 lab/advise/wall.py) and failures arriving every ``MTBF``
 seconds on average (also while recovering: such a failure lengthens the outage
-but loses no progress, so only ``exp(-recovery / MTBF)`` of them cost rework; by how much
-it lengthens the outage depends on the engine, :func:`outage`), the time to target is the
-renewal model
+but loses no progress, so only some of them cost rework; how many, and by how much it
+lengthens the outage, depends on the engine: :func:`outage`, :func:`costing`), the time
+to target is the renewal model
 of :func:`trainthrough.lab.perf_model.expected_runtime`:
 
     time_to_target = I0 * t0 * (1 + steady) / (1 - L / MTBF)
@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainthrough.lab import perf_model as pm
-from trainthrough.lab.advise.wall import refill_delay
+from trainthrough.lab.advise.wall import refill_delay, spare_share
 from trainthrough.lab.cloud_cost import Pricing, cost_to_target
 
 
@@ -111,47 +111,74 @@ def interval(checkpoint_seconds: float, write_seconds: float, mtbf: float, step:
     return int(min(most, max(floor, round(yd))))
 
 
-def outage(recovery: float, mtbf: float, parallel: bool) -> float:
+OVERLAPS = ("queue", "batch", "parallel")  #: how an engine recovers overlapping failures
+
+
+def outage(recovery: float, mtbf: float, overlap: str = "queue") -> float:
     """Expected seconds of outage one failure adds, recoveries ``recovery`` long each.
 
-    Serial recoveries (``sim``: one replacement at a time) queue: every failure adds
-    its whole recovery, ``R``, also one striking during another's. So does a failure
-    held back until the recovery ends (Ray's bulk-synchronous rounds deliver it at the
-    next round; two held back together then recover side by side, which this leaves out:
-    on Ray mlr at an MTBF of 3 s their union was 0.90-1.0 of the recoveries' sum).
+    Failures arrive as a Poisson process of rate ``1/M`` (``M`` = MTBF), also while the
+    engine recovers; how one striking then adds to the outage is the engine's
+    (``Capabilities.batched_recovery`` and ``parallel_recovery``, per consistency mode):
 
-    Parallel recoveries (Ray's asynchronous runs: every death starts its own replacement
-    at once, engines/ray/recovery.py) overlap: the engine is out at ``t`` if any failure struck
-    in ``(t - R, t]``. Failures arrive as a Poisson process of rate ``1/M``
-    (``M`` = MTBF), so the gap ``g`` from the previous failure is exponential, mean
-    ``M``. The previous failure's outage ``[-g, -g + R]`` reaches past the new one's
-    strike (at 0) by ``R - g`` if ``g < R``, and every earlier one ends before it, so
-    the new failure's ``[0, R]`` adds ``min(g, R)``:
+    ``queue`` (``sim``: one replacement at a time): every failure adds its whole
+    recovery, ``R``, also one striking during another's.
+
+    ``batch`` (Ray's bulk-synchronous rounds): a failure due during a recovery is held
+    back to its end (engines/ray/bsp.py ``_settle``), and all held back then strike
+    together and recover side by side, in one recovery more, during which the next
+    batch gathers. A failure striking a running engine so starts an outage of
+    ``R (1 + p + p^2 + ...) = R exp(R/M)`` (``p = 1 - exp(-R/M)``: one falls due during a
+    recovery), holding it and, by Wald, ``exp(R/M) R/M`` failures more: per failure
+    ``R exp(x) / (1 + x exp(x))`` with ``x = R/M``. On Ray mlr at an MTBF of 3 s the
+    recoveries' union was 0.83-0.94 of their sum (4 checks); this gives 0.93 at ``x`` =
+    0.42.
+
+    ``parallel`` (Ray's asynchronous runs: every death starts its own replacement at
+    once, engines/ray/recovery.py): the engine is out at ``t`` if any failure struck in
+    ``(t - R, t]``. The gap ``g`` from the previous failure is exponential, mean ``M``;
+    the previous failure's outage ``[-g, -g + R]`` reaches past the new one's strike (at
+    0) by ``R - g`` if ``g < R``, and every earlier one ends before it, so the new
+    failure's ``[0, R]`` adds ``min(g, R)``:
 
         E[min(g, R)] = integral_0^R P(g > s) ds = integral_0^R exp(-s/M) ds
                      = M (1 - exp(-R/M))
 
     That is ``R`` for the ``exp(-R/M)`` of failures striking outside a recovery, and for
-    the ``1 - exp(-R/M)`` striking during one (the ``during`` of :func:`predict`)
-    ``E[g | g < R] = M - R exp(-R/M) / (1 - exp(-R/M))``, about ``R/2`` when ``R << M``:
-    its recovery runs past the earlier one's end only by the time between them. Summed
-    over failures it is the covered share of an M/D/infinity queue's time,
-    ``1 - exp(-R/M)`` (never all of it: parallel recoveries alone never stop progress).
-    On Ray, asynchronous mlr at an MTBF of 3 s (74 failures, mean R 1.43 s), the
-    recoveries' union was 0.83 of their sum, this formula 0.80 at the mean R: recoveries
-    are long mostly right after another failure (waiting for the spare), not independent.
+    the ``1 - exp(-R/M)`` striking during one ``E[g | g < R] = M - R exp(-R/M) / (1 -
+    exp(-R/M))``, about ``R/2`` when ``R << M``: its recovery runs past the earlier one's
+    end only by the time between them. Summed over failures it is the covered share of
+    an M/D/infinity queue's time, ``1 - exp(-R/M)`` (never all of it: parallel
+    recoveries alone never stop progress). On Ray, asynchronous mlr at an MTBF of 3 s (74
+    failures, mean R 1.43 s), the recoveries' union was 0.83 of their sum, this formula
+    0.80 at the mean R: recoveries are long mostly right after another failure (waiting
+    for the spare), not independent.
     """
-    if not parallel:
-        return recovery
-    return mtbf * -math.expm1(-recovery / mtbf)
+    if overlap == "parallel":
+        return mtbf * -math.expm1(-recovery / mtbf)
+    if overlap == "batch":
+        held = recovery / mtbf * math.exp(recovery / mtbf)
+        return recovery * math.exp(recovery / mtbf) / (1 + held)
+    if overlap != "queue":
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAPS)} (got {overlap!r})")
+    return recovery
+
+
+def costing(recovery: float, mtbf: float, overlap: str = "queue") -> float:
+    """The share of failures that strike a running engine, so lose progress: the others
+    strike during a recovery (queued or side by side: ``exp(-R/M)`` strike outside one,
+    arrivals being memoryless) or are held back to its end (``batch``: one of the ``1 +
+    x exp(x)`` failures of an outage, :func:`outage`), when no step has run since."""
+    x = recovery / mtbf
+    return 1 / (1 + x * math.exp(x)) if overlap == "batch" else math.exp(-x)
 
 
 def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
-            pricing: Pricing | None = None, parallel: bool = False) -> Prediction:
+            pricing: Pricing | None = None, overlap: str = "queue") -> Prediction:
     """The prediction for one measured candidate (see the module docstring).
 
-    ``parallel``: the engine recovers failures that overlap side by side, not one after
-    another (``Capabilities.parallel_recovery``, per consistency mode; :func:`outage`).
+    ``overlap``: how the engine recovers a failure striking during another's recovery
+    (:func:`outage`; ``queue`` on ``sim``).
     """
     pricing = pricing or Pricing()
     t0 = base.step_seconds
@@ -167,20 +194,29 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
                           None, why)
     rework = max(0, m.rework)  # a failure that happened to help is noise, not a gain
     steps = rework if m.lost_steps is None else max(0.0, m.lost_steps)
+    if m.lost_steps is not None and m.refill_window:
+        # Beyond the rework, a lone failure's lost steps are slow steps beside the
+        # spare being started again, from its recovery until the spare is ready; a
+        # failure meanwhile stops the steps (its wait for the spare is counted in its
+        # recovery), so on a trace they last only part of that (wall.spare_share).
+        # Without this the wait was counted twice: on Ray mlr at an MTBF of 3 s the
+        # calibration read 14.4 steps lost a failure (4.75 of them rework), the trace
+        # 10.6 a failure that lost progress, this 10.6.
+        steps = min(steps, rework) + max(0.0, steps - rework) * spare_share(
+            m.refill_window, mtbf, m.recovery_seconds)
     # A failure soon after another may find the engine's replacement not ready yet;
     # less so early in the run (it starts with one ready), so the time to target
     # itself is needed: from a run without end, then the time that gave, twice.
     run: float | None = None
     for _ in range(3):
         recovery = m.recovery_seconds + refill_delay(m.refill_excess, m.refill_gap, mtbf,
-                                                        m.refill_window, run)
-        # A failure striking while an earlier one is still being recovered (probability
-        # 1 - exp(-R/MTBF): arrivals are memoryless) lengthens the outage (by all of its
-        # recovery if recoveries queue, less if they overlap: outage()) but finds no new
-        # progress to lose: only the others cost rework.
-        during = 1 - math.exp(-recovery / mtbf)
-        down = outage(recovery, mtbf, parallel)
-        lost = down + (1 - during) * steps * t0 * (1 + m.steady)
+                                                        m.refill_window, run,
+                                                        m.recovery_seconds)
+        # A failure striking during an earlier one's recovery, or held back to its end,
+        # lengthens the outage (outage()) but finds no new progress to lose: only the
+        # others cost rework (costing()).
+        down = outage(recovery, mtbf, overlap)
+        lost = down + costing(recovery, mtbf, overlap) * steps * t0 * (1 + m.steady)
         try:
             seconds = pm.expected_runtime(base.seconds, pm.Overhead(
                 m.name, m.steady, lost, m.steady + lost / mtbf), mtbf)
@@ -194,8 +230,8 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
                + (f" ({steps:.3g} steps lost in all)" if m.lost_steps is not None else "")
                + (f" (bound {m.rework_bound:.3g})" if m.rework_bound is not None
                   and math.isfinite(m.rework_bound) else "")
-               + (f"; recoveries overlap: {down:.3g} s of outage per failure"
-                  if parallel else ""))
+               + (f"; recoveries overlap ({overlap}): {down:.3g} s of outage per failure"
+                  if overlap != "queue" else ""))
     if not math.isfinite(seconds):
         why.append(f"each failure costs {lost:.3g} s >= the MTBF: no progress")
         return Prediction(m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
