@@ -204,6 +204,14 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         t = time.perf_counter()
         c = check(a, p.name, list(range(n)), free, jobs=SIM_JOBS if engine == "sim" else 1)
         report(engine, workload, rank, c, a.clock)
+        if p.seconds_se is not None and c.measured_seconds is not None:
+            # The calibration's own noise (model.Prediction.seconds_se): a 20% band
+            # narrower than it cannot be met by every calibration, however good the model.
+            lo, hi = (p.seconds_to_target + k * p.seconds_se for k in (-2, 2))
+            where = "inside" if lo <= c.measured_seconds <= hi else "outside"
+            print(f"  ... the prediction +- 2 SE of its calibration (its failure runs' "
+                  f"spread) {lo:.2f}..{hi:.2f} s ({100 * p.seconds_se / p.seconds_to_target:.0f}%"
+                  f" a SE): measured {where}")
         m = next(m for m in a.measured if m.name == p.name)
         if m.refill_window is not None and c.measured_seconds is not None:
             # The model before the window was measured: the back-to-back run's alone.

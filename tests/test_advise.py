@@ -42,6 +42,7 @@ from trainthrough.lab.advise.model import (
     predict,
     rank,
 )
+from trainthrough.lab.advise.report import table_text, verdict
 from trainthrough.lab.advise.wall import (
     StepClock,
     failure_cost,
@@ -540,6 +541,7 @@ def test_slow_steps_beside_the_spare_stop_when_the_next_failure_waits_for_it() -
     steps = 4.75 + (14.4 - 4.75) * spare_share(w, mtbf, 0.14)  # 10.6: the rework stays whole
     assert p.per_failure_seconds == pytest.approx(
         outage(r, mtbf, "batch") + costing(r, mtbf, "batch") * steps * 0.04)
+    assert p.outage_seconds == pytest.approx(outage(r, mtbf, "batch"))  # < r: overlapping
     # No window (sim: a replacement is always ready): nothing to cut short.
     bare = replace(lone, refill_excess=0.0, refill_window=None)
     q = predict(base, bare, "x", mtbf, 4)
@@ -550,6 +552,33 @@ def test_slow_steps_beside_the_spare_stop_when_the_next_failure_waits_for_it() -
     assert r is not None
     assert few.per_failure_seconds == pytest.approx(
         outage(r, mtbf, "batch") + costing(r, mtbf, "batch") * 3.0 * 0.04)
+
+
+def test_the_prediction_carries_the_calibrations_noise() -> None:
+    """Steps lost 10 +- 8 over 4 failure runs: the time to target moves by the prediction
+    at 10 + 8/sqrt(4) = 14 steps less that at 10; one run (sim) or none: no estimate. The
+    verdict says when the runner-up is within that noise of the recommended."""
+    base = Baseline("none", iterations=100, seconds=10.0)
+    m = Measured("x", 10, steady=0.02, failed_at=(10, 30, 60, 90), recovery_seconds=0.5,
+                 rework=4, lost_steps=10.0, lost_spread=8.0)
+    p = predict(base, m, "x", 5.0, 4)
+    at14 = predict(base, replace(m, lost_steps=14.0, lost_spread=None), "x", 5.0, 4)
+    assert p.seconds_se == pytest.approx(at14.seconds_to_target - p.seconds_to_target)
+    assert p.seconds_se is not None and p.seconds_se > 0
+    assert predict(base, replace(m, failed_at=(50,)), "x", 5.0, 4).seconds_se is None
+    assert predict(base, replace(m, lost_spread=None), "x", 5.0, 4).seconds_se is None
+    # A mean below zero (noise) is used as 0, and the noise counted from there.
+    neg = predict(base, replace(m, lost_steps=-6.0), "x", 5.0, 4)
+    at4 = predict(base, replace(m, lost_steps=4.0, lost_spread=None), "x", 5.0, 4)
+    at0 = predict(base, replace(m, lost_steps=0.0, lost_spread=None), "x", 5.0, 4)
+    assert neg.seconds_se == pytest.approx(at4.seconds_to_target - at0.seconds_to_target)
+    a = Advice("x", "sim", "ps", "simulated seconds", 5.0, "shard=any@mtbf=5s", "time",
+               base, [m], [p, replace(p, name="y", label="y",
+                                      seconds_to_target=p.seconds_to_target + 0.1)], {})
+    assert "less than the calibration's noise" in verdict(a)
+    far = replace(a, predictions=[p, replace(p, name="y", label="y", seconds_to_target=99.0)])
+    assert "noise" not in verdict(far)
+    assert f"+- {p.seconds_se:.2g}" in table_text(a)
 
 
 def test_failure_free_overhead_read_off_a_checks_own_steps() -> None:

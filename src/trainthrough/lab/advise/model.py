@@ -26,7 +26,7 @@ target are ``time_to_target / MTBF``; cloud cost is lab/cloud_cost.py's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainthrough.lab import perf_model as pm
 from trainthrough.lab.advise.wall import refill_delay, spare_share
@@ -98,6 +98,11 @@ class Prediction:
     cost_on_demand: float | None
     cost_spot: float | None
     why: list[str] = field(default_factory=list)
+    #: standard error of ``seconds_to_target`` from the calibration's failure runs (the
+    #: spread of their steps lost, its largest noise); None: fewer than two such runs
+    seconds_se: float | None = None
+    #: seconds of outage one failure adds (R, less where recoveries overlap: outage())
+    outage_seconds: float | None = None
 
 
 def interval(checkpoint_seconds: float, write_seconds: float, mtbf: float, step: float,
@@ -241,7 +246,28 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
         m.name, label, m.interval, _secs(m.interval, t0), m.steady, rework,
         recovery, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
         cost_to_target(seconds, nodes, pricing.on_demand),
-        cost_to_target(seconds, nodes, pricing.spot), why)
+        cost_to_target(seconds, nodes, pricing.spot), why,
+        _seconds_se(base, m, mtbf, overlap), down)
+
+
+def _seconds_se(base: Baseline, m: Measured, mtbf: float, overlap: str) -> float | None:
+    """The change in time to target when the steps lost grow by one standard error of
+    their mean over the calibration's failure runs (``lost_spread / sqrt(runs)``), from
+    the value the prediction used (a mean below 0, noise, is used as 0): upwards, the
+    larger side, as the time to target is convex in the cost of a failure.
+
+    A failure run's steps lost vary with where it struck and with the machine: on Ray
+    mlr 14.4 +- 21 steps over 4 runs, which moves the time to target at an MTBF of 3 s
+    by about +-15%, as much as the 20% a prediction is held to. Shown next to the
+    prediction so a user can tell a difference between candidates from that noise."""
+    runs = len(m.failed_at)
+    if m.lost_steps is None or not m.lost_spread or runs < 2:
+        return None
+    used = max(0.0, m.lost_steps)
+    at, up = (predict(base, replace(m, lost_steps=used + d, lost_spread=None), "", mtbf, 1,
+                      overlap=overlap).seconds_to_target
+              for d in (0.0, m.lost_spread / math.sqrt(runs)))
+    return up - at if math.isfinite(up) else math.inf
 
 
 def _secs(n: int | None, step: float) -> float | None:

@@ -24,6 +24,10 @@ def plot_advice(a: Advice, out: Path) -> Path:
     ax = fig.subplots()
     finite = [p.seconds_to_target for p in preds if math.isfinite(p.seconds_to_target)]
     right = max(finite) if finite else 1.0
+    right += max((p.seconds_se for p in preds if p.seconds_se is not None
+                  and math.isfinite(p.seconds_se) and math.isfinite(p.seconds_to_target)),
+                 default=0.0)
+    noted = False
     for y, p in enumerate(reversed(preds)):
         left = 0.0
         parts = components(p, a)
@@ -31,6 +35,11 @@ def plot_advice(a: Advice, out: Path) -> Path:
             w = parts.get(name, 0.0)
             ax.barh(y, w, left=left, color=color, label=name if y == 0 else None)
             left += w
+        se = p.seconds_se if p.seconds_se is not None and math.isfinite(p.seconds_se) else 0.0
+        if parts and se > 0:  # the calibration's noise (model.Prediction.seconds_se)
+            ax.errorbar(left, y, xerr=[[0.0], [se]], fmt="none", ecolor="#444444",
+                        capsize=3, lw=1, label=None if noted else "+ SE (calibration)")
+            left, noted = left + se, True
         if not parts:
             ax.text(0.01 * right, y, p.why[-1], va="center", fontsize=8)
         elif p.interval is not None:

@@ -17,7 +17,8 @@ from trainthrough.lab.advise.advisor import Advice
 from trainthrough.lab.advise.model import Prediction
 
 _HEAD = ("rank", "strategy", "interval it (s)", "failure-free overhead",
-         "rework it / failure", "lost s / failure", "failures to target", "time to target s",
+         "rework it / failure", "lost s / failure", "failures to target",
+         "time to target s (+- SE)",
          "overhead", "$ on-demand", "$ spot")
 
 
@@ -45,10 +46,18 @@ def rows(a: Advice) -> list[tuple[str, ...]]:
         interval = "-" if p.interval is None else f"{p.interval} ({p.interval_seconds:.3g})"
         out.append((str(i), p.label, interval, f"{100 * p.steady:.2f}%", _n(p.rework, ".0f"),
                     _n(p.per_failure_seconds), _n(p.failures, ".1f"),
-                    _n(p.seconds_to_target),
+                    _n(p.seconds_to_target) + _se(p),
                     f"{100 * p.overhead:.0f}%" if math.isfinite(p.overhead) else "no progress",
                     _n(p.cost_on_demand, ".2g"), _n(p.cost_spot, ".2g")))
     return out
+
+
+def _se(p: Prediction) -> str:
+    """`` +- SE`` of the time to target from the calibration's noise, where known."""
+    if p.seconds_se is None or not math.isfinite(p.seconds_to_target):
+        return ""
+    return " +- " + ("no progress" if not math.isfinite(p.seconds_se)
+                     else format(p.seconds_se, ".2g"))
 
 
 def verdict(a: Advice) -> str:
@@ -63,6 +72,11 @@ def verdict(a: Advice) -> str:
         if math.isfinite(u.seconds_to_target) and math.isfinite(r.seconds_to_target):
             gap = 100 * (u.seconds_to_target / r.seconds_to_target - 1)
             text += f" Runner-up: {u.name}, {gap:.1f}% slower: " + "; ".join(u.why) + "."
+            noise = math.hypot(r.seconds_se or 0.0, u.seconds_se or 0.0)
+            if a.rank_by == "time" and u.seconds_to_target - r.seconds_to_target < noise:
+                text += (f" The two differ by less than the calibration's noise (+- "
+                         f"{noise:.2g} s, from the spread of its failure runs): either "
+                         "will do; more --calibration-seeds would tell them apart.")
         else:
             text += f" Runner-up: {u.name}: " + "; ".join(u.why) + "."
     return text
@@ -140,6 +154,8 @@ def components(p: Prediction, a: Advice) -> dict[str, float]:
         return {}
     work = a.baseline.seconds
     lost = p.per_failure_seconds or 0.0
-    rec = p.recovery_seconds or 0.0
+    # The outage a failure adds, less than its recovery where recoveries overlap (advice
+    # saved before it was kept: the recovery).
+    rec = p.outage_seconds if p.outage_seconds is not None else (p.recovery_seconds or 0.0)
     return {"failure-free work": work, "checkpoints": work * p.steady,
             "recovering": p.failures * rec, "rework": p.failures * (lost - rec)}
