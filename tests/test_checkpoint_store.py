@@ -18,7 +18,7 @@ import torch
 from fsspec.core import url_to_fs
 
 from trainthrough.config import RunConfig
-from trainthrough.errors import CheckpointCorrupt, UserError
+from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed, UserError
 from trainthrough.ft.checkpoint import FORMAT, CheckpointInfo, CheckpointStore, run_location
 from trainthrough.lab.runner import _scratch_checkpoints, run
 
@@ -284,7 +284,8 @@ def test_every_file_is_fsynced_before_the_rename_and_a_failed_fsync_fails_the_sa
     assert events[mv + 1:] == [("fsync", str(root))]
 
     fail.append("manifest.json")
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(CheckpointWriteFailed, match="ckpt-00000002 could not be written "
+                       ".*injected fsync failure"):
         store.save(2, tensors)
     assert [i.step for i in store.list()] == [1]
     assert sorted(p.name for p in root.iterdir()) == ["ckpt-00000001"]

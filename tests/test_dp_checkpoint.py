@@ -108,6 +108,18 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
                   "name": "x"})
     ctl.on_saved({"iteration": 15, "payload": 1, "blocked_seconds": 0.0, "error": "disk full"})
     assert ctl.checkpointer.count == 2 and events[-1]["type"] == "checkpoint-failed"
+    assert ctl.checkpointer.failed == 1
+    # Rank 0's own write refused by the storage: posted as a failed save, not raised
+    # (the rank trains on), naming the checkpoint and the reason.
+    def full(path: str, *_: Any) -> Any:
+        raise OSError(28, "No space left on device", path)
+    store = rank.saver.store  # type: ignore[union-attr]
+    store._open_write = store._write = full  # type: ignore[method-assign]
+    rank.after_commit(replica, 20, Cursor(0, 20), [0, 1])
+    assert "ckpt-00000020 could not be written" in posted[-1]["error"]
+    assert "No space left on device" in posted[-1]["error"]
+    posted.clear()
+    del store._open_write, store._write
     # A restart: the controller picks one checkpoint (skipping a corrupt one, once) for
     # every rank, and its Checkpointer asks again about the iterations after it.
     _flip(tmp_path / "ckpt-00000010")

@@ -81,6 +81,47 @@ def test_a_run_that_ends_early_is_marked_and_has_no_summary(
     assert not any(p.name.endswith(".tmp") for p in out.iterdir())
 
 
+def test_a_checkpoint_the_disk_cannot_take_is_said_and_the_run_goes_on(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The disk fills up from the second save (iteration 40) on: the run trains on to
+    its end from the save written, and says so in one line when it happens (also with
+    --quiet) and how many in all at the end; events.jsonl lists each failed save, the
+    summary counts them, and nothing half written is left."""
+    import errno
+
+    real = CheckpointStore._open_write
+
+    def full(self: CheckpointStore, path: str) -> Any:
+        if "-00000020.tmp-" not in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(self, path)
+
+    monkeypatch.setattr(CheckpointStore, "_open_write", full)
+    out = tmp_path / "run"
+    r = cli("run", "--workload", "mlr", "--max-iterations", "60", "--checkpoint-every", "20",
+            "--target", "0.0001", "--strategy", "checkpoint-restart", "--quiet",
+            "--out", str(out))
+    assert r.code == 0, r.err
+    assert "Traceback" not in r.err
+    lines = [x for x in r.err.splitlines() if "warning" in x]
+    assert lines[0].startswith("trainthrough: warning: a checkpoint at iteration 40 was not "
+                               "written: checkpoint shard0-00000040 could not be written to "), r.err
+    assert "No space left on device" in lines[0] and "goes on" in lines[0]
+    failed = [e for e in (json.loads(x) for x in (out / "events.jsonl").read_text().splitlines())
+              if e["type"] == "checkpoint-failed"]
+    s = read_summary(out)
+    assert sorted({e["iteration"] for e in failed}) == [40, 60]  # each shard's, 4 each
+    assert len(failed) == 8 and s["checkpoints_failed"] == 2
+    assert lines[1] == ("trainthrough: warning: 2 checkpoint saves failed in this run "
+                        "(events.jsonl: checkpoint-failed)") and len(lines) == 2
+    assert s["checkpoints"] == 1 and s["iterations"] == 60 and _status(out)["state"] == "complete"
+    folders = sorted(p.name for p in (out / "checkpoints").glob("run-*/*"))
+    assert folders and all(f.endswith("-00000020") for f in folders), folders  # none half
+    store = CheckpointStore(str(next((out / "checkpoints").glob("run-*"))))  # written left
+    latest = store.load_latest("shard0")
+    assert latest is not None and latest[1].step == 20  # and the one before verifies
+
+
 def test_a_complete_run_says_so(tmp_path: Path) -> None:
     s = run(RunConfig(**KW), tmp_path / "run")
     st = _status(tmp_path / "run")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainthrough.config import FLOAT_TEXT, INT_TEXT, field_choices
-from trainthrough.errors import RunStalled, Terminated, UserError, terminated
+from trainthrough.errors import RunStalled, Terminated, UserError, reason, terminated
 
 if TYPE_CHECKING:
     from trainthrough.config import RunConfig
@@ -274,7 +274,7 @@ def _slug(name: str) -> str:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from trainthrough.config import RunConfig
-    from trainthrough.lab.progress import RunProgress, console, make_progress
+    from trainthrough.lab.progress import RunProgress, SaveWarnings, console, make_progress
     from trainthrough.lab.runner import run
 
     run_id = None
@@ -288,7 +288,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(cfg.workload)}-{_slug(cfg.strategy)}")
     with make_progress(args.quiet) as progress:
         bar = RunProgress(progress, f"{cfg.workload}/{cfg.strategy}", cfg.max_iterations or 1000)
-        s = run(cfg, out, [bar], run_id=run_id, overwrite=args.overwrite, resume=args.resume)
+        s = run(cfg, out, [bar, SaveWarnings()], run_id=run_id, overwrite=args.overwrite,
+                resume=args.resume)
     if not args.quiet:
         rework = s.get("rework_iterations")
         console.print(
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainthrough: error: {msg}", file=sys.stderr)
         return 2
     except RunStalled as e:  # the run folder says so too (status.json: failed, reason)
-        print(f"trainthrough: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"trainthrough: run failed: {reason(e)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (``trainthrough list | head``): stop quietly. Python would

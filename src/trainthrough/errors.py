@@ -43,3 +43,21 @@ class RunStalled(RuntimeError):
     applied any more): it ends with this reason instead of waiting forever. Nothing the
     user typed is wrong, so it is not a :class:`UserError`; the CLI prints the reason
     on one line and exits with status 1. Takes one message argument (it pickles)."""
+
+
+class CheckpointWriteFailed(OSError):
+    """A checkpoint could not be written (the disk full, the folder made unwritable or
+    removed under the run), naming it, where, and the storage's reason. Engines report
+    it as a failed save (ft/checkpointer.py) and train on from the last one written;
+    the run says so. An ``OSError``, as what it wraps, for code that catches those; one
+    message argument (it pickles)."""
+
+
+def reason(e: BaseException) -> str:
+    """The first line of what ``e`` says, the original one for an error raised in a Ray
+    actor (Ray wraps it, with the actor's traceback, in a task error whose ``cause``
+    it is)."""
+    cause = getattr(e, "cause", None)
+    inner = cause if isinstance(cause, BaseException) else e
+    text = str(inner).strip().splitlines()
+    return text[0] if text else type(inner).__name__

@@ -88,7 +88,7 @@ class ReplicaCheckpoint:
         """Write a planned save (atomically; the store prunes to its ``keep_last``).
 
         Raises:
-            OSError: the location cannot be written.
+            CheckpointWriteFailed: the location cannot be written.
         """
         return self.store.save(p.step, p.tensors, p.meta, tag=TAG)
 

@@ -21,7 +21,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.dp.batching import Cursor
 from trainthrough.dp.rank import Replica, Tensors
-from trainthrough.errors import CheckpointCorrupt
+from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, SaveReport
 from trainthrough.ft.decisions import CheckpointDecision
@@ -57,8 +57,8 @@ class RankSaves:
         try:
             info = self.saver.write(p)
             out: dict[str, Any] = {"bytes": info.nbytes, "name": info.name}
-        except OSError as e:  # the run goes on; the previous save stays valid
-            out = {"error": f"checkpoint {logical} not written: {type(e).__name__}: {e}"}
+        except CheckpointWriteFailed as e:  # the run goes on; the previous save stays valid
+            out = {"error": str(e)}
         self.post({"type": "saved", "iteration": logical, "payload": p.payload_bytes,
                    "blocked_seconds": time.perf_counter() - t, **out})
 

@@ -223,6 +223,7 @@ class GlooEngine:
         r, rec, c = self.result, self.rec, self.saves.checkpointer
         r.failures = rec.failures
         r.checkpoints, r.checkpoint_bytes, r.checkpoint_blocked_seconds = c.count, c.bytes, c.blocked
+        r.checkpoints_failed = c.failed
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
         live = sorted(rec.members)
         hashes = [self.hashes.get(s) for s in live]

@@ -323,6 +323,7 @@ class RayEngine:
         r.iterations = iteration
         ck = self.checkpointer
         r.checkpoints, r.checkpoint_bytes = ck.count, ck.bytes
+        r.checkpoints_failed = ck.failed
         r.checkpoint_blocked_seconds = ck.blocked
         r.extras["checkpoint_payload_bytes"] = ck.payload_bytes
         r.extras.update(self.saves.stats())

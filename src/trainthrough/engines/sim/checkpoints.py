@@ -17,6 +17,7 @@ from typing import Any
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.engines.sim.persist import Persister
+from trainthrough.errors import CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, SaveReport
 from trainthrough.ft.checkpointing import CheckpointPolicy
@@ -42,9 +43,14 @@ class SimShardSaves:
         payload = sum(p.payload_bytes for _, p in plans)
 
         def finish(blocked: float) -> None:
-            infos = [s.write(p) for s, p in plans]
+            infos, errors = [], []
+            for s, p in plans:
+                try:
+                    infos.append(s.write(p))
+                except CheckpointWriteFailed as e:  # reported as Ray's shards report it
+                    errors.append(str(e))
             done(SaveReport(sum(i.nbytes for i in infos), payload, blocked,
-                            [i.name for i in infos]))
+                            [i.name for i in infos], errors))
 
         self.persist.write(payload, d.asynchronous, finish)
 

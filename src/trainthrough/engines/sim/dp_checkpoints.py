@@ -18,6 +18,7 @@ from typing import Any
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.persist import Persister
+from trainthrough.errors import CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, SaveReport
 from trainthrough.ft.checkpointing import CheckpointPolicy
@@ -52,7 +53,11 @@ class SimDPCheckpoints:
         p = saver.plan(writer, iteration, self.g.cursor, self.g.live)
 
         def finish(blocked: float) -> None:
-            info = saver.write(p)
+            try:
+                info = saver.write(p)
+            except CheckpointWriteFailed as e:  # reported as gloo's rank 0 reports it
+                done(SaveReport(0, p.payload_bytes, blocked, [], [str(e)]))
+                return
             done(SaveReport(info.nbytes, p.payload_bytes, blocked, [info.name]))
 
         self.persist.write(p.payload_bytes, d.asynchronous, finish, owner=writer.rank_id)

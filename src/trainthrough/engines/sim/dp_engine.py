@@ -191,6 +191,7 @@ class SimDPEngine:
         r.iterations = self.executed
         r.failures = rec.failures
         r.checkpoints = self.ckpt.checkpointer.count
+        r.checkpoints_failed = self.ckpt.checkpointer.failed
         r.checkpoint_bytes = self.ckpt.checkpointer.bytes
         r.checkpoint_blocked_seconds = self.ckpt.persist.blocked
         r.sim_seconds = self.clock.now

@@ -122,6 +122,7 @@ class SimEngine:
         r.failures = self.recovery.failures
         saves = self.checkpointer.checkpointer  # the shared one: counts and bytes
         r.checkpoints, r.checkpoint_bytes = saves.count, saves.bytes
+        r.checkpoints_failed = saves.failed
         r.extras["checkpoint_payload_bytes"] = saves.payload_bytes
         r.checkpoint_blocked_seconds = self.checkpointer.blocked
         r.sim_seconds = self.clock.now

@@ -44,7 +44,7 @@ import torch
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from trainthrough.errors import CheckpointCorrupt
+from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed
 from trainthrough.ft.checkpoint import durable, stream
 from trainthrough.ft.checkpoint.checksums import Crc32
 from trainthrough.ft.checkpoint.location import run_of
@@ -312,11 +312,16 @@ class CheckpointStore:
                 self._prune(tag, keep=name)
                 self.last_timing = (written - t0, time.perf_counter() - written)
             return CheckpointInfo(step, name, nbytes, meta, self.run_id)
-        except BaseException:
+        except BaseException as e:
             # Best effort; after a hard crash the next save of this tag cleans it.
             with contextlib.suppress(Exception):
                 if self._fs.exists(self._path(tmp)):
                     self._fs.rm(self._path(tmp), recursive=True)
+            if isinstance(e, OSError) and not isinstance(e, CheckpointWriteFailed):
+                # The storage's, not a bug: named, for one line to the user.
+                raise CheckpointWriteFailed(
+                    f"checkpoint {name} could not be written to {self.url}: "
+                    f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")) from e
             raise
         finally:
             with self._lock:
