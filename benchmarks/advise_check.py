@@ -23,7 +23,9 @@ seed's failure-free reference runs right before that seed's runs of the candidat
 machine's pace drifts between minutes), and the spread over seeds is printed next to
 every measured overhead: on a shared machine it is the measurement's noise. With it,
 the measured mean +- 2 standard errors and whether the prediction falls inside: a
-20% band narrower than that cannot be told from the seeds' scatter. The
+20% band narrower than that cannot be told from the seeds' scatter; likewise the
+prediction +- 2 standard errors of its own calibration (the spread of its failure runs'
+steps lost, model.Prediction.seconds_se) and whether the measurement falls inside. The
 failure-free overhead is also read off each seed's failure-free run's own steps
 (check.steady_from_steps), which the drift between two whole runs does not touch.
 
@@ -204,6 +206,15 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         t = time.perf_counter()
         c = check(a, p.name, list(range(n)), free, jobs=SIM_JOBS if engine == "sim" else 1)
         report(engine, workload, rank, c, a.clock)
+        if c.measured_seconds is not None and engine != "sim" and c.reference_seconds:
+            # Wall seconds move with the machine's pace, which no calibration foresees:
+            # the same measurement at the calibration's pace (its failure-free run's
+            # seconds over this check's failure-free references').
+            adj = c.measured_seconds * a.baseline.seconds / c.reference_seconds
+            print(f"  ... at the calibration's pace (x {a.baseline.seconds:.2f} / "
+                  f"{c.reference_seconds:.2f} s failure-free) measured {adj:7.2f}   ratio "
+                  f"{adj / p.seconds_to_target:.2f}  within 20%: "
+                  f"{_ok(adj / p.seconds_to_target)}")
         if p.seconds_se is not None and c.measured_seconds is not None:
             # The calibration's own noise (model.Prediction.seconds_se): a 20% band
             # narrower than it cannot be met by every calibration, however good the model.

@@ -526,7 +526,7 @@ def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> N
     assert "error" not in ray.get(actor.checkpoint.remote(bad, 3, 0, ASYNC, 41))
     # The restore waits for that write and reports its failure.
     failed = ray.get(actor.restore.remote(url, 50, 0))
-    assert "step 41 was not written" in failed["error"], failed
+    assert "shard0-00000041 could not be written" in failed["error"], failed
     assert ray.get(actor.checkpoint.remote(url, 50, 0, ASYNC, 42))["name"]
     assert ray.get(actor.restore.remote(url, 50, 0)) == {"step": 42, "skipped": []}
     ray.kill(actor)

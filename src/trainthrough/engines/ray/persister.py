@@ -20,7 +20,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainthrough.errors import CheckpointWriteFailed
+
 Write = Callable[[], Any]
+
+
+def not_written(what: str, e: Exception) -> str:
+    """A failed write, said once: the store names the checkpoint and the storage's
+    reason itself (CheckpointWriteFailed); anything else gets ``what`` in front."""
+    return str(e) if isinstance(e, CheckpointWriteFailed) else f"{what} was not written: {e}"
 
 
 class Persister:
@@ -96,7 +104,7 @@ class Persister:
                 self.run(write)
             except Exception as e:  # reported by the next checkpoint or restore call
                 with self._cond:
-                    self._error = f"{what} was not written: {e}"
+                    self._error = not_written(what, e)
             finally:
                 with self._cond:
                     self._running = False

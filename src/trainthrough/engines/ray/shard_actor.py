@@ -25,7 +25,7 @@ import torch
 from trainthrough.engines.ray import wire
 from trainthrough.engines.ray.chain_link import ChainLink, Replica
 from trainthrough.engines.ray.link_socket import Address, Listener
-from trainthrough.engines.ray.persister import Persister
+from trainthrough.engines.ray.persister import Persister, not_written
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
 from trainthrough.ft.worker_copy import recover_from_replies
@@ -291,7 +291,7 @@ class ShardActor:
                         nbytes = self._persister.run(lambda: saver.write(plan)).nbytes
                     except Exception as e:
                         nbytes, name = 0, None
-                        out = {"error": f"{what} was not written: {e}"}
+                        out = {"error": not_written(what, e)}
                     return {**none, "bytes": nbytes, "payload": plan.payload_bytes,
                             "name": name, "blocked": time.perf_counter() - t0, **out}
             blocked = time.perf_counter() - t0
