@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -523,3 +524,25 @@ def test_a_large_checkpoint_hashed_while_its_files_sync_loads_and_verifies(tmp_p
     path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # a flipped tail: caught
     with pytest.raises(CheckpointCorrupt, match="crc32"):
         store.load(5)
+
+
+def test_the_checkpointer_counts_every_save_a_write_failed_in() -> None:
+    """A save some shards wrote and one could not is a checkpoint and a failed save; one
+    none wrote is only a failed save; each failed write is an event of its own."""
+    from trainthrough.ft.checkpointer import Checkpointer, SaveReport
+    from trainthrough.ft.checkpointing import FullEvery
+    from trainthrough.ft.decisions import CheckpointDecision
+
+    reports = iter([SaveReport(10, 8, 0.0, ["shard0-00000002", "shard1-00000002"]),
+                    SaveReport(5, 8, 0.0, ["shard0-00000004"], ["shard1 full"]),
+                    SaveReport(0, 8, 0.0, [], ["shard0 full", "shard1 full"])])
+
+    class Backend:
+        def save(self, d: CheckpointDecision, iteration: int, done: Any) -> None:
+            done(next(reports))
+
+    events: list[dict[str, Any]] = []
+    ck = Checkpointer(FullEvery(2), Backend(), events.append)
+    ck.after_iteration(6)
+    assert (ck.count, ck.failed, ck.bytes) == (2, 2, 15)
+    assert [e["iteration"] for e in events if e["type"] == "checkpoint-failed"] == [4, 6, 6]

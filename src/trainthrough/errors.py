@@ -53,11 +53,15 @@ class CheckpointWriteFailed(OSError):
     message argument (it pickles)."""
 
 
-def reason(e: BaseException) -> str:
-    """The first line of what ``e`` says, the original one for an error raised in a Ray
-    actor (Ray wraps it, with the actor's traceback, in a task error whose ``cause``
-    it is)."""
+def original(e: BaseException) -> BaseException:
+    """``e``, or for an error raised in a Ray actor the one raised there (Ray wraps it,
+    with the actor's traceback, in a task error whose ``cause`` it is)."""
     cause = getattr(e, "cause", None)
-    inner = cause if isinstance(cause, BaseException) else e
+    return cause if isinstance(cause, BaseException) else e
+
+
+def reason(e: BaseException) -> str:
+    """The first line of what :func:`original` of ``e`` says."""
+    inner = original(e)
     text = str(inner).strip().splitlines()
     return text[0] if text else type(inner).__name__

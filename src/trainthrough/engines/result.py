@@ -48,7 +48,7 @@ class RunResult:
     failures: int = 0
     recoveries: list[Recovery] = field(default_factory=list)
     checkpoints: int = 0
-    checkpoints_failed: int = 0  # saves the storage refused (the run went on without)
+    checkpoints_failed: int = 0  # saves a write of failed in (ft/checkpointer.py)
     checkpoint_bytes: int = 0
     checkpoint_blocked_seconds: float = 0.0
     updates_applied: int = 0

@@ -49,8 +49,9 @@ class Checkpointer:
     def __init__(self, policy: CheckpointPolicy, backend: SaveBackend, emit: Emit) -> None:
         self.policy, self.backend, self.emit = policy, backend, emit
         self.count = self.bytes = self.payload_bytes = 0
-        #: saves that wrote nothing (the storage refused them): the run goes on from the
-        #: last one written, and says so (events.jsonl ``checkpoint-failed``; the CLI)
+        #: saves a write of failed in (the storage refused it; with none written it is no
+        #: checkpoint): the run goes on from the last one written, and says so
+        #: (events.jsonl ``checkpoint-failed``, one per write; the CLI)
         self.failed = 0
         self.blocked = 0.0
         self._last = 0
@@ -79,8 +80,8 @@ class Checkpointer:
             for message in r.errors:
                 self.emit({"type": "checkpoint-failed", "iteration": iteration,
                            "message": message})
+            self.failed += bool(r.errors)
             if r.errors and not r.names:
-                self.failed += 1
                 return  # nothing was written: not a checkpoint
             self.count += 1
             self.bytes += r.nbytes

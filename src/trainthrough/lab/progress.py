@@ -58,34 +58,26 @@ class RunProgress(Callback):
 class SaveWarnings(Callback):
     """Tells the user, on stderr and also with ``--quiet``, when a checkpoint was not
     written (the storage refused it: disk full, folder gone): the first time as it
-    happens, and how many in all at the end. The run trains on from the last save
-    written, as on every engine (ft/checkpointer.py); each failed save is a
-    ``checkpoint-failed`` event in events.jsonl."""
+    happens, and how many in all at the end (the run's count, ``checkpoints_failed``).
+    The run trains on from the last save written, as on every engine
+    (ft/checkpointer.py); each failed write is a ``checkpoint-failed`` event in
+    events.jsonl."""
 
     def __init__(self) -> None:
-        self.saves: set[int] = set()  # the failed saves' iterations (one event per shard)
-        self.unplaced = 0  # failed background writes reported at a restore, no iteration
-
-    @property
-    def failed(self) -> int:
-        return len(self.saves) + self.unplaced
+        self.warned = False
 
     def on_event(self, event: dict[str, Any]) -> None:
-        if event.get("type") != "checkpoint-failed":
+        if event.get("type") != "checkpoint-failed" or self.warned:
             return
-        first = not self.failed
-        if "iteration" in event:
-            self.saves.add(int(event["iteration"]))
-        else:
-            self.unplaced += 1
-        if first:
-            at = f" at iteration {event['iteration']}" if "iteration" in event else ""
-            console.print(f"trainthrough: warning: a checkpoint{at} was not written: "
-                          f"{event.get('message')}; training goes on from the last one "
-                          "written", markup=False, highlight=False, soft_wrap=True)
+        self.warned = True
+        at = f" at iteration {event['iteration']}" if "iteration" in event else ""
+        console.print(f"trainthrough: warning: a checkpoint{at} was not written: "
+                      f"{event.get('message')}; training goes on from the last one "
+                      "written", markup=False, highlight=False, soft_wrap=True)
 
     def after_run(self, summary: dict[str, Any]) -> None:
-        if self.failed > 1:
-            console.print(f"trainthrough: warning: {self.failed} checkpoint saves failed "
+        failed = int(summary.get("checkpoints_failed") or 0)
+        if failed > 1:
+            console.print(f"trainthrough: warning: {failed} checkpoint saves failed "
                           "in this run (events.jsonl: checkpoint-failed)", markup=False,
                           highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ from trainthrough.engines.base import Engine, RunContext
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.engines.registry import canonical, check_resumable, entry
 from trainthrough.engines.result import limits, new_result
-from trainthrough.errors import UserError, reason, terminated
+from trainthrough.errors import UserError, original, reason, terminated
 from trainthrough.faults.spec import parse
 from trainthrough.ft.checkpoint import absolute_base, new_run_id, run_location
 from trainthrough.ft.strategy import resolve
@@ -217,9 +217,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
 
 
 def _reason(e: BaseException) -> str:
-    cause = getattr(e, "cause", None)  # raised in a Ray actor: the original error
-    inner = cause if isinstance(cause, BaseException) else e
-    return f"{type(inner).__name__}: {reason(e)}"
+    return f"{type(original(e)).__name__}: {reason(e)}"
 
 
 def add_rework(summary: dict[str, Any], baseline: dict[str, Any] | None) -> None:

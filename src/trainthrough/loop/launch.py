@@ -125,8 +125,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
 
     ref = reference_of(train)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("loop-%Y%m%d-%H%M%S")
+    failures = [fail] if isinstance(fail, str) else list(fail)
     cfg = RunConfig(workload=ref, paradigm="dp", engine=engine, ranks=ranks, strategy=strategy,
-                    failures=[fail] if isinstance(fail, str) else list(fail), seed=seed, ray_address=ray_address, replace=replace,
+                    failures=failures, seed=seed, ray_address=ray_address, replace=replace,
                     recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
                     elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout))

@@ -8,6 +8,7 @@ at times) into the one failure spec the prediction is for and a validation repla
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -86,23 +87,23 @@ def recorded_rate(specs: list[FailureSpec]) -> tuple[FailureSpec, str]:
     if len(specs) < 2:
         raise UserError(f"failure spec {specs[0].text!r}: one failure gives no rate; give "
                         "a trace of two or more, or --mtbf")
-    def key(s: FailureSpec) -> tuple[str, tuple[str, ...]]:
-        target, _, when = s.text.partition("@")
-        return target.strip(), tuple(o.strip() for o in when.split(",")[1:])
-    keys = {key(s) for s in specs}
-    if len(keys) > 1:
-        shown = sorted(f"{t} ({', '.join(o)})" if o else t for t, o in keys)
-        raise UserError(f"advise predicts one kind of failure; the trace has {len(keys)}: "
-                        + ", ".join(repr(k) for k in shown[:3]))
-    (target, opts), = keys
-    times = sorted(float(s.at_time) for s in specs if s.at_time is not None)
-    mean = times[-1] / len(times)
+    # One kind: the parsed specs equal but for when (``shard=`` and ``shards=`` alike).
+    kinds: dict[FailureSpec, str] = {}
+    for s in specs:
+        kinds.setdefault(replace(s, at_time=None, text=""), s.text)
+    if len(kinds) > 1:
+        raise UserError(f"advise predicts one kind of failure; the trace has {len(kinds)}: "
+                        + ", ".join(repr(t) for t in list(kinds.values())[:3]))
+    target, _, when = specs[0].text.partition("@")
+    opts = "".join("," + o.strip() for o in when.split(",")[1:])
+    times = sorted(s.at_time for s in specs if s.at_time is not None)
+    mean = times[-1] / len(times)  # also the gaps' mean: they sum to the last time
     if mean <= 0:
         raise UserError("a trace whose failures are all at time 0 gives no rate")
     gaps = [b - a for a, b in zip([0.0, *times[:-1]], times)]
-    mu = sum(gaps) / len(gaps)
-    cv = math.sqrt(sum((g - mu) ** 2 for g in gaps) / (len(gaps) - 1)) / mu
-    spec = parse_one(f"{target}@mtbf={mean:.6g}s" + "".join("," + o for o in opts))
+    cv = statistics.stdev(gaps) / mean
+    target = target.strip()
+    spec = parse_one(f"{target}@mtbf={mean:.6g}s{opts}")
     said = (f"the trace's {len(times)} failures ({target}) up to {times[-1]:.4g} s are taken "
             f"as random failures every {mean:.4g} s on average ({spec.text}); their gaps "
             f"vary by {cv:.2f} of their mean (1 for the random failures the prediction "

@@ -247,27 +247,29 @@ def predict(base: Baseline, m: Measured, label: str, mtbf: float, nodes: int,
         recovery, lost, seconds / mtbf, seconds, seconds / base.seconds - 1, nodes,
         cost_to_target(seconds, nodes, pricing.on_demand),
         cost_to_target(seconds, nodes, pricing.spot), why,
-        _seconds_se(base, m, mtbf, overlap), down)
+        _seconds_se(base, m, mtbf, overlap, seconds), down)
 
 
-def _seconds_se(base: Baseline, m: Measured, mtbf: float, overlap: str) -> float | None:
+def _seconds_se(base: Baseline, m: Measured, mtbf: float, overlap: str, seconds: float
+                ) -> float | None:
     """The change in time to target when the steps lost grow by one standard error of
     their mean over the calibration's failure runs (``lost_spread / sqrt(runs)``), from
-    the value the prediction used (a mean below 0, noise, is used as 0): upwards, the
-    larger side, as the time to target is convex in the cost of a failure.
+    the value the prediction used (a mean below 0, noise, is used as 0; ``seconds`` is
+    the prediction there): upwards, the larger side, as the time to target is convex in
+    the cost of a failure.
 
     A failure run's steps lost vary with where it struck and with the machine: on Ray
-    mlr 14.4 +- 21 steps over 4 runs, which moves the time to target at an MTBF of 3 s
-    by about +-15%, as much as the 20% a prediction is held to. Shown next to the
-    prediction so a user can tell a difference between candidates from that noise."""
+    mlr 14.4 +- 21.2 steps over 4 runs (checkpoint-async, Nov 26), which moved the time
+    to target at an MTBF of 3 s by 2.35 s, 12%, not far from the 20% a prediction is
+    held to. Shown next to the prediction so a user can tell a difference between
+    candidates from that noise."""
     runs = len(m.failed_at)
     if m.lost_steps is None or not m.lost_spread or runs < 2:
         return None
-    used = max(0.0, m.lost_steps)
-    at, up = (predict(base, replace(m, lost_steps=used + d, lost_spread=None), "", mtbf, 1,
-                      overlap=overlap).seconds_to_target
-              for d in (0.0, m.lost_spread / math.sqrt(runs)))
-    return up - at if math.isfinite(up) else math.inf
+    more = replace(m, lost_steps=max(0.0, m.lost_steps) + m.lost_spread / math.sqrt(runs),
+                   lost_spread=None)
+    up = predict(base, more, "", mtbf, 1, overlap=overlap).seconds_to_target
+    return up - seconds if math.isfinite(up) else math.inf
 
 
 def _secs(n: int | None, step: float) -> float | None:
