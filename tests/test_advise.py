@@ -308,6 +308,9 @@ def test_a_recorded_trace_is_predicted_at_its_rate() -> None:
     # Options and the target carry over; the order of the lines does not matter.
     two = trace_spec("ps", None, "shards=50%@time=9s,mode=hang;shards=50%@time=1s,mode=hang")
     assert two.text == "shards=50%@mtbf=4.5s,mode=hang" and two.mode == "hang"
+    # One kind as parsed: "shard=" and "shards=" name the same (the first line's text).
+    assert trace_spec("ps", None, "shard=1@time=9s;shards=1@time=1s").text == \
+        "shard=1@mtbf=4.5s"
     for bad in ("shard=any@time=2s",  # one failure: no rate
                 "shard=any@time=2s;worker=0@time=3s",  # two kinds
                 "shard=0@time=2s,mode=hang;shard=0@time=4s",  # two modes
