@@ -286,3 +286,33 @@ def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None
 def _under(cond: threading.Condition, fn, *args) -> None:  # noqa: ANN001, ANN002
     with cond:
         fn(*args)
+
+
+@ray.remote(num_cpus=0)
+class _Sleeper:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_worker_killed_on_purpose_is_not_reported_as_an_oom_kill(capsys) -> None:  # noqa: ANN001
+    """Ray's driver prints every worker death it hears of as "(raylet) A worker died
+    ... killed by the OOM killer ...": for a kill the project injected (through
+    engines/signals.send) it says nothing; for any other death it still speaks, which a
+    second actor, killed behind the project's back, shows here."""
+    from trainthrough.engines.signals import identify, send
+
+    ours, other = _Sleeper.remote(), _Sleeper.remote()
+    ours_pid, other_pid = ray.get([ours.pid.remote(), other.pid.remote()])
+    assert send(identify(ours_pid))
+    time.sleep(1.0)  # Ray reports deaths in the order they happen, as a rule
+    fd = os.pidfd_open(other_pid)  # this test's own actor, identified just above
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+    out, deadline = "", time.monotonic() + 30
+    while f"Worker PID: {other_pid}" not in out and time.monotonic() < deadline:
+        time.sleep(0.2)
+        out += capsys.readouterr().out
+    assert f"Worker PID: {other_pid}" in out, "Ray did not report the other death"
+    assert f"Worker PID: {ours_pid}" not in out

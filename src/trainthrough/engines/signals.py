@@ -21,7 +21,16 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import OrderedDict
 from dataclasses import dataclass
+
+#: pids of the processes that died of a failure this project injected, newest last,
+#: at most ``_KEEP``: the ones :func:`send` signalled and the ranks that carried out
+#: their own failure order (:func:`note_injected`). A runtime that reports one of them
+#: as an unexpected death is reporting that failure (engines/ray/runtime.py keeps Ray
+#: from blaming the OOM killer for it)
+_injected: OrderedDict[int, None] = OrderedDict()
+_KEEP = 4096
 
 
 class SignalRefused(Exception):
@@ -110,9 +119,23 @@ def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:
             signal.pidfd_send_signal(fd, sig)
         except ProcessLookupError:
             return False
+        note_injected(ident.pid)
         return True
     finally:
         os.close(fd)
+
+
+def note_injected(pid: int) -> None:
+    """Record that ``pid`` died (or is about to) of a failure this project injected."""
+    _injected[pid] = None
+    _injected.move_to_end(pid)
+    if len(_injected) > _KEEP:
+        _injected.popitem(last=False)
+
+
+def injected(pid: int) -> bool:
+    """Whether ``pid`` was recorded by :func:`note_injected` (among the last few thousand)."""
+    return pid in _injected
 
 
 def strike_self(sig: int) -> None:

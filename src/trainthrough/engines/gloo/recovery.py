@@ -28,6 +28,7 @@ from trainthrough.dp.step import group_phase
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
 from trainthrough.engines.result import Recovery
+from trainthrough.engines.signals import note_injected
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
 
@@ -133,6 +134,8 @@ class DistRecovery:
         kind, t = event.get("type"), float(event.get("t", time.time()))
         if kind == "failure":
             self.failures += 1
+            if event.get("pid"):  # the rank struck itself: its death is this failure
+                note_injected(int(event["pid"]))
             self.fail_events.append(event)
             for i, o in enumerate(self.orders):  # that order is spent
                 if (o["slot"], o["spec"], o["phase"]) == (event["ids"][0], event["spec"],

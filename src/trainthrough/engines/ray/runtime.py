@@ -14,27 +14,39 @@ cluster this module started shuts down.
 
 Joining a cluster (``address``) is bounded: the address is checked to accept TCP
 connections first, because ``ray.init`` against a closed port retries for minutes.
+
+A worker this project killed on purpose is not reported as Ray's "A worker died ...
+killed by the OOM killer ..." paragraph on stdout: the run already reported the failure
+it injected (:func:`_quiet_injected_deaths`). Any other death Ray reports is printed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from trainthrough.engines.ray import LOOPBACK_ENV, NAMESPACE
+from trainthrough.engines.signals import injected
 from trainthrough.errors import UserError
 
 # Longest temp root that leaves room for Ray's nested socket paths (107-byte limit).
 _MAX_TEMP_ROOT = 40
 CONNECT_SECONDS = 3.0
 _started_temp: list[str] = []
+_DEAD_PID = re.compile(r"\bWorker PID: (\d+)\b")
+#: how long Ray's report of a death waits for it to be known as injected: a rank that
+#: carried out its own failure order posted it before dying, but the controller reads
+#: it at its next poll, which Ray's report can beat
+_KNOWN_WITHIN = 2.0
 
 
 def _short_temp_root() -> str | None:
@@ -96,6 +108,7 @@ def ensure_ray(address: str | None = None,
         import ray
     except ImportError:
         raise UserError("the ray engine needs Ray: pip install 'trainthrough[ray]'") from None
+    _quiet_injected_deaths()
     if ray.is_initialized():
         # Already connected (a suite's shared session, a library caller's own): an
         # address naming another cluster is refused, not silently ignored.
@@ -141,6 +154,53 @@ def ensure_ray(address: str | None = None,
         raise UserError(f"could not start or join Ray at {where}: "
                         f"{text[0] if text else type(e).__name__}") from None
     return True
+
+
+def injected_death(line: str, wait: float = 0.0) -> bool:
+    """Whether a message Ray's driver prints is about a worker that died of a failure
+    this process injected, waiting up to ``wait`` seconds for that to be known."""
+    m = _DEAD_PID.search(line)
+    if m is None:
+        return False
+    pid, deadline = int(m.group(1)), time.monotonic() + wait
+    while not injected(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _quiet_injected_deaths() -> None:
+    """Drop Ray's report of the deaths this project injected from the driver's stdout.
+
+    Ray's driver prints every unexpected worker death it hears of ("(raylet) A worker
+    died or was killed ... (1) the process was killed by the OOM killer ...") to stdout:
+    after every injected SIGKILL, a paragraph that blames memory, 120 of them in one
+    advise check. Its printer is looked up by name each time (``listen_error_messages``
+    calls the module's ``print_to_stdstream``), so this wraps it, once per process, to
+    leave out the lines naming a pid that died of an injected failure (signals.injected);
+    every other line passes unchanged (up to :data:`_KNOWN_WITHIN` late: the printer
+    runs on Ray's own listener thread). A Ray without that printer is left as it is.
+    """
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "trainthrough_filtered", False):
+        return
+
+    def filtered(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if data.get("pid") == "raylet":
+            lines = [x for x in data.get("lines", [])
+                     if not injected_death(str(x), _KNOWN_WITHIN)]
+            if not lines:
+                return
+            data = {**data, "lines": lines}
+        printer(data, *args, **kwargs)
+
+    filtered.trainthrough_filtered = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = filtered
 
 
 def _restore(handler: object) -> None:
