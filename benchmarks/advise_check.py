@@ -31,8 +31,8 @@ failure-free overhead is also read off each seed's failure-free run's own steps
 
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
 [--seeds N] [--ranks 1 2] [--save FILE | --advice FILE]`` (sim mlr ~1 min, sim cnn ~3
-min, Ray mlr and cnn ~17 min each on a 2-core box: ~7 min calibrating, ~5 min per
-strategy checked; run it under ``flock /tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
+min, Ray mlr ~17 min on a 2-core box: ~7 min calibrating, ~5 min per strategy checked;
+Ray cnn ~20 min: ~8.5 min calibrating on 4 seeds, ~5.5 min per strategy; run it under ``flock /tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
 strategy, ``--ranks 2`` only the runner-up, ``--ranks 0`` none; ``--save`` writes the
 advice as JSON (advice.json's form) and ``--advice`` checks a saved one instead of
 calibrating again, so a long check splits in parts (one workload at a time).
@@ -209,8 +209,8 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         report(engine, workload, rank, c, a.clock)
         if c.measured_seconds is not None and engine != "sim" and c.reference_seconds:
             # The time to target moves with the machine's pace and with the validation
-            # seeds' own iterations to target (cnn: 291 on seeds 0-5, 260 on the
-            # calibration's 100-101), which no calibration foresees: the measurement
+            # seeds' own iterations to target (cnn: 291 on seeds 0-5, 260 on seeds
+            # 100-101, a calibration on 2 of them), which no calibration foresees: the measurement
             # scaled to the calibration's failure-free time (its failure-free seconds
             # over this check's failure-free references').
             adj = c.measured_seconds * a.baseline.seconds / c.reference_seconds
