@@ -13,7 +13,9 @@ ranks, including replacements that are still starting or joining. After the run:
 - no acknowledged update lost (Ray chain-sync: ``acknowledged_lost == 0``;
   gloo rollback: the final replicas are bit-identical);
 - every checkpoint on disk verifies (checksums, schema);
-- the caller's process group survived (this process and the sentinel live).
+- the caller's process group survived (this process and the sentinel live);
+- no kill reported by Ray as an unexpected death (its "A worker died ... OOM killer"
+  paragraph): every kill here is injected, and the run reports it as its own.
 
 Usage: ``python benchmarks/chaos.py [--engine ray|gloo|both] [--kills 50]``; the
 test suite runs a short form (``tests/test_chaos.py``).
@@ -137,10 +139,11 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               timeout=s.wall_limit + 120)
-        code, err = proc.returncode, proc.stderr
+        code, err, said = proc.returncode, proc.stderr, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         hung, code = True, None
         err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        said = err
     seconds = time.time() - t0
     time.sleep(2.0)  # let Ray's reaper finish
     orphans = [p for p in _marked() if _env_token(p) == token]
@@ -175,6 +178,11 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
         problems.append(f"checkpoints that do not verify: {bad}")
     if not group_ok:
         problems.append("the caller's process group was hit")
+    # Every kill here is injected: Ray must not report one as an unexpected death (its
+    # "A worker died ... the OOM killer" paragraph; engines/ray/runtime.py).
+    reports = said.count("A worker died")
+    if reports:
+        problems.append(f"{reports} injected kills reported by Ray as unexpected deaths")
     out = {"soak": s.name, "kills_planned": s.kills, "kills_delivered": summary.get("failures"),
            "recoveries": len(summary.get("recoveries", [])), "seconds": round(seconds, 1),
            "hung": hung, "orphans": len(orphans), "checkpoints_verified": ckpts,
@@ -182,7 +190,7 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
            is not None, "acknowledged_lost": summary.get("acknowledged_lost"),
            "replicas_identical": summary.get("replicas_identical"),
            "chain_wipeouts": len(wipeouts) if "acknowledged" in s.checks else None,
-           "caller_group_survived": group_ok, "problems": problems}
+           "caller_group_survived": group_ok, "death_reports": reports, "problems": problems}
     if not quiet:
         print(json.dumps(out))
     return out
