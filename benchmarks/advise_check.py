@@ -32,7 +32,8 @@ failure-free overhead is also read off each seed's failure-free run's own steps
 Usage: ``python benchmarks/advise_check.py [--engine sim ray] [--workload mlr cnn]
 [--seeds N] [--ranks 1 2] [--save FILE | --advice FILE]`` (sim mlr ~1 min, sim cnn ~3
 min, Ray mlr ~17 min on a 2-core box: ~7 min calibrating, ~5 min per strategy checked;
-Ray cnn ~20 min: ~8.5 min calibrating on 4 seeds, ~5.5 min per strategy; run it under ``flock /tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
+Ray cnn ~20 min: ~8.5 min calibrating on 4 seeds, ~5.5 min per strategy; run it under
+``flock /tmp/tt-bench.lock`` on a shared machine). ``--ranks 1`` checks only the recommended
 strategy, ``--ranks 2`` only the runner-up, ``--ranks 0`` none; ``--save`` writes the
 advice as JSON (advice.json's form) and ``--advice`` checks a saved one instead of
 calibrating again, so a long check splits in parts (one workload at a time).
@@ -210,9 +211,9 @@ def one(engine: str, workload: str, seeds: int | None, ranks: list[int],
         if c.measured_seconds is not None and engine != "sim" and c.reference_seconds:
             # The time to target moves with the machine's pace and with the validation
             # seeds' own iterations to target (cnn: 291 on seeds 0-5, 260 on seeds
-            # 100-101, a calibration on 2 of them), which no calibration foresees: the measurement
-            # scaled to the calibration's failure-free time (its failure-free seconds
-            # over this check's failure-free references').
+            # 100-101, once its calibration seeds), which no calibration foresees: the
+            # measurement scaled to the calibration's failure-free time (its failure-free
+            # seconds over this check's failure-free references').
             adj = c.measured_seconds * a.baseline.seconds / c.reference_seconds
             print(f"  ... at the calibration's failure-free time (x {a.baseline.seconds:.2f}"
                   f" / {c.reference_seconds:.2f} s) measured {adj:7.2f}   ratio "

@@ -142,8 +142,8 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
         code, err, said = proc.returncode, proc.stderr, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         hung, code = True, None
-        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        said = err
+        err = _text(e.stderr)
+        said = _text(e.stdout) + err
     seconds = time.time() - t0
     time.sleep(2.0)  # let Ray's reaper finish
     orphans = [p for p in _marked() if _env_token(p) == token]
@@ -194,6 +194,11 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
     if not quiet:
         print(json.dumps(out))
     return out
+
+
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out child wrote so far (bytes, even with ``text=True``, or None)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
 
 def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 #: from blaming the OOM killer for it)
 _injected: OrderedDict[int, None] = OrderedDict()
 _KEEP = 4096
+#: guards ``_injected`` and wakes :func:`injected`'s waiters (a runtime's own thread)
+_noted = threading.Condition()
 
 
 class SignalRefused(Exception):
@@ -127,15 +130,19 @@ def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:
 
 def note_injected(pid: int) -> None:
     """Record that ``pid`` died (or is about to) of a failure this project injected."""
-    _injected[pid] = None
-    _injected.move_to_end(pid)
-    if len(_injected) > _KEEP:
-        _injected.popitem(last=False)
+    with _noted:
+        _injected[pid] = None
+        _injected.move_to_end(pid)
+        if len(_injected) > _KEEP:
+            _injected.popitem(last=False)
+        _noted.notify_all()
 
 
-def injected(pid: int) -> bool:
-    """Whether ``pid`` was recorded by :func:`note_injected` (among the last few thousand)."""
-    return pid in _injected
+def injected(pid: int, within: float = 0.0) -> bool:
+    """Whether ``pid`` was recorded by :func:`note_injected` (among the last few
+    thousand), waiting up to ``within`` seconds for it to be."""
+    with _noted:
+        return _noted.wait_for(lambda: pid in _injected, timeout=within)
 
 
 def strike_self(sig: int) -> None:

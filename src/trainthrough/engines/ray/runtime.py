@@ -30,7 +30,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,9 @@ CONNECT_SECONDS = 3.0
 _started_temp: list[str] = []
 _DEAD_PID = re.compile(r"\bWorker PID: (\d+)\b")
 #: how long Ray's report of a death waits for it to be known as injected: a rank that
-#: carried out its own failure order posted it before dying, but the controller reads
-#: it at its next poll, which Ray's report can beat
+#: carried out its own failure order posted it before dying, and the controller, woken
+#: by the post, notes it within a tick (50 ms, gloo/controller.py) unless busy with a
+#: recovery step; Ray's report can come first
 _KNOWN_WITHIN = 2.0
 
 
@@ -156,18 +156,11 @@ def ensure_ray(address: str | None = None,
     return True
 
 
-def injected_death(line: str, wait: float = 0.0) -> bool:
+def _injected_death(line: str) -> bool:
     """Whether a message Ray's driver prints is about a worker that died of a failure
-    this process injected, waiting up to ``wait`` seconds for that to be known."""
+    this process injected (known within :data:`_KNOWN_WITHIN`)."""
     m = _DEAD_PID.search(line)
-    if m is None:
-        return False
-    pid, deadline = int(m.group(1)), time.monotonic() + wait
-    while not injected(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return m is not None and injected(int(m.group(1)), _KNOWN_WITHIN)
 
 
 def _quiet_injected_deaths() -> None:
@@ -192,8 +185,7 @@ def _quiet_injected_deaths() -> None:
 
     def filtered(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         if data.get("pid") == "raylet":
-            lines = [x for x in data.get("lines", [])
-                     if not injected_death(str(x), _KNOWN_WITHIN)]
+            lines = [x for x in data.get("lines", []) if not _injected_death(str(x))]
             if not lines:
                 return
             data = {**data, "lines": lines}
