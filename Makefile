@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test check lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,18 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/trainthrough compare
 
+# The whole suite, what CI runs: two workers (tests wait on processes as often as they
+# compute); every test that uses the session's Ray runs on one of them (loadgroup).
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+# The quick tier, for the edit-test loop: every test that starts no process (no gloo
+# rank, no Ray, no ZooKeeper, no CLI subprocess; tests/conftest.py says which).
+check: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/python -m pytest -n 2 -m "not slow"
 
 bench: setup
 	$(BIN)/python benchmarks/sim_overhead.py

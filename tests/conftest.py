@@ -1,8 +1,20 @@
-"""Shared fixtures: run the CLI in-process and capture what a user would see."""
+"""Shared fixtures, and the two tiers of the suite.
+
+The tiers are set here, in one place. A test is **slow** when it starts a process (a
+gloo rank, a Ray cluster, a ZooKeeper server, a CLI subprocess) or computes for many
+seconds: its module is listed in :data:`SLOW_MODULES` or its name in
+:data:`SLOW_TESTS`, it uses a fixture in :data:`PROCESS_FIXTURES`, or its id names a
+real engine (:data:`REAL_ENGINE`). ``make check`` (``pytest -m "not slow"``) runs the
+rest, the quick tier; ``make test`` runs both. The rule is enforced, not trusted: a
+test outside the slow tier that starts a process fails, naming this file.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +24,67 @@ import pytest
 from tests.zk import require_zookeeper
 from trainthrough.cli import main
 from trainthrough.coord.zkserver import ZooKeeperServer
+
+#: Modules every test of which starts processes.
+SLOW_MODULES = {
+    "test_chaos", "test_coord", "test_dist", "test_examples", "test_gloo_protocol",
+    "test_loop", "test_loopback", "test_ray_bsp", "test_ray_engine", "test_ray_pool",
+    "test_ray_warm", "test_readme_commands", "test_vs_torchft", "test_zk_flapping",
+}
+#: Single tests elsewhere that start one (a CLI subprocess, a process to signal) or that
+#: compute for many seconds (statistical checks over many seeds, whole suites).
+SLOW_TESTS = {
+    # processes
+    "test_a_signal_while_the_fsync_pool_starts_does_not_hang_the_exit",
+    "test_real_process_exit_code", "test_the_parser_answers_without_importing_torch",
+    "test_sigterm_on_the_command_marks_the_folder", "test_a_run_still_running_is_never_replaced",
+    "test_a_reused_pid_is_not_taken_for_the_run",
+    "test_digits_are_scikit_learns_without_importing_it",
+    # long computations
+    "test_mlr_predictions_within_20_percent_of_the_seeded_trace",
+    "test_strategies_train_identically_without_failures_so_one_twin_serves_all",
+    "test_bound_holds_exactly_on_ridge_for_many_random_perturbations",
+    "test_the_report_gives_every_cell_an_interval_and_the_headline",
+    "test_compare_runs_a_suite_by_reference_on_a_model_by_reference",
+    "test_scar_partial_never_worse_than_checkpoint_restart",
+    "test_issue_command_converges_with_rework_and_is_deterministic",
+}
+#: Fixtures that start a process (or a whole Ray) for the test that uses them.
+PROCESS_FIXTURES = {"ray_session", "zk_server", "clone"}
+#: A test id naming an engine that runs real processes (a parameter or the test's name).
+REAL_ENGINE = re.compile(r"(?<![a-z])(ray|gloo|dist|zookeeper)(?![a-z])")
+
+
+def _starts_processes(item: pytest.Item) -> bool:
+    module = Path(str(item.fspath)).stem
+    name = getattr(item, "originalname", item.name)  # without the parameters' id
+    return (module in SLOW_MODULES or name in SLOW_TESTS
+            or bool(PROCESS_FIXTURES & set(item.fixturenames))
+            or bool(REAL_ENGINE.search(item.name)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _starts_processes(item):
+            item.add_marker(pytest.mark.slow)
+        if "ray_session" in item.fixturenames:  # one Ray, on one xdist worker
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_process(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the slow tier, starting a process fails the test (see the module doc)."""
+    if request.node.get_closest_marker("slow"):
+        return
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError(f"{request.node.nodeid} starts a process: list it as slow in "
+                             "tests/conftest.py (SLOW_MODULES), or keep it in-process")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
 
 
 class CliResult:

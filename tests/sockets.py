@@ -86,6 +86,13 @@ def is_loopback(entry: str) -> bool:
             or host == "[0000:0000:0000:0000:0000:0000:0000:0001]")
 
 
+def assert_loopback(seen: dict[str, int]) -> None:
+    """Every listener in ``seen`` (from a :class:`Sampler`) is on loopback."""
+    assert seen, "no listening socket was observed: the sampler is broken"
+    outside = {s: pid for s, pid in seen.items() if not is_loopback(s)}
+    assert not outside, f"listening beyond loopback: {outside}"
+
+
 class Sampler:
     """Collects listeners every ``every`` seconds in a background thread."""
 

@@ -1,7 +1,9 @@
 """Every cell an engine claims runs and keeps the same invariants; every other is refused.
 
 See ``matrix.py`` for the cells and the invariants; ``trainthrough list --engines``
-prints the same claims as a table.
+prints the same claims as a table. Every cell on real processes is also watched from
+/proc while it runs (tests/sockets.py): each listener it opens, Ray's daemons, the gloo
+store and pairs, must be on loopback.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.matrix import all_cells, check, claimed, config, covering, run_cell
+from tests.sockets import Sampler, assert_loopback
 from trainthrough.cli import main
 from trainthrough.config import RunConfig
 from trainthrough.lab.runner import run_silent
@@ -47,15 +50,20 @@ def test_sim_cell(cell, tmp_path: Path) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("cell", [c for c in RUN if c.engine == "ray"], ids=lambda c: c.id)
 def test_ray_cell(cell, tmp_path: Path) -> None:  # noqa: ANN001
     pytest.importorskip("ray")
-    s, events = run_cell(cell, tmp_path)
+    with Sampler() as sockets:  # every listener of the run, Ray's daemons included
+        s, events = run_cell(cell, tmp_path)
     check(cell, s, events, full_save_payload(config(cell).shards))
+    assert_loopback(sockets.seen)
+    assert len(sockets.seen) >= 3  # GCS, raylet, object manager at least
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cell", [c for c in RUN if c.engine == "gloo"], ids=lambda c: c.id)
 def test_gloo_cell(cell, tmp_path: Path) -> None:  # noqa: ANN001
-    s, events = run_cell(cell, tmp_path)
+    with Sampler() as sockets:  # the controller's store and every rank's gloo pairs
+        s, events = run_cell(cell, tmp_path)
     check(cell, s, events, 0)
+    assert_loopback(sockets.seen)
 
 
 @pytest.mark.parametrize("cell", REFUSED, ids=lambda c: c.id)

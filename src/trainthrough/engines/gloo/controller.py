@@ -26,7 +26,7 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
-from trainthrough.engines.gloo.procs import Launch, LocalProcess, Procs
+from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.result import RunResult
@@ -44,11 +44,12 @@ START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded 2-core m
 class GlooEngine:
     """Runs one data-parallel configuration on ``cfg.ranks`` gloo processes.
 
-    ``launch`` starts one rank process from its spec (:class:`~.procs.LocalProcess`
-    here; the ray engine hosts ranks on actors with the same controller).
+    ``launch`` starts one rank process from its spec (None: local processes, forked
+    from a warm zygote or started with ``python -m``, :func:`~.procs.local_launch`; the
+    ray engine hosts ranks on actors with the same controller).
     """
 
-    launch: Launch = LocalProcess
+    launch: Launch | None = None
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -73,6 +74,8 @@ class GlooEngine:
         self.hashes: dict[int, str] = {}
         self.histories: dict[int, list[list[Any]]] = {}  # slot -> committed (logical, attempt, members)
         self.returned: dict[int, Any] = {}  # a user's loop: what train() returned, by slot
+        # Chosen (and the zygote set importing) before anything else is built.
+        self.start_rank: Launch = self.launch or local_launch()
         self.saves = ControllerSaves(cfg, ctx.strategy, self.url, template,
                                      cfg.checkpoint_every or workload.default_checkpoint_every,
                                      self.emit)
@@ -114,7 +117,7 @@ class GlooEngine:
         self.store, self.events = store, EventReader(store)
         self.evals = ControllerEvals(self)
         self.evals.start()
-        self.procs = Procs(store, base, self.launch)
+        self.procs = Procs(store, base, self.start_rank)
         self.rec = DistRecovery(self, order_dicts(self.orders))
         try:
             self.cb.before_run(self.cfg.to_dict())

@@ -1,10 +1,13 @@
 """The rank processes a controller started: spawn, readiness, exits, and kills by PID.
 
-Processes start as ``python -m trainthrough.engines.gloo.rank_main`` with their spec
-as JSON on stdin (as torchrun starts workers). Not multiprocessing's ``spawn``: it
+Local ranks are forked from a warm zygote that imported the rank code once
+(:mod:`.zygote`), or, with ``TRAINTHROUGH_RANK_START=exec``, started as ``python -m
+trainthrough.engines.gloo.rank_main`` with their spec as JSON on stdin (as torchrun
+starts workers), each importing torch itself. Never multiprocessing's ``spawn``: it
 re-imports the caller's main script in every rank, which re-ran a user's top-level
 training code (or failed when there was none to import, as under ``python -c``); and
-not ``fork`` (a forked torch with initialised thread pools can deadlock). Every one is
+never a fork of the controller (a forked torch with initialised thread pools can
+deadlock; the zygote runs no tensor operation before it forks). Every one is
 ended by :meth:`Procs.shutdown` when the run ends, however it ends, and a rank whose
 controller is gone stops at its next store call. The only processes this module ever
 signals are the ones it
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,8 +29,14 @@ from typing import Protocol
 
 import torch.distributed as dist
 
+from trainthrough.engines.gloo import zygote
 from trainthrough.engines.gloo.protocol import RankSpec, has
 from trainthrough.engines.signals import ProcessIdentity, identify, send
+from trainthrough.errors import UserError
+
+#: How local rank processes start: ``fork`` from the warm zygote, or ``exec`` a fresh
+#: ``python -m`` each (the environment variable ``TRAINTHROUGH_RANK_START``).
+RANK_START = ("fork", "exec")
 
 
 class Child(Protocol):
@@ -97,6 +107,24 @@ class LocalProcess:
 
     def close(self) -> None:
         self.join(timeout=0)  # reaped: nothing else holds it
+
+
+def local_launch() -> Launch:
+    """How this run starts local ranks (``TRAINTHROUGH_RANK_START``, ``fork`` by default).
+
+    ``fork`` starts the zygote now, so it imports torch while the run sets up.
+
+    Raises:
+        UserError: any other value.
+    """
+    how = os.environ.get("TRAINTHROUGH_RANK_START", "fork")
+    if how == "exec":
+        return LocalProcess
+    if how != "fork":
+        raise UserError(f"TRAINTHROUGH_RANK_START must be one of: {', '.join(RANK_START)} "
+                        f"(got {how!r})")
+    zygote.shared()
+    return zygote.forked
 
 
 class Procs:
