@@ -12,13 +12,13 @@ import base64
 import csv
 import html
 import math
-import os
 import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainthrough._atomic import atomic_write
 from trainthrough.errors import UserError
 from trainthrough.lab.plots import curves_filename, plot_metric_curves, plot_rework_bars
 from trainthrough.lab.recorder import complete
@@ -310,16 +310,11 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
         md += ["## Runs", "", _runs_md(rows), ""]
     text = "\n".join(md)
     written = {"markdown": suite_dir / "report.md", "html": suite_dir / "report.html"}
-    _write_atomic(written["markdown"], text)
-    _write_atomic(written["html"], _html_page(title, _md_to_html(text, suite_dir)))
+    atomic_write(written["markdown"], text, encoding="utf-8")
+    atomic_write(written["html"], _html_page(title, _md_to_html(text, suite_dir)),
+                 encoding="utf-8")
     written.update({p.stem: p for p in [bars, *curves]})
     return written
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # -- markdown -> HTML (only what the reports contain) ---------------------------------
