@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,70 @@ def test_write_report(suite: Path) -> None:
     assert 'src="http' not in page and "http://" not in page and "https://" not in page
     assert "<table>" in page and "<h2>Bound</h2>" in page and "<code>c</code>" in page
     assert "70.0%" in page
+
+
+class _Page(HTMLParser):
+    """The tables (rows of (tag, text) cells, alignment) and headings of an HTML page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[tuple[str, str, bool]]]] = []
+        self.headings: list[tuple[str, str]] = []
+        self.tags: list[str] = []
+        self._cell: tuple[str, bool] | None = None
+        self._heading: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        right = any("right" in (v or "") for _, v in attrs)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("th", "td"):
+            self._cell, self._text = (tag, right), []
+        elif tag in ("h1", "h2", "h3"):
+            self._heading, self._text = tag, []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("th", "td") and self._cell:
+            self.tables[-1][-1].append((self._cell[0], "".join(self._text), self._cell[1]))
+            self._cell = None
+        elif tag == self._heading:
+            self.headings.append((tag, "".join(self._text)))
+            self._heading = None
+
+    def handle_data(self, data: str) -> None:
+        self._text.append(data)
+
+
+def test_the_html_report_is_the_markdown_rendered(suite: Path) -> None:
+    """report.html holds what report.md says, as HTML elements: pipe tables (alignment,
+    escaped pipes, inline code in cells), headings, ordered lists; raw HTML is text and
+    a remote image or link is no reference."""
+    extra = ("| key | value |\n|---|---:|\n| `a\\|b` | 1 |\n| *c* | 2 |\n\n"
+             "### Sub *heading*\n\n1. one\n2. two\n\n"
+             "![far](https://example.com/x.png) [site](https://example.com/y)")
+    paths = write_report(suite, "Report <1>", notes=["<script>alert(1)</script>"],
+                         extra_sections=[("Extra", extra)])
+    page = _Page()
+    page.feed(paths["html"].read_text(encoding="utf-8"))
+    assert ("h1", "Report <1>") in page.headings and ("h2", "Summary") in page.headings
+    assert ("h2", "Extra") in page.headings and ("h3", "Sub heading") in page.headings
+    assert "ol" in page.tags and "script" not in page.tags
+    summary, extra_table = page.tables[0], page.tables[1]
+    assert [c[1] for c in summary[0][:4]] == ["workload", "failures", "strategy", "runs"]
+    assert all(tag == "th" for tag, _, _ in summary[0]) and len(summary) == 1 + 4
+    mlr_scar = next(r for r in summary if [c[1] for c in r[:3]] == ["mlr", FAIL, "scar-partial"])
+    assert ("td", "15.0 ± 7.1", True) in mlr_scar and ("td", "70.0%", True) in mlr_scar
+    assert extra_table == [[("th", "key", False), ("th", "value", True)],
+                           [("td", "a|b", False), ("td", "1", True)],
+                           [("td", "c", False), ("td", "2", True)]]
+    text = paths["html"].read_text(encoding="utf-8")
+    assert "[image not available: far]" in text and "https://example.com/x" not in text
+    assert 'href="https' not in text and "site (https://example.com/y)" in text
+    assert "&lt;script&gt;" in text
 
 
 def test_robust_suites(tmp_path: Path) -> None:

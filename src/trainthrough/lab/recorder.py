@@ -24,15 +24,17 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainthrough._atomic import atomic_write, temp_path
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.signals import identify
 
 STATUS = "status.json"
 SUMMARY = "summary.json"
+CONFIG = "config.toml"
 #: Every name a run writes in its folder (``--overwrite`` removes these and no other).
-RUN_FILES = ("config.toml", "metrics.jsonl", "events.jsonl", SUMMARY, STATUS)
+RUN_FILES = (CONFIG, "metrics.jsonl", "events.jsonl", SUMMARY, STATUS)
 #: The temp names the atomic writes go through (left behind by a kill mid-write).
-TEMP_FILES = (f"{SUMMARY}.tmp", f"{STATUS}.tmp")
+TEMP_FILES = tuple(temp_path(Path(name)).name for name in (SUMMARY, STATUS, CONFIG))
 
 
 def _clean(v: Any) -> Any:
@@ -46,12 +48,6 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_status(out: Path, state: str, run_id: str, reason: str | None = None) -> None:
     """Write ``out/status.json`` atomically.
 
@@ -63,7 +59,7 @@ def write_status(out: Path, state: str, run_id: str, reason: str | None = None) 
     doc = {"state": state, "reason": reason, "run_id": run_id,
            "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "pid": os.getpid(), "pid_start": _start_ticks(), "host": socket.gethostname()}
-    _write_atomic(out / STATUS, json.dumps(doc, indent=2) + "\n")
+    atomic_write(out / STATUS, json.dumps(doc, indent=2) + "\n")
 
 
 def _start_ticks() -> int | None:
@@ -108,11 +104,11 @@ class RunRecorder(Callback):
         self.finished = False  # summary.json is written: the run is complete
         out.mkdir(parents=True, exist_ok=True)
         write_status(out, "running", run_id)  # first: nothing here looks finished
-        config = out / "config.toml"
+        config = out / CONFIG
         if not append:
             config.write_text(config_toml)
         elif config.read_text() != config_toml:
-            _write_atomic(config, config_toml)  # whole, old or new: never half of each
+            atomic_write(config, config_toml)  # whole, old or new: never half of each
         self._metrics = _open_log(out / "metrics.jsonl", append)
         self._events = _open_log(out / "events.jsonl", append)
 
@@ -132,8 +128,8 @@ class RunRecorder(Callback):
         """Close the logs, write ``summary.json`` atomically (last of the run's files),
         then mark the status ``complete``."""
         self.close()
-        _write_atomic(self.out / SUMMARY,
-                      json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n")
+        atomic_write(self.out / SUMMARY,
+                     json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n")
         self.finished = True
         write_status(self.out, "complete", self.run_id)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainthrough._atomic import atomic_open
 from trainthrough.config import RunConfig, baseline_config
 from trainthrough.errors import UserError
 from trainthrough.lab.jobs import job_pool
@@ -144,9 +145,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     fields: list[str] = []
     for row in rows:
         fields.extend(k for k in row if k not in fields)
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    os.replace(tmp, path)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
+from trainthrough._atomic import atomic_write
 from trainthrough.errors import UserError
 from trainthrough.lab.advise.advisor import Advice
 from trainthrough.lab.advise.model import Prediction
@@ -131,12 +131,6 @@ def markdown(a: Advice, plot: str | None) -> str:
     return "\n".join(md) + "\n"
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write(a: Advice, out: Path) -> None:
     """Write the advice folder (module docstring)."""
     from trainthrough.lab.advise.plot import plot_advice
@@ -144,8 +138,8 @@ def write(a: Advice, out: Path) -> None:
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     png = plot_advice(a, out / "advice.png")
-    _atomic(out / "advice.md", markdown(a, png.name))
-    _atomic(out / "advice.json", json.dumps(a.to_dict(), indent=2, allow_nan=False) + "\n")
+    atomic_write(out / "advice.md", markdown(a, png.name))
+    atomic_write(out / "advice.json", json.dumps(a.to_dict(), indent=2, allow_nan=False) + "\n")
 
 
 def components(p: Prediction, a: Advice) -> dict[str, float]:
