@@ -31,9 +31,8 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def _die_with_parent() -> None:
     """In the server's process, before Java starts: the kernel ends it when the process
-    that started it dies, however it dies. Measured: a ``python -m trainthrough.coord``
-    killed from outside left its server holding port 2181 for an hour, and the next run
-    of the command found the port taken."""
+    that started it dies, however it dies (SIGKILL included), so a launcher killed from
+    outside never leaves a server holding its port for the next run."""
     import ctypes
     import signal
 

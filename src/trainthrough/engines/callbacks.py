@@ -31,7 +31,8 @@ class Callback:
         """A failure, detection, checkpoint, recovery or replica change."""
 
     def after_run(self, summary: dict[str, Any]) -> None:
-        """The run ended; ``summary`` holds the DESIGN.md summary fields."""
+        """The run ended; ``summary`` holds the fields written to ``summary.json``
+        (docs/architecture.md, "The run folder")."""
 
 
 class Callbacks(Callback):

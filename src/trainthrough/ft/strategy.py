@@ -1,4 +1,4 @@
-"""Strategies are compositions of four small mechanisms (see DESIGN.md).
+"""Strategies are compositions of small mechanisms (docs/architecture.md).
 
 A :class:`Strategy` names one choice per decision: what is saved and when, what
 is replicated, what recovery restores, what workers do while a shard is down.

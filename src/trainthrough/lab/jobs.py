@@ -1,7 +1,7 @@
 """Independent runs on a few processes, or inline: what suites and sim checks share.
 
 Each run is single-threaded and deterministic (sim's clock is simulated), so running
-two at a time on a 2-core machine changes when they finish, never what they compute.
+several at a time changes when they finish, never what they compute.
 Runs on a real engine, whose clock is the wall's, go inline (``jobs=1``).
 """
 

@@ -1,9 +1,9 @@
 """Running a suite: a grid of runs sharing failure-free baselines, then the report.
 
 A suite is code that returns a :class:`SuiteSpec` (a list of run configs with their
-labels); this module runs them, two processes at a time on a 2-core machine (each
-run is single-threaded and deterministic, so the order of completion changes
-nothing), and writes ``results.csv``, ``report.md``, ``report.html`` and plots.
+labels); this module runs them in up to two processes at a time (never more than the
+machine's cores; each run is single-threaded and deterministic, so the order of
+completion changes nothing), and writes ``results.csv``, ``report.md``, ``report.html`` and plots.
 """
 
 from __future__ import annotations

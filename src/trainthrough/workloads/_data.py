@@ -71,9 +71,9 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     """The digits' pixels (float64, 1797 x 64) and labels, read from the file
     scikit-learn ships, as its ``load_digits`` reads it, without importing it.
 
-    Why: ``import sklearn`` pulls in scipy and took 1.5-2.8 s, more than torch, in
+    Why: ``import sklearn`` pulls in scipy and costs seconds, more than torch, in
     every process that builds mlr or cnn: the driver, each Ray actor, each gloo rank
-    (a cold Ray run of 6 actors on 2 cores paid it 7 times). The package is only
+    (docs/measurements.md). The package is only
     located here (``find_spec`` does not run it). Where its data file is not a plain
     file (a zipped install), ``load_digits`` itself is used.
     """

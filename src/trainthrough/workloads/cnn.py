@@ -64,8 +64,8 @@ class CNN(TorchWorkload):
         if train_images and train_labels and test_images and test_labels:
             train = _load_idx_pair(train_images, train_labels)
             test = _load_idx_pair(test_images, test_labels)
-            # Scoring all 10,000 MNIST test images costs ~2 s on one core, more than
-            # the training between two evaluations; an evenly strided subset keeps
+            # Scoring all 10,000 MNIST test images costs more than the training
+            # between two evaluations; an evenly strided subset keeps
             # the metric representative and sweeps fast.
             stride = max(1, -(-len(test[1]) // max(1, test_limit)))
             test = (test[0][::stride], test[1][::stride])

@@ -157,7 +157,7 @@ class TorchWorkload(Workload):
         # identically after a rollback.
         with torch.random.fork_rng(devices=[]):
             # The CPU generator only: torch.manual_seed also seeds every accelerator
-            # backend, which cost ~30% of a cnn step here.
+            # backend, a sizeable share of a small model's step.
             torch.default_generator.manual_seed(seed)
             out = functional_call(self.model, leaves, (x,))
             loss = self.loss_fn(out, y)

@@ -103,7 +103,7 @@ class MF(Workload):
             v = torch.from_numpy(r.values)
             self.n_users, self.n_items = r.n_users, r.n_items
             self._check_sizes(r.n_users, r.n_items, rank, synthetic=False)
-            # Not measured on MovieLens here; ~0.9 is a typical ALS test RMSE there.
+            # Not calibrated on MovieLens itself; ~0.9 is a typical ALS test RMSE there.
             self.default_target = 0.95
         if target is not None:
             self.default_target = target

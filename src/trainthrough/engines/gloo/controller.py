@@ -1,9 +1,10 @@
 """The ``dist`` engine's controller: data-parallel training on real gloo processes.
 
 The controller is the parent of every rank. It owns the ``TCPStore`` (on 127.0.0.1,
-a free port) that outlives the ranks, starts them, and every ~10 ms: drains their
-events (failures they inflict on themselves, checkpoints, parameters to evaluate),
-notices processes that ended, and watches for reports (a group broke, or the ranks
+a free port) that outlives the ranks, starts them, and, woken by every event a rank
+posts and at least every :data:`TICK` seconds: drains their events (failures they
+inflict on themselves, checkpoints, parameters to evaluate), notices processes that
+ended, and watches for reports (a group broke, or the ranks
 stopped because it asked). It never trains: evaluation is the only tensor work it
 does. Recovery decisions come from the same policies as ``sim``
 (ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`; its
@@ -38,7 +39,7 @@ from trainthrough.workloads.base import Evaluation
 # what is not an event (a process ended, a joiner became ready, the wall limit) is
 # looked at this often.
 TICK = 0.05
-START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded 2-core machine
+START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded machine
 
 
 class GlooEngine:

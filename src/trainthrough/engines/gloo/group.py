@@ -6,13 +6,14 @@ collectives of the shared step and repair routines (:meth:`Group.allreduce`,
 :meth:`Group.close`. They block (their coroutines never suspend: run them with
 :func:`~trainthrough.dp.collective.run_blocking`). Every collective that fails raises
 :class:`~trainthrough.dp.collective.PeerLost`; the group is then unusable and must
-be closed and formed again without the failed rank. Closing at once matters: destroying the group closes its sockets, so peers
-still blocked in a collective with this rank (not connected to the dead one) get
-"connection closed" within milliseconds instead of waiting for the timeout.
+be closed and formed again without the failed rank. Closing at once matters:
+destroying the group closes its sockets, so peers still blocked in a collective with
+this rank (not connected to the dead one) get "connection closed" within milliseconds
+instead of waiting for the timeout.
 
 Each incarnation rendezvouses on its own prefix ``attempt{n}`` of the controller's
 store: keys left by an earlier incarnation (its dead members' included) never mix
-with the new one's, which is what torchrun needed to reconnect (ENVIRONMENT.md).
+with the new one's (torchrun restarts need the same per-attempt prefix to reconnect).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class Group:
             message = str(e).splitlines()[0][:300]
         # Raised outside the handler: an exception raised inside keeps the gloo error as
         # its context, whose traceback holds torch's frames and with them the process
-        # group, whose sockets then stay open after close(): measured, the peers that
-        # were not connected to the dead rank then waited for the full timeout (3 s)
+        # group, whose sockets then stay open after close(): the peers that were not
+        # connected to the dead rank would then wait for the full collective timeout
         # instead of failing within milliseconds.
         self.close()
         raise PeerLost(message)

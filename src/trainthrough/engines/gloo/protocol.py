@@ -92,9 +92,9 @@ def serve(timeout: float) -> dist.TCPStore:
 
     ``TCPStore`` binds its server to every interface when it opens the port itself,
     unauthenticated; so the socket is bound to loopback here and handed over. The store
-    takes ownership of the descriptor (it closes it when it goes away, measured), so
-    the Python socket lets go of it: closing it here too would close whatever file
-    later reuses that number (it once was a Ray RPC socket).
+    takes ownership of the descriptor (it closes it when it goes away), so the Python
+    socket lets go of it: closing it here too would close whatever file later reuses
+    that number (another library's socket, say).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -129,7 +129,7 @@ class Doorbell:
     """Counts keys ``<prefix>/<k>``, k = ``start``, ``start + 1``, ..., as they are set.
 
     A thread blocked in the store's ``wait`` on a connection of its own (it releases
-    the GIL, measured) learns of each at once: nobody polls. The first member's
+    the GIL) learns of each at once: nobody polls. The first member's
     ballot reads :attr:`rung` instead of a store round trip every step, and the
     controller sleeps in :meth:`wait` until a rank posts an event. :meth:`close` ends
     the thread (it sets the key the thread waits for).
@@ -175,7 +175,7 @@ class Doorbell:
         with contextlib.suppress(Exception):  # the store is gone, and the thread with it
             self._store.set(self.next_key, "")
         # Joined: a thread still inside the store's wait when the process exits aborts
-        # it ("terminate called without an active exception", measured).
+        # it ("terminate called without an active exception").
         self._thread.join(timeout=5)
 
 

@@ -38,8 +38,9 @@ class SimEngine:
     """Runs one configuration to its target (or its iteration budget)."""
 
     def __init__(self, ctx: RunContext) -> None:
-        # One intra-op thread: the tensors here are small, and on a busy 2-core
-        # machine torch's thread pool made a 32x10 softmax 700x slower (7 ms vs 10 us).
+        # One intra-op thread: the tensors here are small, and on a busy machine with
+        # few cores torch's thread pool makes small operations orders of magnitude
+        # slower (docs/measurements.md).
         torch.set_num_threads(1)
         self.ctx = ctx
         cfg, workload, checkpoint_url = ctx.cfg, ctx.workload, ctx.checkpoint_url

@@ -3,10 +3,9 @@
 Why CRC-32 (``zlib.crc32``) and not sha256: the checksum is there to catch accidental
 damage (a torn or truncated write, a flipped bit, a file from another checkpoint), and
 for that CRC-32 detects every burst of up to 32 bits and any other change but for a
-2**-32 chance, while costing half the CPU. Measured here (Xeon with SHA extensions, 32
-MiB, one core): zlib.crc32 2.1 GB/s, sha256 1.1 GB/s, sha1 1.1, blake2b 0.85, md5 0.65.
-A checkpoint write is then bounded by the disk, not by the hash, and an asynchronous
-save takes half as much of the core training runs on. Neither checksum stops a
+2**-32 chance, at about half sha256's CPU cost (docs/measurements.md). A checkpoint
+write is then bounded by the disk, not by the hash, and an asynchronous save takes
+less of the core training runs on. Neither checksum stops a
 deliberate forgery: whoever can rewrite a file can rewrite the manifest too (its own
 checksum included), so a cryptographic hash bought nothing that CRC-32 does not.
 

@@ -1,14 +1,16 @@
 """Making a checkpoint's written files durable: their fsyncs run together, on a few
 long-lived threads.
 
-Together: the filesystem folds fsyncs that wait at the same time into one journal
-commit, so a checkpoint of several files costs about one disk sync instead of one per
-file (which made small checkpoints ~5x slower than a plain write of the same bytes).
+Contract: :class:`Syncing` hands every path it is given to the pool (``_WORKERS``
+fsyncs run at once, the rest wait their turn); :meth:`Syncing.wait` returns when all
+of them are done and raises the first error one of them hit. Nothing is durable before ``wait`` returns: an fsync cut short by the
+process exiting loses nothing that was promised.
 
-Long-lived: a thread started per fsync cost 0.1 ms when the machine was quiet and ~0.7
-ms when busy (the new thread must win the GIL to report that it started), three per
-save of the cnn shard: about as long as the save's own disk sync. The pool is made on
-first use and again after a fork (a child does not inherit its threads).
+Together, because the filesystem folds fsyncs that wait at the same time into one
+journal commit: a checkpoint of several files costs about one disk sync, not one per
+file. Long-lived threads, because starting a thread per fsync costs about as much as a
+small save's own disk sync on a busy machine. The pool is made on first use and again
+after a fork (a child does not inherit its threads). Figures in docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ _WORKERS = 4  # files fsynced at once; more wait their turn (still durable, a bi
 class _Pool:
     """Daemon threads taking fsyncs from one queue.
 
-    Not a ``ThreadPoolExecutor``: its threads are not daemons, and the interpreter joins
-    them at exit. A SIGTERM raised in the main thread while ``submit`` was starting a
-    worker left that worker unregistered, never told to stop, and the process hung at
-    exit after printing that it was terminated (seen in CI). An fsync cut short by the
-    process exiting is harmless: nothing counts as durable before :meth:`Syncing.wait`.
+    Not a ``ThreadPoolExecutor``: its threads are not daemons and the interpreter joins
+    them at exit, so a signal that ends the main thread while a worker is being started
+    can leave the process hung at exit. These threads are daemons and started up front.
+    An fsync cut short by the process exiting is harmless: nothing counts as durable
+    before :meth:`Syncing.wait`.
     """
 
     def __init__(self) -> None:

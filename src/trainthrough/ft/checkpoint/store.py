@@ -127,8 +127,8 @@ class CheckpointStore:
         return "/".join([self._root.rstrip("/"), *parts])
 
     def _open_write(self, path: str) -> IO[bytes]:
-        """A new file for writing; a plain file locally (fsspec's wrapper cost ~0.25 ms
-        per file, a tenth of a small checkpoint's write)."""
+        """A new file for writing; a plain file locally (fsspec's wrapper adds a fixed
+        cost per file, a noticeable share of a small checkpoint's write)."""
         return open(path, "wb") if self._local else self._fs.open(path, "wb")
 
     def _write(self, path: str, data: bytes) -> None:
@@ -182,8 +182,8 @@ class CheckpointStore:
     def _manifest(self, entry: str, step: int, tag: str) -> Manifest | None:
         """:func:`read_manifest`, remembered locally while the file is unchanged (same
         inode, size and modification time): every save lists its tag to prune it, and
-        parsing and checking each kept manifest again took ~0.5 ms of the writing
-        thread's time per save, under the GIL the shard's pushes need. Only pruning
+        parsing and checking each kept manifest again would take the writing thread's
+        time at every save, under the GIL the shard's pushes need. Only pruning
         uses it; listing and loading always read afresh (a manifest rewritten in place
         at the same size within one tick of the file clock would look unchanged)."""
         where = self._path(entry)

@@ -1,9 +1,8 @@
 """Write a safetensors file straight from the tensors, checksumming it as it is written.
 
 ``safetensors.torch.save`` builds the whole file in memory (two copies of every
-tensor) before a byte reaches the disk, and the checksum then reads it a third time:
-for a large checkpoint that was three times the time of a plain write of the same
-bytes. Here the header is built from the tensors' shapes, each tensor's own memory is
+tensor) before a byte reaches the disk, and the checksum then reads it a third time.
+Here the header is built from the tensors' shapes, each tensor's own memory is
 written as is, and a second thread feeds the same buffers to the checksum while the
 file is written (both release the GIL), so the write costs about what the disk costs.
 
@@ -35,10 +34,8 @@ _DTYPES = {torch.int64: ("I64", 9), torch.float64: ("F64", 8), torch.float32: ("
 
 
 #: Below this many bytes the file is checksummed on the writing thread (a thread's
-#: start costs more than it saves). With CRC-32 and the disk started as the file is
-#: written, a ~4 MiB checkpoint (files of 1.3 and 2.7 MiB) took 5.1-5.5 ms with 1 MiB
-#: here against 5.7-6.1 ms with 4 MiB; a 0.21 MiB one took 3.2 ms with 64 KiB, 2.0
-#: with 4 MiB. (With sha256 and no early start, 1 MiB had not helped.)
+#: start costs more than it saves); the threshold was chosen by timing small and
+#: medium checkpoints (docs/measurements.md).
 PARALLEL_BYTES = 1 << 20
 
 
@@ -86,10 +83,9 @@ def write_deferred(f: IO[bytes],
     """:func:`write`, returning as soon as the bytes are written: a large file's
     checksum may still be running on its thread, collected by ``digest()``.
 
-    Why: the disk takes a 32 MiB write and fsync at ~1.4 GiB/s and CRC-32 runs at
-    ~2 GiB/s on a core of its own (sha256 at ~1.1), so a caller that waited for the
-    checksum before starting the fsync would pay for both one after the other; this
-    lets it sync the file while the checksum finishes. The bytes go out in
+    Why: the disk write plus fsync and the checksum run at comparable speeds, so a
+    caller that waited for the checksum before starting the fsync would pay for both
+    one after the other; this lets it sync the file while the checksum finishes. The bytes go out in
     :data:`~.writeback.CHUNK` pieces, the disk started on each (:mod:`.writeback`),
     so a local file's fsync finds most of it written already. The tensors must stay
     unchanged until ``digest()`` returns (the checksum reads them).

@@ -5,9 +5,8 @@ large file is copied into memory first and written out after, one phase waiting 
 the other. ``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)`` (Linux) starts
 writeback of what is dirty without waiting for it, so called every few MiB it lets the
 disk work while the writer copies the next chunk, and the final ``fsync`` has little
-left to do. Measured on this machine, a 31.5 MiB checkpoint's tensor files written,
-CRC-checked and fsynced: 28.2 ms without, 18.4 ms with a start every 1 MiB (4 MiB: 4.5
-vs 3.6 ms). It changes no durability guarantee: ``fsync`` still decides that.
+left to do (docs/measurements.md has the timings). It changes no durability
+guarantee: ``fsync`` still decides that.
 
 Python has no binding for it, so it is called through ``ctypes``; where the call does
 not exist (not Linux) or fails, :func:`start` does nothing and the write is as before.
@@ -30,7 +29,7 @@ def _bind() -> Callable[[int], object] | None:
         return None
     try:
         # The process's own symbols (libc's among them): find_library("c") would run
-        # ldconfig in a subprocess, ~30 ms at every import of the checkpoint store.
+        # ldconfig in a subprocess at every import of the checkpoint store.
         fn = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
         return None

@@ -234,10 +234,9 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
         raise UserError(f"--rank-by must be time or cost (got {rank_by!r})")
     if cfg.paradigm != "ps":
         # A data-parallel failure also costs a shrunk group until a replacement joins,
-        # which neither the recovery record nor the rework shows; measured on sim (mlr,
-        # 4 ranks, rollback, 8 seeds) this model was 28% under at an MTBF of 2 s, and
-        # adding the shrunk time additively 82% over at 6 s (the group also counted
-        # fewer failures than time / MTBF). Refused until that is modelled.
+        # which neither the recovery record nor the rework shows, and neither this model
+        # nor the shrunk time added to it predicts it within 20% (docs/advise.md).
+        # Refused until that is modelled.
         raise UserError("advise predicts parameter-server runs (--paradigm ps) only; for "
                         "data parallel compare strategies with `trainthrough compare "
                         "--suite dataparallel`")

@@ -20,8 +20,8 @@
    perturbation and SCAR's bound for it.
 4. Each candidate with that failure and another on the first step after its recovery:
    how much longer the second takes to recover (Ray: the warm spare the first used is
-   still starting; on a trace with a 3 s MTBF, recoveries took 0.1 s alone and 0.4-0.6 s
-   after another failure), priced by the model for failures an MTBF apart. The second
+   still starting, so a recovery soon after another takes several times as long as a
+   lone one), priced by the model for failures an MTBF apart. The second
    failure stops the steps, so that spare starts on idle cores; the runs of step 3
    also record when the spare started after their failure was ready with the steps
    running beside it, as on a trace (engines/ray/cluster.py ``refilled``): how late a
@@ -54,18 +54,16 @@ from trainthrough.lab.runner import resolve_defaults, run_silent
 Say = Callable[[str], None]
 
 #: pairs of runs (without, with saves) per checkpoint cost: a real engine's pace drifts
-#: from run to run (Ray mlr on a shared 2-core box: 9.9 s and 12.0 s to target for the
-#: same seed), so the mean of two pairs and their spread; ``sim`` is deterministic
+#: from run to run (by a fifth for the same seed on a shared machine), so the mean of
+#: several pairs and their spread; ``sim`` is deterministic
 PAIRS = {"sim": 1}
-#: 4, not 2: within one Ray mlr run saving every 9 iterations a save measured 8.2 and
-#: 11.1 ms in two runs, and the same reading of a run without saves gave 0.6 and -3.0
-#: ms (benchmarks/advise_check.py's notes): one pair's noise is a third of the cost
+#: 4, not 2, on real engines: one pair's noise is about a third of a save's cost
+#: (docs/advise.md)
 REAL_PAIRS = 4
 #: failure runs per candidate, at least (more with more calibration seeds): spread over
-#: the run, as a trace's failures are. On Ray (cnn, scar-partial and checkpoint-async,
-#: seeds 1-2, one failure at 1/4, 1/2 and 3/4 of the way) one failure cost -1.4 to 2.6 s
-#: beyond recovering by the same reading, and 0 to 23 iterations of rework by where it
-#: struck: two samples, both half way, left the mean that far off; ``sim`` is
+#: the run, as a trace's failures are. On a real engine what one failure costs varies
+#: with where it strikes (rework, the run's phase) by more than its mean, so two
+#: samples at the same point leave the mean far off (docs/advise.md); ``sim`` is
 #: deterministic and its failure cost is read exactly from one run per seed
 FAILURE_RUNS = {"sim": 1}
 REAL_FAILURE_RUNS = 4
@@ -163,9 +161,8 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
 
 def _pooled(base: Baseline, bases: list[Baseline], paces: list[float]) -> Baseline:
     """The failure-free time to target at the mean pace of every failure-free run the
-    calibration made: a real engine's pace drifts with what else the machine runs (Ray
-    mlr, same seed: 12.1 s in calibration, 10.0 s minutes later), and one run is one
-    sample of it. Only the failure-free runs without saves are pooled."""
+    calibration made: a real engine's pace drifts with what else the machine runs, and
+    one run is one sample of it. Only the failure-free runs without saves are pooled."""
     if not paces:
         return base
     own = [b.seconds / b.iterations for b in bases]
@@ -339,9 +336,8 @@ def pool_refill(measured: list[Measured], spare: list[bool]) -> list[Measured]:
 
     What a failure soon after another waits for is the spare the first one's
     replacement started: the same actor, started the same way, whatever the strategy.
-    Each candidate's own figure is one back-to-back run: on Ray mlr the window it
-    gave (gap + excess) was 1.99, 2.35, 2.18 and 2.13 s for four candidates: one
-    sample's noise, now averaged over all of them.
+    Each candidate's own figure is one back-to-back run, one sample of the same
+    quantity with its noise (docs/advise.md); the mean over all of them is steadier.
     """
     pool = [m for m, s in zip(measured, spare) if s]
     if len(pool) < 2:

@@ -131,8 +131,8 @@ def check(advice: Advice, name: str, seeds: list[int],
     so a seed that needs more iterations than another changes the time to target, not
     the overhead: ``free`` (from :func:`failure_free`), or if not given, each seed's run
     just before that seed's runs of the candidate, so that on a real engine, whose pace
-    drifts with what else the machine runs (Ray mlr, same seed: 10 s and 12 s minutes
-    apart), an overhead compares runs made at the same pace. ``jobs``: seeds run at a
+    drifts with what else the machine runs, an overhead compares runs made at the same
+    pace. ``jobs``: seeds run at a
     time, in processes of their own; more than one only on ``sim``, whose results do
     not depend on it.
     """
@@ -177,8 +177,7 @@ def steady_from_steps(c: Check, eval_every: int) -> list[float]:
     calibration reads a save's cost (lab/advise/wall.py :func:`phase_cost`): the seconds
     the saves add per interval over the interval's seconds without them. A second
     reading of ``measured_steady`` on the same runs, free of the pace drift between two
-    whole runs (Ray cnn: a seed's failure-free run 6 points off its reference on average
-    while saves cost ~3%); empty where it does not apply (no checkpoints, an engine that
+    whole runs (on a real engine larger than the saves' own cost); empty where it does not apply (no checkpoints, an engine that
     does not report every step, or an interval sharing a factor with the evaluations',
     whose cost would then land on some phases only)."""
     n = c.interval

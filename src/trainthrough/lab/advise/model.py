@@ -109,8 +109,8 @@ def interval(checkpoint_seconds: float, write_seconds: float, mtbf: float, step:
              most: int, least: int = 1) -> int:
     """Young/Daly's interval in whole iterations, at least one write long, at least
     ``least`` (the interval the cost was measured at: a save's cost is known there, not
-    for saves packed closer; on Ray asynchronous saves measured free every 8 iterations
-    cost 17% every iteration), at most ``most``."""
+    for saves packed closer, where asynchronous writes start to queue), at most
+    ``most``."""
     yd = pm.young_daly_interval(checkpoint_seconds, mtbf) / step
     floor = max(1, least, math.ceil(write_seconds / step - 1e-9))
     return int(min(most, max(floor, round(yd))))
@@ -135,9 +135,8 @@ def outage(recovery: float, mtbf: float, overlap: str = "queue") -> float:
     batch gathers. A failure striking a running engine so starts an outage of
     ``R (1 + p + p^2 + ...) = R exp(R/M)`` (``p = 1 - exp(-R/M)``: one falls due during a
     recovery), holding it and, by Wald, ``exp(R/M) R/M`` failures more: per failure
-    ``R exp(x) / (1 + x exp(x))`` with ``x = R/M``. On Ray mlr at an MTBF of 3 s the
-    recoveries' union was 0.83-0.94 of their sum (6 traces, Nov 26); this gives 0.93 at ``x`` =
-    0.42.
+    ``R exp(x) / (1 + x exp(x))`` with ``x = R/M`` (docs/advise.md compares it with
+    measured traces).
 
     ``parallel`` (Ray's asynchronous runs: every death starts its own replacement at
     once, engines/ray/recovery.py): the engine is out at ``t`` if any failure struck in
@@ -154,10 +153,9 @@ def outage(recovery: float, mtbf: float, overlap: str = "queue") -> float:
     exp(-R/M))``, about ``R/2`` when ``R << M``: its recovery runs past the earlier one's
     end only by the time between them. Summed over failures it is the covered share of
     an M/D/infinity queue's time, ``1 - exp(-R/M)`` (never all of it: parallel
-    recoveries alone never stop progress). On Ray, asynchronous mlr at an MTBF of 3 s (74
-    failures, mean R 1.43 s), the recoveries' union was 0.83 of their sum, this formula
-    0.80 at the mean R: recoveries are long mostly right after another failure (waiting
-    for the spare), not independent.
+    recoveries alone never stop progress). It assumes recoveries independent of each
+    other; on Ray they are long mostly right after another failure (waiting for the
+    spare), and the formula still comes close to measured traces (docs/advise.md).
     """
     if overlap == "parallel":
         return mtbf * -math.expm1(-recovery / mtbf)
@@ -258,11 +256,10 @@ def _seconds_se(base: Baseline, m: Measured, mtbf: float, overlap: str, seconds:
     the prediction there): upwards, the larger side, as the time to target is convex in
     the cost of a failure.
 
-    A failure run's steps lost vary with where it struck and with the machine: on Ray
-    mlr 14.4 +- 21.2 steps over 4 runs (checkpoint-async, Nov 26), which moved the time
-    to target at an MTBF of 3 s by 2.35 s, 12%, not far from the 20% a prediction is
-    held to. Shown next to the prediction so a user can tell a difference between
-    candidates from that noise."""
+    A failure run's steps lost vary with where it struck and with the machine, enough
+    on a real engine to move the time to target by a sizeable share of the 20% a
+    prediction is held to (docs/advise.md). Shown next to the prediction so a user can
+    tell a difference between candidates from that noise."""
     runs = len(m.failed_at)
     if m.lost_steps is None or not m.lost_spread or runs < 2:
         return None

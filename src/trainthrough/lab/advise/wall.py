@@ -1,20 +1,18 @@
 """Costs as whole-run time differences: what a save and a failure add to a run's clock.
 
 Why not the seconds an engine records for them: on a real engine they are only part of
-the cost. Measured on Ray (mlr, 2 shards, 2 workers, 2 cores, benchmarks/advise_check.py):
-asynchronous saves every 2 iterations recorded 0.8% of the step time blocked, yet made a
-failure-free run 35% longer (each save is a round trip from the driver to every shard,
-and the background write runs on the cores the steps need); a failure cost its recorded
-recovery and rework plus slow steps after it (evaluations around the disruption, the
-restored shard's first steps, a warm process started in place of the one taken). So the
-advisor measures, on every engine alike (on ``sim`` both ways agree):
+the cost. An asynchronous save records almost nothing blocked, yet makes the run longer
+(each save is a round trip from the driver to every shard, and the background write
+runs on the cores the steps need); a failure costs its recorded recovery and rework
+plus slow steps after it (evaluations around the disruption, the restored shard's first
+steps, a warm process started in place of the one taken). docs/advise.md has the
+figures. So the advisor measures, on every engine alike (on ``sim`` both ways agree):
 
 - **per-save cost**: within a short failure-free run saving every ``n`` iterations, each
   step's seconds by its place after the last save, the steps late in the interval (the
   save's effects are over) being the pace without saves (:func:`phase_cost`): saves and
   no saves alternate within one run, so the machine's pace, which drifts from run to
-  run with what else it runs (Ray mlr on a shared 2-core box: 9.9 s and 12.0 s to
-  target for the same seed), cancels; an engine that does not report every step is
+  run with what else it runs, cancels; an engine that does not report every step is
   measured by a run without saves against one with, back to back (:func:`save_cost`);
 - **per-failure cost**: the failure run's time to target minus what it would have
   taken without the failure, at its own pace until the strike (:func:`failure_cost`).
@@ -70,8 +68,8 @@ def failure_cost(clock: StepClock, failed_at: int, seconds: float, base: StepClo
     happened to be slower or faster than the failure-free one does not count as the
     failure's. The difference is the failure's cost in all: recovering, the rework,
     and the slow steps after it however long they last (a replacement process that
-    starts on the cores the steps need: Ray's slow steps went on ~25 steps after a
-    recovery, and a window that ends too soon counts them as the run's pace).
+    starts on the cores the steps need: on Ray the slow steps go on for tens of steps
+    after a recovery, and a window that ends too soon counts them as the run's pace).
 
     Args:
         clock: the failure run's :class:`StepClock`.
@@ -96,12 +94,10 @@ def refill_delay(excess: float, gap: float, mtbf: float, window: float | None = 
     ``window`` seconds after the first failure. The back-to-back run that measures the
     excess is one sample of that window (``gap + excess``) and stops the steps right
     after the first recovery; ``window`` is measured in the lone-failure runs, with the
-    steps running beside the starting spare as on a trace, 16 samples on Ray (mlr: 2.98
-    s there, 2.78 s back to back; 2.85 s on average over 43 trace failures, where each
-    waited about ``window - g`` at a gap ``g``, second for second). Its lone recovery,
+    steps running beside the starting spare as on a trace (each failure of a trace waits
+    about ``window - g`` at a gap ``g``, second for second). Its lone recovery,
     ``alone`` seconds, runs meanwhile: it recovers when the spare is ready or when a lone
-    recovery would have, whichever is later (on Ray mlr, 62 failures of two traces that
-    waited recovered a median 0.02 s after their spare was ready, against 0.14 s alone).
+    recovery would have, whichever is later (docs/advise.md has the trace figures).
     So a failure ``g`` after another takes ``max(0, window - alone - g)`` longer than
     alone, for failures ``Exp(mtbf)`` apart; 0 where no excess was measured (sim: a
     replacement is always ready). Without ``window``, the back-to-back sample: the whole
@@ -134,7 +130,7 @@ def spare_share(window: float, mtbf: float, alone: float = 0.0) -> float:
     beside it on a trace: until it is ready or the next failure strikes, ``Exp(mtbf)``
     after the first, whichever is first (then the steps stop: that failure waits for the
     spare). ``E[max(0, min(g, w) - a)] / (w - a) = M (exp(-a/M) - exp(-w/M)) / (w - a)``:
-    1 for failures far apart, 0.61 at an MTBF of 3 s, a 3.08 s window and 0.14 s alone."""
+    1 for failures far apart, less the closer they come to the window."""
     if window <= alone:
         return 1.0
     return mtbf * (math.exp(-alone / mtbf) - math.exp(-window / mtbf)) / (window - alone)

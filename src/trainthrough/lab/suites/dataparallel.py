@@ -29,9 +29,10 @@ DESCRIPTION = ("data parallel: accuracy loss vs runtime overhead of checkpoint-r
 PHASES = ("forward", "backward", "allreduce:1", "update")
 STRATEGIES = ("checkpoint-restart", "rollback", "lossy-forward")
 ELASTIC = ("keep-global", "keep-local")
-# Costs as measured on gloo processes on this machine (benchmarks/dp_recovery.py):
-# a crash is seen in ~25 ms, survivors re-form in ~0.3 s, restarting every rank
-# process takes seconds. compute_scale makes a simulated step as long as a real one.
+# Costs of the same order as benchmarks/dp_recovery.py reads on local gloo processes
+# (docs/benchmarks.md): a crash is seen in tens of milliseconds, survivors re-form in a
+# fraction of a second, restarting every rank process takes seconds. compute_scale
+# makes a simulated step about as long as a real one.
 COST = CostModel(compute_scale=10.0, detection_seconds=0.03, reform_seconds=0.3,
                  restart_seconds=3.0, replace_seconds=1.0)
 # workload -> (L committed steps, checkpoint interval, 1-failure step, 3-failure steps)

@@ -4,8 +4,8 @@ The suite runs offline on generated data by default. Each variable below points 
 workload at a real data set in its distribution format instead (the loaders are in
 workloads/loaders.py and workloads/idx.py); the suite's failure point and interval stay
 those of :data:`~trainthrough.lab.suites.scar.SETTINGS`, and the target becomes the
-workload's default for real data, which was not measured here: check in the report
-that the failure-free runs reach the target well after the failure.
+workload's default for real data, which is not calibrated on those data sets: check
+in the report that the failure-free runs reach the target well after the failure.
 
 =================  ======  ==========================================================
 variable           runs    what it points at
