@@ -49,6 +49,9 @@ SLOW_TESTS = {
     "test_scar_partial_never_worse_than_checkpoint_restart",
     "test_issue_command_converges_with_rework_and_is_deterministic",
 }
+#: Modules whose tests run in order on one shared state (a clone that earlier commands
+#: leave runs in): one xdist worker runs each of them whole.
+IN_ORDER = {"test_readme_commands", "test_examples"}
 #: Fixtures that start a process (or a whole Ray) for the test that uses them.
 PROCESS_FIXTURES = {"ray_session", "zk_server", "clone"}
 #: A test id naming an engine that runs real processes (a parameter or the test's name).
@@ -69,6 +72,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if "ray_session" in item.fixturenames:  # one Ray, on one xdist worker
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif Path(str(item.fspath)).stem in IN_ORDER:  # one clone, commands in order
+            item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
 
 
 @pytest.fixture(autouse=True)
