@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("ray")
 
-from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink, Replica  # noqa: E402
-from trainthrough.engines.ray.link_socket import LinkError  # noqa: E402
+from trainthrough.engines.ray.chain.chain_link import ChainBroken, ChainLink, Replica  # noqa: E402
+from trainthrough.engines.ray.chain.link_socket import LinkError  # noqa: E402
 
 
 class _Replica(Replica):

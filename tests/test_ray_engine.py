@@ -60,7 +60,7 @@ def test_a_killed_worker_is_replaced() -> None:
 def _chain(n: int, mode: str, dtype: object = None) -> list:
     import torch
 
-    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.engines.ray.actors.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 
@@ -128,7 +128,7 @@ def test_tensors_a_frame_cannot_carry_are_forwarded_by_ray_call(mode: str) -> No
     states alike, and reaches every replica exactly once."""
     import torch
 
-    from trainthrough.engines.ray import wire
+    from trainthrough.engines.ray.chain import wire
 
     assert torch.complex64 not in wire.DTYPES.values()
     actors = _chain(3, mode, torch.complex64)
@@ -258,7 +258,7 @@ def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None
     it replaced are refused."""
     import torch
 
-    from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink, Replica
+    from trainthrough.engines.ray.chain.chain_link import ChainBroken, ChainLink, Replica
 
     cond = threading.Condition()
     order: list[int] = []

@@ -23,8 +23,8 @@ from typing import Any
 
 import ray
 
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.link_socket import Address, Channel
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.link_socket import Address, Channel
 
 # How long a forward's reply may take: the successor may wait ``REORDER_SECONDS`` for
 # a position and ``ACK_SECONDS`` for its own successor (chain_link), and more.

@@ -24,12 +24,12 @@ import ray
 import torch
 
 from trainthrough.engines.base import RunContext
-from trainthrough.engines.ray.checkpoints import RayShardSaves
-from trainthrough.engines.ray.cluster import Member, RayCluster
-from trainthrough.engines.ray.pool import POOL
+from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
+from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
+from trainthrough.engines.ray.driver.cluster import Member, RayCluster
+from trainthrough.engines.ray.driver.pool import POOL
+from trainthrough.engines.ray.driver.stall import StallWatch
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
-from trainthrough.engines.ray.stall import StallWatch
-from trainthrough.engines.ray.zk_membership import ZooKeeperMembership
 from trainthrough.engines.result import Recovery, RunResult
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.checkpointer import Checkpointer
@@ -99,7 +99,7 @@ class RayEngine:
         self.incarnation = [0] * self.cfg.workers
         self.ctx.start_clock()
         if self.cfg.consistency == "bsp":
-            from trainthrough.engines.ray.bsp import BulkSynchronous
+            from trainthrough.engines.ray.driver.bsp import BulkSynchronous
 
             self.bsp: BulkSynchronous | None = BulkSynchronous(self, c)
             return self.bsp.run()
@@ -213,7 +213,7 @@ class RayEngine:
 
     # -- failures and recovery --------------------------------------------------
     def _strike(self, e: FailureEvent, iteration: int) -> None:
-        from trainthrough.engines.ray.recovery import victims
+        from trainthrough.engines.ray.driver.recovery import victims
 
         logical = self.bsp.logical if self.bsp is not None else iteration - self.replayed
         # The state the failure strikes, scored unless it was (curves show the dip).
@@ -236,12 +236,12 @@ class RayEngine:
             m.fail_iteration = iteration
 
     def _on_death(self, m: Member, iteration: int) -> None:
-        from trainthrough.engines.ray.recovery import on_death
+        from trainthrough.engines.ray.driver.recovery import on_death
 
         on_death(self, m, iteration)
 
     def _activate_due(self, iteration: int, runs: dict[str, Any]) -> None:
-        from trainthrough.engines.ray.recovery import activate
+        from trainthrough.engines.ray.driver.recovery import activate
 
         now = time.perf_counter()
         for p in [p for p in self.pending if p["at"] <= now and self.c.ready(p["member"])]:

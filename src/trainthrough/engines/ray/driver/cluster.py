@@ -25,7 +25,7 @@ import ray
 
 from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
-from trainthrough.engines.ray.pool import POOL
+from trainthrough.engines.ray.driver.pool import POOL
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
 from trainthrough.errors import RunStalled
 from trainthrough.ft.chain import on_death, on_join, successors
@@ -34,10 +34,10 @@ from trainthrough.ps.layout import Layout
 from trainthrough.workloads.base import OptimizerSpec, Params
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.zk_membership import ZooKeeperMembership
+    from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
 
 # ZooKeeper session timeout for replicas: a SIGKILLed replica's node vanishes this
-# long after the kill (ENVIRONMENT.md measured 2 s for 2 s); detection costs it.
+# long after the kill; detection costs it.
 ZK_SESSION_SECONDS = 2.0
 # A replica's registration makes a few ZooKeeper calls, each bounded by the
 # coordinator's 5 s connect timeout.
@@ -88,8 +88,8 @@ class RayCluster:
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, layout: Layout, x0: Params,
                  spec: OptimizerSpec, aggregate: str = "mean") -> None:
-        from trainthrough.engines.ray.shard_actor import ShardActor
-        from trainthrough.engines.ray.worker_actor import WorkerActor
+        from trainthrough.engines.ray.actors.shard_actor import ShardActor
+        from trainthrough.engines.ray.actors.worker_actor import WorkerActor
 
         self._shard_cls, self._worker_cls = ShardActor, WorkerActor
         self.cfg, self.strategy, self.layout, self.spec = cfg, strategy, layout, spec

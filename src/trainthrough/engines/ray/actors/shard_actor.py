@@ -4,7 +4,7 @@ The actor is a thin host around :class:`trainthrough.ps.shard.Shard`: the same
 update, dedup and state code as every engine. What it adds is process-level:
 its pid (failures are real SIGKILLs), a ``watch`` call that only returns when the
 process dies (Ray's death notification, without polling), and chain replication
-(:mod:`~trainthrough.engines.ray.chain_link`): each applied push is forwarded to the
+(:mod:`~trainthrough.engines.ray.chain.chain_link`): each applied push is forwarded to the
 successor at once, pipelined, in chain-position order; synchronously (acknowledged
 once the tail has it) or asynchronously (at most ``max_lag`` pushes ahead).
 
@@ -22,10 +22,10 @@ from typing import Any
 import ray
 import torch
 
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.chain_link import ChainLink, Replica
-from trainthrough.engines.ray.link_socket import Address, Listener
-from trainthrough.engines.ray.persister import Persister, not_written
+from trainthrough.engines.ray.actors.persister import Persister, not_written
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.chain_link import ChainLink, Replica
+from trainthrough.engines.ray.chain.link_socket import Address, Listener
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
 from trainthrough.ft.worker_copy import recover_from_replies
@@ -52,7 +52,7 @@ class ShardActor:
     def reset(self, shard_id: int, blocks: tuple[RowBlock, ...], spec: OptimizerSpec,
               values: Tensors, name: str, max_lag: int = 64) -> None:
         """Everything a run keeps, built fresh: what the constructor does, so a pooled
-        actor (engines/ray/pool.py) starts a run as a new one would."""
+        actor (engines/ray/driver/pool.py) starts a run as a new one would."""
         self.name = name
         self.shard = Shard(shard_id, blocks, spec, values)
         # A condition, so chain pushes can wait for their turn or their acknowledgement
@@ -143,7 +143,7 @@ class ShardActor:
     def push(self, worker: int, seq: int, update: Tensors, scale: float = 1.0) -> int:
         """Apply a worker's push once and replicate it; returns the version.
 
-        Chains (:class:`~trainthrough.engines.ray.chain_link.ChainLink`): the push is
+        Chains (:class:`~trainthrough.engines.ray.chain.chain_link.ChainLink`): the push is
         forwarded at once, pipelined behind the pushes still in flight. Sync: returns
         once the tail has it, so an acknowledged push is on every live replica; a
         duplicate (re-delivered or retried) push is not applied again and returns once

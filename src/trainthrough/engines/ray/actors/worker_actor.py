@@ -11,13 +11,14 @@ parameters held, queue the slices in bounded backlogs, and apply them with the
 merge rule when the shard is back).
 
 During a ``buffer`` outage nothing waits on a round trip: every step's update is
-summed into what goes to the backlogs at the next contact, live shards included (their updates were computed on the same stale
-parameters as the lost shard's, so the same merge rule applies), and the worker
+summed into what goes to the backlogs at the next contact, live shards included
+(their updates were computed on the same stale parameters as the lost shard's, so the
+same merge rule applies), and the worker
 contacts the shards (flushes the live ones' backlogs, refreshes their parameters,
 asks whether the lost one is back) only once it has computed ``CONTACT_RATIO``
-times as long as its last contact took. A small model computes a step in ~0.2 ms
-and a round trip takes 3 ms or more on a loaded machine: pushing every step to the
-live shard kept such a model's workers computing 7-9% of an outage.
+times as long as its last contact took: a small model's step is far shorter than a
+round trip, and contacting the shards at every step would leave its workers waiting
+through most of the outage.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class WorkerActor:
               start_step: int = 0, incarnation: int = 0) -> None:
         """Everything a run keeps, built fresh (the workload too: its data, partition
         and worker state): what the constructor does, so a pooled actor
-        (engines/ray/pool.py) starts a run as a new one would."""
+        (engines/ray/driver/pool.py) starts a run as a new one would."""
         wl = make_workload(workload, seed=seed, **options)
         self.layout = layout
         self.worker = Worker(worker_id, wl, wl.partition(num_workers)[worker_id], seed)

@@ -19,7 +19,7 @@ from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import restore_together
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.engine import RayEngine
+    from trainthrough.engines.ray.driver.engine import RayEngine
 
 
 def keep_for(checkpoint: str, keep: int) -> int:

@@ -2,14 +2,12 @@
 
 A replica's ephemeral znode vanishing means its ZooKeeper session ended: the process
 died (what detection is for), or the session expired while the process lived on (the
-server, or the whole loaded machine, paused longer than the session timeout). Taking
-the second for a death was the bug behind a chain-sync run that never ended: one pause
-of the server expired every replica's session at once, every shard was declared lost
-(restarted from initial values, acknowledged updates gone), the live replicas kept
-running outside every chain, and replacements then failed to register against the
-same flapping server; a lost notification (the driver's own session expired with it)
-left the driver waiting for ZooKeeper forever, since Ray's own death report of a
-serving replica was ignored. So:
+server, or the whole loaded machine, paused longer than the session timeout). The
+second is no death: one pause of the server can expire every replica's session at
+once, and taking that for deaths would restart every shard from its initial values
+(acknowledged updates gone) while the live replicas ran on outside every chain. And a
+notification can be lost (the driver's own session expired with it), so ZooKeeper's
+silence must not leave a death unhandled. So:
 
 * a serving replica missing from ZooKeeper's list (its znode vanished, or it expired
   before the driver's watch began) is a suspect. Ray already reported the process
@@ -39,7 +37,7 @@ from trainthrough.coord.base import CoordinatorError
 from trainthrough.errors import RunStalled
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.cluster import Member, RayCluster
+    from trainthrough.engines.ray.driver.cluster import Member, RayCluster
 
 PING_SECONDS = 2.0
 GRACE_SECONDS = 6.0  # 3x the replicas' session timeout (cluster.ZK_SESSION_SECONDS)

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from trainthrough.engines.ray.cluster import Member, RayCluster
+from trainthrough.engines.ray.driver.cluster import Member, RayCluster
 from trainthrough.engines.result import Recovery
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.perturbation import perturbation
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.engine import RayEngine
+    from trainthrough.engines.ray.driver.engine import RayEngine
 
 
 def victims(c: RayCluster, e: FailureEvent) -> list[str]:

@@ -218,7 +218,7 @@ _FINGERPRINT: list[str] = []
 def code_fingerprint() -> str:
     """A hash of trainthrough's source files as this process sees them on disk."""
     if not _FINGERPRINT:
-        root = Path(__file__).resolve().parents[2]  # the trainthrough package
+        root = Path(__file__).resolve().parents[3]  # the trainthrough package
         h = hashlib.sha256()
         for p in sorted(root.rglob("*.py")):
             h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")

@@ -3,8 +3,7 @@
 Every wait of the driver is bounded, and a failure is handled once seen; but a run
 whose workers retry a shard that never comes back (a chain that cannot be rebuilt, a
 coordinator that keeps losing its sessions) would otherwise go on until someone kills
-it. A chain-sync run with flapping ZooKeeper sessions once ran 96 minutes so. Here the
-driver ends such a run with the reason, after ``STALL_SECONDS`` without a single
+it. Here the driver ends such a run with the reason, after ``STALL_SECONDS`` without a single
 acknowledged update, plus the configured recovery delay (a shard down on purpose).
 """
 

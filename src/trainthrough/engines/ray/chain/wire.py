@@ -1,6 +1,6 @@
 """How forwards travel between chain replicas (pushes, or a whole state).
 
-Over a link's socket (:mod:`~trainthrough.engines.ray.link_socket`, the usual path) a
+Over a link's socket (:mod:`~trainthrough.engines.ray.chain.link_socket`, the usual path) a
 forward is a JSON header naming every tensor (name, dtype, shape) followed by the
 tensors' raw bytes: :func:`frame_items`, :func:`frame_state` and
 :func:`from_frame`. Never pickle: a frame can only ever become tensors of the dtypes

@@ -22,8 +22,8 @@ from trainthrough.engines.result import RunResult
 from trainthrough.ps.round import bsp_round
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.cluster import RayCluster
-    from trainthrough.engines.ray.engine import RayEngine
+    from trainthrough.engines.ray.driver.cluster import RayCluster
+    from trainthrough.engines.ray.driver.engine import RayEngine
 
 TICK = 0.02
 
@@ -73,7 +73,7 @@ class BulkSynchronous:
         A ``phase=recovery`` failure strikes meanwhile; any other failure that falls
         due now strikes once the recovery is over, at the next round's start, together
         with every other one held back, and those recover side by side: this mode
-        claims ``batched_recovery`` (engines/ray/__init__.py)."""
+        claims ``batched_recovery`` (the ray package's CAPABILITIES)."""
         eng, c = self.eng, self.c
         while True:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}

@@ -7,9 +7,9 @@ on each link, and what is applied meanwhile goes in the next call (a send costs
 more CPU than applying a push, and the CPU is what a replicated chain runs out of);
 an asynchronous link also lingers for a fuller group.
 
-How a forward travels (:mod:`~trainthrough.engines.ray.forward`): over one TCP
-connection per link, a non-pickle frame (:mod:`~trainthrough.engines.ray.link_socket`),
-not a Ray actor call (~0.55 ms of CPU on each side). Who sends: on an asynchronous link
+How a forward travels (:mod:`~trainthrough.engines.ray.chain.forward`): over one TCP
+connection per link, a non-pickle frame (:mod:`~trainthrough.engines.ray.chain.link_socket`),
+not a Ray actor call (link_socket says why). Who sends: on an asynchronous link
 the link's sender thread, and its collector thread takes the replies; on a synchronous
 one a thread that waits for the tail anyway (a push, or in the middle the forward's own
 thread) sends the group and takes the reply itself (see :meth:`ChainLink._await_durable`).
@@ -18,10 +18,8 @@ What a forward carries (group commit). Either the pushes applied since the last
 forward, at positions ``first``, ``first + 1``, ... (the successor applies them), or
 the replica's whole *state* at position ``pos`` (parameters, optimizer state, version,
 dedup table: the successor takes it, which holds every push up to ``pos``), whichever
-is fewer bytes. Measured (cnn with Adam, 2 cores): a Ray call's CPU grows by ~0.1 ms
-per side for every 64 KiB it carries, so a group of more than three pushes costs less
-as the state (Adam's state is three times the parameters), and a replica that takes a
-state applies nothing. A successor applies pushes in position order (a threaded Ray
+is fewer bytes: a forward's cost grows with its bytes, and a replica that takes a state
+applies nothing. A successor applies pushes in position order (a threaded Ray
 actor may start calls in any order, so a forward that arrives early waits for its
 turn); a state at a position it already has is only acknowledged.
 
@@ -53,8 +51,8 @@ from typing import Any
 
 import torch
 
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.forward import Forwarder, Pending, SuccessorDied
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.forward import Forwarder, Pending, SuccessorDied
 
 Item = wire.Item
 Tensors = dict[str, torch.Tensor]
