@@ -37,7 +37,8 @@ from trainthrough.coord.base import CoordinatorError
 from trainthrough.errors import RunStalled
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.driver.cluster import Member, RayCluster
+    from trainthrough.engines.ray.driver.cluster import RayCluster
+    from trainthrough.engines.ray.driver.members import Member
 
 PING_SECONDS = 2.0
 GRACE_SECONDS = 6.0  # 3x the replicas' session timeout (cluster.ZK_SESSION_SECONDS)
@@ -119,7 +120,7 @@ class ZooKeeperMembership:
                 if (m is None or name in listed or name in self._joining
                         or name in self._rejoin_at):
                     continue
-                if name in self._ray_dead or m.killed_at is not None:
+                if name in self._ray_dead or not m.alive:
                     self._ray_dead.pop(name, None)
                     dead.append(m)
                 else:
@@ -188,7 +189,7 @@ class ZooKeeperMembership:
                 self._rejoin_at[name] = now + RETRY_SECONDS
         for name, at in list(self._rejoin_at.items()):
             m = self.c.members.get(name)
-            if m is None or m.killed_at is not None:
+            if m is None or not m.alive:
                 del self._rejoin_at[name]
             elif at <= now and name not in self._joining:
                 del self._rejoin_at[name]

@@ -95,10 +95,9 @@ class BulkSynchronous:
     def _whole(self) -> bool:
         c = self.c
         shards = all(c.chains[i].members and all(
-            c.members[n].killed_at is None for n in c.chains[i].members)
+            c.members[n].alive for n in c.chains[i].members)
             for i in range(self.eng.layout.num_shards))
-        workers = [m for m in c.members.values() if m.kind == "worker" and m.in_service
-                   and m.killed_at is None]
+        workers = [m for m in c.members.values() if m.kind == "worker" and m.serving]
         return bool(shards) and len(workers) == self.eng.cfg.workers
 
     def _round(self) -> bool:
@@ -118,8 +117,8 @@ class BulkSynchronous:
         return [h.pull.remote() for h in self._heads]
 
     def compute(self, step: int, params: list[Any]) -> list[list[Any]]:
-        workers = sorted((m for m in self.c.members.values() if m.kind == "worker"
-                          and m.in_service and m.killed_at is None), key=lambda m: m.index)
+        workers = sorted((m for m in self.c.members.values() if m.kind == "worker" and m.serving),
+                         key=lambda m: m.index)
         n = len(self._heads)
         parts = [w.handle.compute_round.options(num_returns=n).remote(step, *params)
                  for w in workers]

@@ -26,7 +26,8 @@ import torch
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
 from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
-from trainthrough.engines.ray.driver.cluster import Member, RayCluster
+from trainthrough.engines.ray.driver.cluster import RayCluster
+from trainthrough.engines.ray.driver.members import Member, OutageWork, Strike
 from trainthrough.engines.ray.driver.pool import POOL
 from trainthrough.engines.ray.driver.stall import StallWatch
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
@@ -148,7 +149,7 @@ class RayEngine:
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
                 not self.pending and all(_finished(r) for r in runs.values()))
         for m in c.members.values():
-            if m.kind == "worker" and m.killed_at is None:
+            if m.kind == "worker" and m.alive:
                 m.handle.stop.remote()
         ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
         # The tick that ended the run may have come between a restored shard's first
@@ -166,7 +167,7 @@ class RayEngine:
     def _logical(self, progress: dict[str, dict[str, Any]], previous: int) -> int:
         """The logical iteration: the mean step of the workers in service."""
         live = [p["step"] for name, p in progress.items()
-                if self.c.members[name].in_service and self.c.members[name].killed_at is None]
+                if self.c.members[name].serving]
         return sum(live) // len(live) if live else previous
 
     def rewind(self, step: int, iteration: int) -> None:
@@ -179,7 +180,7 @@ class RayEngine:
         self.replayed += back
         self.result.updates_lost += back * self.cfg.workers
         refs = [m.handle.rewind.remote(step) for m in self.c.members.values()
-                if m.kind == "worker" and m.in_service and m.killed_at is None]
+                if m.kind == "worker" and m.serving]
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(refs, timeout=30)
         self._rewound_to = step
@@ -187,7 +188,7 @@ class RayEngine:
     # -- observation ------------------------------------------------------------
     def _progress(self) -> dict[str, dict[str, Any]]:
         live = [m for m in self.c.members.values()
-                if m.kind == "worker" and m.in_service and m.killed_at is None]
+                if m.kind == "worker" and m.serving]
         out = self._last_progress
         refs = {m.name: m.handle.progress.remote() for m in live}
         for name, ref in refs.items():
@@ -222,18 +223,17 @@ class RayEngine:
         for name in victims(self.c, e):
             m = self.c.members[name]
             before = self.c.pull() if m.kind == "shard" else None
+            version = None
             if m.kind == "shard" and self.bsp is not None:
                 # Between rounds nothing changes it: the version a worker-copy replay
                 # checks its copies against (async: pushes race the kill, no replay).
-                m.version_at_kill = int(ray.get(m.handle.stats.remote(), timeout=10)["version"])
+                version = int(ray.get(m.handle.stats.remote(), timeout=10)["version"])
             self.c.kill(name)
             self.result.failures += 1
             self._emit({"type": "failure", "iteration": iteration, "kind": m.kind,
                         "ids": [m.index], "member": name, "spec": e.spec,
                         "in_service": m.in_service})
-            m.before = before
-            m.work_at_kill = self._work()
-            m.fail_iteration = iteration
+            m.strike = Strike(iteration, before, self._work(), version)
 
     def _on_death(self, m: Member, iteration: int) -> None:
         from trainthrough.engines.ray.driver.recovery import on_death
@@ -244,7 +244,10 @@ class RayEngine:
         from trainthrough.engines.ray.driver.recovery import activate
 
         now = time.perf_counter()
-        for p in [p for p in self.pending if p["at"] <= now and self.c.ready(p["member"])]:
+        # A replacement killed before it served is not put in service: its death, seen
+        # next, starts another for the same loss.
+        for p in [p for p in self.pending
+                  if p["at"] <= now and p["member"].alive and self.c.ready(p["member"])]:
             if activate(self, p, iteration, runs):
                 self.pending.remove(p)
                 # A recovery ended: the next iterations are evaluated too.
@@ -274,22 +277,22 @@ class RayEngine:
                 self.result.extras.setdefault("busy_during_outage", []).append(busy)
                 self._emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
 
-    def _work(self) -> tuple[float, float]:
-        """Workers' (compute seconds, seconds) spent with a shard unreachable, so far."""
+    def _work(self) -> OutageWork:
+        """The workers' outage work so far."""
         ps = self._progress().values()
-        return (sum(p.get("outage_busy", 0.0) for p in ps),
-                sum(p.get("outage", 0.0) for p in ps))
+        return OutageWork(sum(p.get("outage_busy", 0.0) for p in ps),
+                          sum(p.get("outage", 0.0) for p in ps))
 
-    def _busy_share(self, at_kill: tuple[float, float] | None) -> float | None:
+    def _busy_share(self, at_kill: OutageWork | None) -> float | None:
         """Share of the workers' outage they spent computing (stateless: ~1; waiting
         strategies: 0). The outage is each worker's own: from its first failed call to
         a shard until every shard answers it again, so the normal round trips after the
         recovery (a small model's steps are mostly communication) do not count."""
         if at_kill is None:
             return None
-        busy, total = self._work()
-        spent = total - at_kill[1]
-        return (busy - at_kill[0]) / spent if spent > 0 else None
+        now = self._work()
+        spent = now.total - at_kill.total
+        return (now.busy - at_kill.busy) / spent if spent > 0 else None
 
     def _acknowledged_lost(self, progress: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         """(shard, worker) pairs whose last acknowledged push a serving replica lacks.

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from trainthrough.engines.ray.driver.cluster import Member, RayCluster
+from trainthrough.engines.ray.driver.cluster import RayCluster
+from trainthrough.engines.ray.driver.members import Member, MemberState
 from trainthrough.engines.result import Recovery
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.decisions import RecoveryAction
@@ -34,14 +35,14 @@ def victims(c: RayCluster, e: FailureEvent) -> list[str]:
         if e.kind in ("shard", "replica"):
             shard, pos = (i, e.replica or 0) if e.kind == "shard" else (0, i)
             # Members already killed whose death is not seen yet are not struck again.
-            members = [n for n in c.chains[shard].members if c.members[n].killed_at is None]
+            members = [n for n in c.chains[shard].members if c.members[n].alive]
             if pos < len(members):
                 out.append(members[pos])
         elif e.kind == "worker":
             # The newest incarnation: a replacement still waiting for its down time
             # counts (a failure during recovery).
             live = [m for m in c.members.values()
-                    if m.kind == "worker" and m.index == i and m.killed_at is None]
+                    if m.kind == "worker" and m.index == i and m.alive]
             out.extend(m.name for m in live[-1:])
     return out
 
@@ -50,10 +51,9 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
     """React to a death seen through its failed ``watch`` call (or ZooKeeper)."""
     c = eng.c
     now = time.perf_counter()
-    kill_time = m.killed_at or now
-    m.killed_at = kill_time
-    m.watch = None
-    m.in_service = False
+    m.transition(MemberState.DEAD, at=now)
+    kill_time = m.down_since
+    struck = m.strike
     eng._emit({"type": "detection", "iteration": iteration, "member": m.name,
                "kind": m.kind, "detect_seconds": now - kill_time})
     pending = next((p for p in eng.pending if p["member"] is m), None)
@@ -70,14 +70,14 @@ def on_death(eng: RayEngine, m: Member, iteration: int) -> None:
     shard = m.index
     if c.mode != "none" and c.close_over(shard, m.name):
         record = Recovery(failed=[m.name], at_iteration=iteration, recovery_seconds=0.0,
-                          perturbation_norm=(d := _delta(eng, m.before, shard))[0],
+                          perturbation_norm=(d := _delta(eng, m, shard))[0],
                           perturbation_norm_lost=d[1],
                           action="failover")
         eng._emit({"type": "failover", "shard": shard, "head": c.chains[shard].members[0]})
         head = c.head(shard)
         eng.measuring.append({"handle": head, "version": _version(head),
                               "kill_time": kill_time, "record": record,
-                              "work_at_kill": m.work_at_kill})
+                              "work_at_kill": struck.work if struck else None})
         warm = c.add_replica(shard, join=False, since=kill_time)
         eng.pending.append({"kind": "replica", "member": warm, "at": at, "dead": m})
         return
@@ -97,7 +97,7 @@ def _replace_pending(eng: RayEngine, p: dict[str, Any], m: Member, iteration: in
         p["member"] = c.start_worker(m.index, start_step=iteration,
                                      incarnation=eng.incarnation[m.index])
     else:
-        p["member"] = c.add_replica(m.index, join=False, since=m.killed_at)
+        p["member"] = c.add_replica(m.index, join=False, since=m.down_since)
     eng._emit({"type": "replacement-lost", "member": m.name, "kind": m.kind,
                "replaced_by": p["member"].name, "for": p["dead"].name})
 
@@ -110,9 +110,9 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
         replacement stays pending and is tried again after that death is handled.
     """
     c, m, dead = eng.c, p["member"], p["dead"]
-    kill_time = dead.killed_at
+    kill_time, struck = dead.down_since, dead.strike
     if p["kind"] == "worker":
-        m.in_service = True
+        m.transition(MemberState.SERVING)
         if eng.bsp is None:  # bulk-synchronous workers compute when the driver asks
             runs[m.name] = m.handle.run.remote(eng.max_iter)
         rec = Recovery([dead.name], iteration, time.perf_counter() - kill_time, 0.0,
@@ -126,7 +126,7 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
         # would make a fresh replica with initial values serve the shard).
         if not c.chains[m.index].members or not c.join_tail(m):
             return False
-        m.in_service = True
+        m.transition(MemberState.SERVING)
         eng._emit({"type": "replica-join", "shard": m.index, "member": m.name,
                    "chain": list(c.chains[m.index].members)})
         return True
@@ -153,20 +153,19 @@ def activate(eng: RayEngine, p: dict[str, Any], iteration: int, runs: dict[str, 
             return False
     else:
         c.join_alone(m)
-    m.in_service = True
+    m.transition(MemberState.SERVING)
     eng._emit({"type": "up", "shard": m.index, "iteration": iteration, "restored_from": restored})
     record = Recovery(failed=[dead.name],
-                      at_iteration=dead.fail_iteration if dead.fail_iteration is not None
-                      else iteration,
+                      at_iteration=struck.iteration if struck is not None else iteration,
                       recovery_seconds=0.0,
-                      perturbation_norm=(d := _delta(eng, dead.before, m.index))[0],
+                      perturbation_norm=(d := _delta(eng, dead, m.index))[0],
                       perturbation_norm_lost=d[1],
                       action=decision.action.value if restored is not None or
                       decision.rewind or copies is not None else "reinit",
                       restored_from=restored, worker_copy=copies)
     eng.measuring.append({"handle": m.handle, "version": _version(m.handle),
                           "kill_time": kill_time, "record": record,
-                          "work_at_kill": dead.work_at_kill})
+                          "work_at_kill": struck.work if struck else None})
     return True
 
 
@@ -178,11 +177,12 @@ def _from_workers(eng: RayEngine, m: Member, dead: Member,
     by reference, not through the driver; the transfer is counted in the run's extras.
     """
     c = eng.c
-    workers = sorted((w for w in c.members.values() if w.kind == "worker" and w.in_service
-                      and w.killed_at is None), key=lambda w: w.index)
+    workers = sorted((w for w in c.members.values() if w.kind == "worker" and w.serving),
+                     key=lambda w: w.index)
     versions = ray.get([w.handle.copy_version.remote(m.index) for w in workers], timeout=30)
     held = [(w, v) for w, v in zip(workers, versions) if v is not None]
-    replay = dead.version_at_kill is not None
+    lost_version = dead.strike.version if dead.strike is not None else None
+    replay = lost_version is not None
     replies = []
     if held:
         top = max(v for _, v in held)
@@ -192,7 +192,7 @@ def _from_workers(eng: RayEngine, m: Member, dead: Member,
     n = eng.cfg.workers
     divide_by = n if eng.w.aggregate == "mean" else 1
     out: dict[str, Any] = ray.get(m.handle.recover_from_workers.remote(
-        from_checkpoint, dead.version_at_kill, n, divide_by, len(workers), *replies),
+        from_checkpoint, lost_version, n, divide_by, len(workers), *replies),
         timeout=60)
     extras = eng.result.extras
     for k in ("messages", "bytes"):
@@ -207,6 +207,8 @@ def _version(handle: Any) -> int:
         return 0
 
 
-def _delta(eng: RayEngine, before: Any, shard: int) -> tuple[float, float]:
-    """The recovery's perturbation, and its part on the lost shard's rows."""
+def _delta(eng: RayEngine, dead: Member, shard: int) -> tuple[float, float]:
+    """The recovery's perturbation (from the parameters before ``dead`` was struck;
+    None if it died on its own), and its part on the lost shard's rows."""
+    before = dead.strike.before if dead.strike is not None else None
     return perturbation(before, eng.c.pull(), eng.layout.rows_mask((shard,)))
