@@ -1,12 +1,13 @@
 """Starting and joining Ray, on loopback unless the user asks otherwise.
 
 A local cluster listens on 127.0.0.1 only. Ray advertises the machine's external
-address even with ``_node_ip_address="127.0.0.1"``; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
-binds every listener to 127.0.0.1 (set before Ray is imported: the package's
-``LOOPBACK_ENV``, and again here for callers that imported Ray first); usage stats are off. A local cluster keeps
-Ray's default token authentication; only the warning Ray logs about it on every run
-is silenced (setting ``RAY_AUTH_MODE`` instead would have to happen before Ray is
-first imported, which the caller may already have done).
+address even with ``_node_ip_address="127.0.0.1"``;
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` binds every listener to 127.0.0.1 (set before
+Ray is imported: the package's ``LOOPBACK_ENV``, and again here for callers that
+imported Ray first); usage stats are off. A local cluster keeps Ray's default token
+authentication; only the warning Ray logs about it on every run is silenced (setting
+``RAY_AUTH_MODE`` instead would have to happen before Ray is first imported, which the
+caller may already have done).
 
 Ray's session files go under a short temp dir of their own, never under the run
 folder: Unix socket paths are limited to 107 bytes and Ray nests sockets several

@@ -22,28 +22,29 @@ from trainthrough.engines.result import RunResult
 from trainthrough.ps.round import bsp_round
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.driver.cluster import RayCluster
-    from trainthrough.engines.ray.driver.engine import RayEngine
+    from trainthrough.engines.ray.driver.interface import Driver
 
 TICK = 0.02
 
 
 class BulkSynchronous:
-    """The round loop; ``logical`` is the next round's step (a rollback rewinds it)."""
+    """The round loop; ``logical`` is the next round's step (a rollback rewinds it),
+    ``executed`` counts the rounds run (replays included). It drives the engine's run
+    through the :class:`~.interface.Driver` protocol."""
 
-    def __init__(self, eng: RayEngine, c: RayCluster) -> None:
-        self.eng, self.c = eng, c
+    def __init__(self, eng: Driver) -> None:
+        self.eng, self.c = eng, eng.cluster
         self.logical = self.executed = 0
         self.rounds_applied = 0
 
     def run(self) -> RunResult:
         eng, cfg = self.eng, self.eng.cfg
-        done = eng._evaluate(0, {}, 0)
+        done = eng.evaluate(0, {}, 0)
         while not done and self.executed < eng.max_iter:
             if cfg.wall_limit is not None and eng.ctx.wall() >= cfg.wall_limit:
                 break
             for e in eng.schedule.due(self.executed, eng.ctx.wall()):
-                eng._strike(e, self.executed)
+                eng.strike(e, self.executed)
             self._settle()
             if not self._round():
                 continue  # someone died during the round: recover, then run it again
@@ -51,13 +52,13 @@ class BulkSynchronous:
             self.logical += 1
             self.executed += 1
             eng.checkpointer.after_iteration(self.logical)
-            eng._measure()
+            eng.measure()
             eng.report_spares()
-            eng.cb.after_step(self.executed, eng.ctx.wall())
-            done = eng.ctx.observe(self.executed, eng.c.pull, **eng._extras({}, self.logical))
+            eng.ctx.callback.after_step(self.executed, eng.ctx.wall())
+            done = eng.ctx.observe(self.executed, self.c.pull, **eng.extras({}, self.logical))
         if not done and not eng.ctx.evaluated(self.executed):
-            eng._evaluate(self.executed, {}, self.logical)
-        result = eng._finish(self.executed, {})
+            eng.evaluate(self.executed, {}, self.logical)
+        result = eng.finish(self.executed, {})
         result.updates_applied = self.rounds_applied * cfg.workers
         return result
 
@@ -81,11 +82,11 @@ class BulkSynchronous:
             for ref in ready:
                 m = watches[ref]
                 m.watch = None
-                eng._on_death(m, self.executed)
+                eng.on_death(m, self.executed)
             if eng.pending:
                 for e in eng.schedule.due(self.executed, eng.ctx.wall(), phase="recovery"):
-                    eng._strike(e, self.executed)
-            eng._activate_due(self.logical, {})
+                    eng.strike(e, self.executed)
+            eng.activate_due(self.logical, {})
             eng.report_spares()
             if not eng.pending and not ready and self._whole():
                 return
@@ -106,7 +107,7 @@ class BulkSynchronous:
                        if (h := self.c.head(i)) is not None]
         if len(self._heads) < self.eng.layout.num_shards:
             return False  # a shard lost every replica meanwhile: settle again
-        applied = bsp_round(self, self.logical, self.eng.w.aggregate)
+        applied = bsp_round(self, self.logical, self.eng.aggregate)
         if applied is None:
             return False
         self.rounds_applied += 1

@@ -10,10 +10,13 @@ acknowledged update, plus the configured recovery delay (a shard down on purpose
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from trainthrough.errors import RunStalled
+
+if TYPE_CHECKING:
+    from trainthrough.engines.ray.driver.recovery import Replacement
 
 # Far above any step here (cnn: ~10 ms; a recovery: seconds), far below "forever".
 STALL_SECONDS = 120.0
@@ -23,7 +26,7 @@ class StallWatch:
     """Raises :class:`RunStalled` from :meth:`check` once acknowledged updates stop."""
 
     def __init__(self, recovery_delay: float,
-                 pending: Callable[[], list[dict[str, Any]]],
+                 pending: Callable[[], Sequence[Replacement]],
                  limit: float = STALL_SECONDS) -> None:
         self.limit = limit + max(recovery_delay, 0.0)
         self.pending = pending
@@ -38,7 +41,7 @@ class StallWatch:
             return
         if now - self._since <= self.limit:
             return
-        waiting = ", ".join(f"{p['kind']} {p['member'].name} (for {p['dead'].name})"
+        waiting = ", ".join(f"{p.kind} {p.member.name} (for {p.dead.name})"
                             for p in self.pending()) or "none"
         raise RunStalled(f"no update acknowledged for {now - self._since:.0f} s (iteration "
                          f"{iteration}, {count} updates); replacements pending: {waiting}")
