@@ -68,10 +68,10 @@ def test_a_state_ahead_is_taken_and_covers_the_pushes_before_it() -> None:
     link = ChainLink(cond, fake, max_lag=8)
     with cond:
         link.rewire(None, "sync")  # the tail
-        link.from_predecessor(1, 1, [(0, 1, {}, 1.0)])
+        link.from_predecessor(1, 1, [wire.Item(0, 1, {}, 1.0)])
         link.from_state(1, 5, {"x": torch.ones(1)})
         assert link.pos == link.durable == 5 and len(fake.loaded) == 1
-        link.from_predecessor(1, 5, [(0, 5, {}, 1.0), (0, 6, {}, 1.0)])
+        link.from_predecessor(1, 5, [wire.Item(0, 5, {}, 1.0), wire.Item(0, 6, {}, 1.0)])
         assert fake.applied == [1, 6] and link.pos == 6
         link.from_state(1, 3, {"x": torch.zeros(1)})  # behind: nothing taken
         assert len(fake.loaded) == 1 and link.pos == 6

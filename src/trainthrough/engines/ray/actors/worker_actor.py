@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 import torch
 
+from trainthrough.engines.ray.actors.reports import Progress, Pulled, WorkerSettings
 from trainthrough.ft.outage import Backlog, merge_plan
 from trainthrough.ps.layout import Layout
 from trainthrough.ps.worker import Worker
@@ -51,6 +52,13 @@ CONTACT_RATIO = 19.0
 MIN_CONTACT_GAP = 0.02
 
 
+class Route(NamedTuple):
+    """Where a worker sends a shard's pushes and reads its parameters."""
+
+    write: Any  #: the replica that takes pushes (a chain's head)
+    read: Any  #: the replica that serves pulls (a synchronous chain's tail, else the head)
+
+
 def _add(a: Tensors, b: Tensors) -> Tensors:
     return {n: a[n] + b[n] if n in b else a[n] for n in a} | {n: b[n] for n in b if n not in a}
 
@@ -60,7 +68,7 @@ class WorkerActor:
     """One worker; ``run`` loops until ``stop``; ``progress`` can be called meanwhile."""
 
     def __init__(self, worker_id: int, workload: str, options: dict[str, Any], seed: int,
-                 num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
+                 num_workers: int, layout: Layout, registry: Any, settings: WorkerSettings,
                  start_step: int = 0, incarnation: int = 0) -> None:
         torch.set_num_threads(1)
         self._dead = threading.Event()  # released (set) only when a run gives it back
@@ -69,7 +77,7 @@ class WorkerActor:
                    settings, start_step, incarnation)
 
     def reset(self, worker_id: int, workload: str, options: dict[str, Any], seed: int,
-              num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
+              num_workers: int, layout: Layout, registry: Any, settings: WorkerSettings,
               start_step: int = 0, incarnation: int = 0) -> None:
         """Everything a run keeps, built fresh (the workload too: its data, partition
         and worker state): what the constructor does, so a pooled actor
@@ -78,14 +86,14 @@ class WorkerActor:
         self.layout = layout
         self.worker = Worker(worker_id, wl, wl.partition(num_workers)[worker_id], seed)
         self.registry = registry
-        self.s = settings  # outage, merge_rule, merge_threshold, read_from, backlog, scale
+        self.s = settings
         self.step = start_step
         # Sequence numbers strictly above any an earlier incarnation of this worker used
         # (each does far fewer than 2**40 pushes): a replacement's pushes are never
         # mistaken for duplicates of its predecessor's and dropped.
         self.seq = incarnation << 40
         self._stop = threading.Event()
-        self._handles: dict[int, tuple[int, Any, Any]] = {}  # shard -> (epoch, write, read)
+        self._handles: dict[int, Route] = {}  # shard -> where its calls go, until one fails
         self._recheck: dict[int, float] = {}  # shard -> when to ask the registry again
         self._params: Tensors | None = None
         self._versions: tuple[int, ...] = ()
@@ -136,12 +144,12 @@ class WorkerActor:
         self._recheck[i] = 0.0
         self._contact_due = True  # an outage ends as soon as the shard is back
 
-    def compute_round(self, step: int, *parts: tuple[int, Tensors]) -> Any:
+    def compute_round(self, step: int, *parts: Pulled) -> Any:
         """Bulk-synchronous round ``step``: the update on the parameters the driver pulled
         (``parts``: each shard's ``pull`` result, passed by reference), split per shard
         so each part goes straight to its shard's ``apply_round``."""
         t0 = time.perf_counter()
-        params = self.layout.assemble([p[1] for p in parts])
+        params = self.layout.assemble([p.params for p in parts])
         update = self.worker.compute(params, step)
         self.busy += time.perf_counter() - t0
         self.step = step + 1
@@ -150,7 +158,7 @@ class WorkerActor:
         if self.s.get("keep_copies"):
             # Kept for worker-copy recovery: the pull (fresh tensors from the shards,
             # never changed here) and the push made from it.
-            self.worker.keep(params, tuple(p[0] for p in parts))
+            self.worker.keep(params, tuple(p.version for p in parts))
             self.worker.keep_push(out)
         return out[0] if len(out) == 1 else out  # one return value per shard
 
@@ -182,30 +190,30 @@ class WorkerActor:
     def stop(self) -> None:
         self._stop.set()
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> Progress:
         """Counters; ``outage``: seconds spent with a shard unreachable (waiting, or
         buffering), ``outage_busy``: the compute seconds among them."""
         ongoing = 0.0 if self._outage_since is None else time.perf_counter() - self._outage_since
-        return {"step": self.step, "busy": self.busy, "idle": self.idle, "comm": self.comm,
-                "pushes": self.pushes, "acked": dict(self.acked),
-                "buffered": self.buffered, "backlog": sum(len(b) for b in self._backlogs),
-                "outage": self.idle + self._outage_done + ongoing,
-                "outage_busy": self.outage_busy}
+        return Progress(step=self.step, busy=self.busy, idle=self.idle, comm=self.comm,
+                        pushes=self.pushes, acked=dict(self.acked), buffered=self.buffered,
+                        backlog=sum(len(b) for b in self._backlogs),
+                        outage=self.idle + self._outage_done + ongoing,
+                        outage_busy=self.outage_busy)
 
     # -- shard lookup -----------------------------------------------------------
-    def _resolve(self, i: int) -> tuple[Any, Any] | None:
-        """(write replica, read replica) of shard ``i``: cached until a call to it fails
-        (then the registry says who serves the shard now)."""
+    def _resolve(self, i: int) -> Route | None:
+        """Where shard ``i``'s calls go: cached until a call to it fails (then the
+        registry says who serves the shard now)."""
         cached = self._handles.get(i)
         if cached:
-            return cached[1], cached[2]
+            return cached
         # A shard known to be down is looked up again at most every RECHECK seconds,
         # so a stateless worker spends the outage computing, not asking the registry.
         now = time.perf_counter()
         if now < self._recheck.get(i, 0.0):
             return None
         self._recheck[i] = now + RECHECK
-        epoch, members = ray.get(self.registry.members.remote(f"shard{i}"))
+        _, members = ray.get(self.registry.members.remote(f"shard{i}"))
         if not members:
             return None
         try:
@@ -213,8 +221,8 @@ class WorkerActor:
             read = ray.get_actor(members[-1] if self.s["read_from"] == "tail" else members[0])
         except ValueError:  # a replica named in the registry died before we got it
             return None
-        self._handles[i] = (epoch, write, read)
-        return write, read
+        self._handles[i] = Route(write, read)
+        return self._handles[i]
 
     def _pull(self) -> Tensors | None:
         """Every shard's parameters, assembled; None if any shard did not answer."""
@@ -229,7 +237,7 @@ class WorkerActor:
         handles = [self._resolve(i) for i in range(self.layout.num_shards)]
         if all_or_none and any(h is None for h in handles):
             return [None] * len(handles)
-        refs = [h[1].pull.remote() if h is not None else None for h in handles]
+        refs = [h.read.pull.remote() if h is not None else None for h in handles]
         parts: list[Tensors | None] = []
         versions: list[int] = []
         for i, ref in enumerate(refs):
@@ -244,7 +252,7 @@ class WorkerActor:
         return parts
 
     # -- the loop ---------------------------------------------------------------
-    def run(self, max_steps: int) -> dict[str, Any]:
+    def run(self, max_steps: int) -> Progress:
         self._looping.set()
         try:
             self._loop(max_steps)
@@ -290,7 +298,7 @@ class WorkerActor:
         pending = {}
         for i, part in enumerate(slices):
             h = self._resolve(i)
-            pending[i] = None if h is None else h[0].push.remote(
+            pending[i] = None if h is None else h.write.push.remote(
                 self.worker.worker_id, self.seq, part, self.s["scale"])
         for i, ref in pending.items():
             ok = False
@@ -353,7 +361,7 @@ class WorkerActor:
         flushed = True
         for i in range(self.layout.num_shards):
             h = self._resolve(i)
-            flushed = h is not None and self._flush(i, h[0]) and flushed
+            flushed = h is not None and self._flush(i, h.write) and flushed
         parts = self._pull_parts()
         held = self.layout.split(self._params)  # type: ignore[arg-type]
         self._params = self.layout.assemble([p if p is not None else held[i]
@@ -395,7 +403,7 @@ class WorkerActor:
             h = self._resolve(i)
             if h is not None:
                 try:
-                    ray.get(h[0].push.remote(self.worker.worker_id, self.seq, part,
+                    ray.get(h.write.push.remote(self.worker.worker_id, self.seq, part,
                                              self.s["scale"]))
                     self._ack(i, self.seq)
                     return
@@ -419,7 +427,8 @@ class WorkerActor:
             # count times too large (m stale for tens of steps, v inflated for
             # thousands: measured, cnn accuracy 0.89 -> 0.55 right after the recovery).
             count = sum(c for _, _, c in items)
-            total = {n: v.clone() for n, v in items[0][0].items()}
+            first, _, _ = items[0]
+            total = {n: v.clone() for n, v in first.items()}
             for update, _, _ in items[1:]:
                 total = _add(total, update)
             for v in total.values():

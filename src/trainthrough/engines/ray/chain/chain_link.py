@@ -52,11 +52,10 @@ from typing import Any
 import torch
 
 from trainthrough.engines.ray.chain import wire
-from trainthrough.engines.ray.chain.forward import Forwarder, Pending, SuccessorDied
+from trainthrough.engines.ray.chain.forward import Forward, Forwarder, Pending, SuccessorDied
 
 Item = wire.Item
 Tensors = dict[str, torch.Tensor]
-Apply = Callable[[int, int, Any, float], bool]  # True: applied (not a duplicate)
 # A forward waits this long for the positions before it (its sender died otherwise).
 REORDER_SECONDS = 5.0
 # A synchronous push waits this long for the tail (a dead replica is rewired in ms).
@@ -164,7 +163,7 @@ class ChainLink:
         if not self.head:  # first worker push: this replica leads the chain now
             self.head, self.gen = True, self.gen + 1
             self.cond.notify_all()  # forwards waiting from the replaced head give up
-        self._workers.add(item[0])
+        self._workers.add(item.worker)
         if self.mode == "async":
             self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
         with self._sync_waiter() as sync:
@@ -271,14 +270,13 @@ class ChainLink:
             pending = self.forwarder.send(*job)
             with self.cond:
                 # A rewire meanwhile sends the state again: this call's outcome is moot.
-                if job[1] == self._epoch:
-                    self._sent.append((job[4], pending, job[1]))
+                if job.epoch == self._epoch:
+                    self._sent.append((job.last, pending, job.epoch))
                     self._ack_cv.notify()
 
-    def _take(self) -> tuple[Any, int, int, int, int, list[Item], Tensors | None]:
-        """What the next forward carries (under the lock): successor, link epoch,
-        generation, first and last position, the pushes, or the state (copied here,
-        under the lock, so it matches the last position)."""
+    def _take(self) -> Forward:
+        """What the next forward carries (under the lock): the pushes, or the state
+        (copied here, under the lock, so it matches the last position)."""
         last = self.pos
         first = last - len(self._out) + 1
         state: Tensors | None = None
@@ -295,7 +293,7 @@ class ChainLink:
         items = self._out
         self._out, self._out_bytes, self._whole = [], 0, False
         self._calls += 1
-        return self.successor, self._epoch, self.gen, first, last, items, state
+        return Forward(self.successor, self._epoch, self.gen, first, last, items, state)
 
     def _linger(self) -> float:
         """Seconds the sender still waits for more pushes before sending (0: now)."""
@@ -373,16 +371,15 @@ class ChainLink:
                 error = self._transmit(job)
             finally:
                 self.cond.acquire()
-            failed = error is not None and job[1] == self._epoch  # else moot: sent again
-            retry = self._settle(job[4], job[1], error)
+            failed = error is not None and job.epoch == self._epoch  # else moot: sent again
+            retry = self._settle(job.last, job.epoch, error)
         finally:
             self._driving = False
         if retry:
-            self._pause_and_reconnect(job[1])
+            self._pause_and_reconnect(job.epoch)
         return not failed
 
-    def _transmit(self, job: tuple[Any, int, int, int, int, list[Item], Tensors | None]
-                  ) -> Exception | None:
+    def _transmit(self, job: Forward) -> Exception | None:
         """Send one forward and wait for its reply (without the lock)."""
         try:
             self.forwarder.send(*job).result()

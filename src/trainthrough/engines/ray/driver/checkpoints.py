@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from trainthrough.engines.ray.actors.reports import RestoreInfo, SaveInfo
 from trainthrough.ft.checkpointer import SaveReport
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import restore_together
@@ -50,10 +51,10 @@ class RayShardSaves:
         refs = [h.checkpoint.remote(*self._args(), d, iteration)
                 for h in self.heads() if h is not None]
         try:
-            infos = ray.get(refs, timeout=120)
+            infos: list[SaveInfo] = ray.get(refs, timeout=120)
         except (ray.exceptions.RayError, TimeoutError):
             return  # a shard died mid-save: its previous save stays valid
-        names = [i["name"] for i in infos if i.get("name")]
+        names = [n for i in infos if (n := i.get("name"))]
         errors = [i["error"] for i in infos if i.get("error")]
         if any(i.get("skipped") for i in infos):
             # The previous background write was still running: this save is not taken
@@ -99,7 +100,7 @@ class RayShardSaves:
         return max(valid) if valid else None
 
 
-def _step(result: dict[str, Any], emit: Emit) -> int | None:
+def _step(result: RestoreInfo, emit: Emit) -> int | None:
     """What one actor's restore reported: emit what it skipped; return its step."""
     for msg in result.get("skipped", []):
         emit({"type": "checkpoint-corrupt", "message": msg})

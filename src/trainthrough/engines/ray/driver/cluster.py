@@ -27,6 +27,7 @@ import ray
 
 from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
+from trainthrough.engines.ray.actors.reports import Pulled, WorkerSettings
 from trainthrough.engines.ray.driver.members import Member, MemberState
 from trainthrough.engines.ray.driver.pool import POOL
 from trainthrough.engines.signals import SignalRefused, identify, send
@@ -77,12 +78,12 @@ class RayCluster:
         self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
         self.replicas = cfg.replicas if self.mode != "none" else 1
         # What every worker is told; a worker's own push is 1/N of a mean-aggregated step.
-        self.worker_settings = {
-            "outage": "buffer" if strategy.outage == "buffer" else "wait",
-            "merge_rule": cfg.merge_rule, "merge_threshold": cfg.merge_threshold,
-            "backlog": cfg.backlog, "read_from": "tail" if self.mode == "sync" else "head",
-            "scale": 1.0 / cfg.workers if aggregate == "mean" else 1.0,
-            "keep_copies": strategy.recovery == "worker-copy"}
+        self.worker_settings = WorkerSettings(
+            outage="buffer" if strategy.outage == "buffer" else "wait",
+            merge_rule=cfg.merge_rule, merge_threshold=cfg.merge_threshold,
+            backlog=cfg.backlog, read_from="tail" if self.mode == "sync" else "head",
+            scale=1.0 / cfg.workers if aggregate == "mean" else 1.0,
+            keep_copies=strategy.recovery == "worker-copy")
         self.members: dict[str, Member] = {}
         self.zk: Any = None
         self.membership: ZooKeeperMembership | None = None  # set by the driver once serving
@@ -342,10 +343,10 @@ class RayCluster:
         if len(live) < len(readers):
             return None
         try:  # bounded: a reader that hangs is a failure, seen by its watch or ZooKeeper
-            parts = ray.get([r.pull.remote() for r in live], timeout=PULL_SECONDS)
+            parts: list[Pulled] = ray.get([r.pull.remote() for r in live], timeout=PULL_SECONDS)
         except ray.exceptions.RayError:
             return None
-        return self.layout.assemble([p[1] for p in parts])
+        return self.layout.assemble([p.params for p in parts])
 
     def shutdown(self, reuse: bool = True) -> None:
         """End the run's actors: those that ended it cleanly go back to the pool

@@ -24,6 +24,7 @@ import ray
 import torch
 
 from trainthrough.engines.base import RunContext
+from trainthrough.engines.ray.actors.reports import Progress
 from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
 from trainthrough.engines.ray.driver import recovery
 from trainthrough.engines.ray.driver.bsp import BulkSynchronous
@@ -73,7 +74,7 @@ class RayEngine:
                                             cfg.checkpoint_rule), self.saves, self.emit)
         self.replayed = 0  # iterations run again after rollbacks (executed = logical + this)
         self._rewound_to: int | None = None  # set by a rollback, read by the loop
-        self._last_progress: dict[str, dict[str, Any]] = {}  # every worker's latest report
+        self._last_progress: dict[str, Progress] = {}  # every worker's latest report
         self.result = ctx.result
         self.pending: list[Replacement] = []
         self.measuring: list[Measuring] = []
@@ -174,7 +175,7 @@ class RayEngine:
             self.result.extras["startup_seconds"] = time.perf_counter() - self._t_start
             self.result.extras["process_startup_seconds"] = process_age()
 
-    def _logical(self, progress: dict[str, dict[str, Any]], previous: int) -> int:
+    def _logical(self, progress: dict[str, Progress], previous: int) -> int:
         """The logical iteration: the mean step of the workers in service."""
         live = [p["step"] for name, p in progress.items()
                 if self.cluster.members[name].serving]
@@ -196,7 +197,7 @@ class RayEngine:
         self._rewound_to = step
 
     # -- observation ------------------------------------------------------------
-    def _progress(self) -> dict[str, dict[str, Any]]:
+    def _progress(self) -> dict[str, Progress]:
         live = [m for m in self.cluster.members.values()
                 if m.kind == "worker" and m.serving]
         out = self._last_progress
@@ -207,7 +208,7 @@ class RayEngine:
         self._last_progress = out
         return out
 
-    def evaluate(self, iteration: int, progress: dict[str, dict[str, Any]],
+    def evaluate(self, iteration: int, progress: dict[str, Progress],
                  logical: int | None = None) -> bool:
         """Score the current parameters at ``iteration``; True: the target is reached."""
         params = self.cluster.pull()
@@ -217,7 +218,7 @@ class RayEngine:
                                  **self.extras(progress, iteration if logical is None else logical))
 
     @staticmethod
-    def extras(progress: dict[str, dict[str, Any]], logical: int) -> dict[str, Any]:
+    def extras(progress: dict[str, Progress], logical: int) -> dict[str, Any]:
         """What every evaluation records besides the metric."""
         return {"logical_iteration": logical,
                 "updates_applied": sum(p["pushes"] for p in progress.values()),
@@ -304,7 +305,7 @@ class RayEngine:
         spent = now.total - at_kill.total
         return (now.busy - at_kill.busy) / spent if spent > 0 else None
 
-    def _acknowledged_lost(self, progress: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _acknowledged_lost(self, progress: dict[str, Progress]) -> list[dict[str, Any]]:
         """(shard, worker) pairs whose last acknowledged push a serving replica lacks.
 
         Each worker reports the highest sequence number each shard acknowledged; each
@@ -331,7 +332,7 @@ class RayEngine:
                          for (s, w), q in acked.items() if s == i and applied.get(w, -1) < q]
         return lost
 
-    def finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
+    def finish(self, iteration: int, progress: dict[str, Progress]) -> RunResult:
         """The run's result at its end (``iteration`` executed)."""
         r = self.result
         r.iterations = iteration

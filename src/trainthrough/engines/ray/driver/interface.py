@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from trainthrough.config import RunConfig
     from trainthrough.engines.base import RunContext
+    from trainthrough.engines.ray.actors.reports import Progress
     from trainthrough.engines.ray.driver.bsp import BulkSynchronous
     from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
     from trainthrough.engines.ray.driver.cluster import RayCluster
@@ -72,11 +73,11 @@ class Driver(Protocol):
     def rewind(self, step: int, iteration: int) -> None:
         """A rollback: every worker (or the next round) goes back to ``step``."""
 
-    def evaluate(self, iteration: int, progress: dict[str, dict[str, Any]],
+    def evaluate(self, iteration: int, progress: dict[str, Progress],
                  logical: int | None = None) -> bool:
         """Score the current parameters at ``iteration``; True: the target is reached."""
 
-    def extras(self, progress: dict[str, dict[str, Any]], logical: int) -> dict[str, Any]:
+    def extras(self, progress: dict[str, Progress], logical: int) -> dict[str, Any]:
         """What every evaluation records besides the metric."""
 
     def started_training(self) -> None:
@@ -85,5 +86,5 @@ class Driver(Protocol):
     def report_spares(self) -> None:
         """An event for each spare started after a failure that is ready now."""
 
-    def finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
+    def finish(self, iteration: int, progress: dict[str, Progress]) -> RunResult:
         """The run's result at its end (``iteration`` executed)."""

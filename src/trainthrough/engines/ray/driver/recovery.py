@@ -99,9 +99,9 @@ def on_death(eng: Driver, m: Member, iteration: int) -> None:
         return
     shard = m.index
     if c.mode != "none" and c.close_over(shard, m.name):
+        norm, norm_lost = _delta(eng, m, shard)
         record = Recovery(failed=[m.name], at_iteration=iteration, recovery_seconds=0.0,
-                          perturbation_norm=(d := _delta(eng, m, shard))[0],
-                          perturbation_norm_lost=d[1],
+                          perturbation_norm=norm, perturbation_norm_lost=norm_lost,
                           action="failover")
         eng.emit({"type": "failover", "shard": shard, "head": c.chains[shard].members[0]})
         head = c.head(shard)
@@ -184,11 +184,10 @@ def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) 
         c.join_alone(m)
     m.transition(MemberState.SERVING)
     eng.emit({"type": "up", "shard": m.index, "iteration": iteration, "restored_from": restored})
+    norm, norm_lost = _delta(eng, dead, m.index)
     record = Recovery(failed=[dead.name],
                       at_iteration=struck.iteration if struck is not None else iteration,
-                      recovery_seconds=0.0,
-                      perturbation_norm=(d := _delta(eng, dead, m.index))[0],
-                      perturbation_norm_lost=d[1],
+                      recovery_seconds=0.0, perturbation_norm=norm, perturbation_norm_lost=norm_lost,
                       action=decision.action.value if restored is not None or
                       decision.rewind or copies is not None else "reinit",
                       restored_from=restored, worker_copy=copies)

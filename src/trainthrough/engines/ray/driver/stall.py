@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainthrough.errors import RunStalled
 
 if TYPE_CHECKING:
+    from trainthrough.engines.ray.actors.reports import Progress
     from trainthrough.engines.ray.driver.recovery import Replacement
 
 # Far above any step here (cnn: ~10 ms; a recovery: seconds), far below "forever".
@@ -33,7 +34,7 @@ class StallWatch:
         self._count = -1
         self._since = time.perf_counter()
 
-    def check(self, progress: dict[str, dict[str, Any]], iteration: int) -> None:
+    def check(self, progress: dict[str, Progress], iteration: int) -> None:
         count = sum(p["pushes"] for p in progress.values())
         now = time.perf_counter()
         if count != self._count:
