@@ -26,21 +26,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import ray
 import torch
 
 from trainthrough.engines.ray.actors.reports import Progress, Pulled, WorkerSettings
+from trainthrough.engines.ray.actors.routes import RECHECK, ShardRoutes
 from trainthrough.ft.outage import Backlog, merge_plan
 from trainthrough.ps.layout import Layout
 from trainthrough.ps.worker import Worker
 from trainthrough.workloads import make_workload
 
 Tensors = dict[str, torch.Tensor]
-# While a shard is down its replacement is announced by the driver (``shard_changed``);
-# the registry is still polled this often in case an announcement is missed.
-RECHECK = 1.0
 # Compute time between two contacts during an outage, as a multiple of the last
 # contact's duration: contacts then take at most 1/(1 + 19) = 5% of the outage, which
 # leaves room for what no worker can avoid (the call that found the shard dead waits
@@ -50,13 +48,6 @@ CONTACT_RATIO = 19.0
 # ...and at least this much compute between contacts: a contact that finds no shard to
 # ask costs ~0.1 ms, and each one adds a backlog entry (256 entries: >= 5 s of outage).
 MIN_CONTACT_GAP = 0.02
-
-
-class Route(NamedTuple):
-    """Where a worker sends a shard's pushes and reads its parameters."""
-
-    write: Any  #: the replica that takes pushes (a chain's head)
-    read: Any  #: the replica that serves pulls (a synchronous chain's tail, else the head)
 
 
 def _add(a: Tensors, b: Tensors) -> Tensors:
@@ -85,7 +76,7 @@ class WorkerActor:
         wl = make_workload(workload, seed=seed, **options)
         self.layout = layout
         self.worker = Worker(worker_id, wl, wl.partition(num_workers)[worker_id], seed)
-        self.registry = registry
+        self.routes = ShardRoutes(registry, settings["read_from"])
         self.s = settings
         self.step = start_step
         # Sequence numbers strictly above any an earlier incarnation of this worker used
@@ -93,8 +84,6 @@ class WorkerActor:
         # mistaken for duplicates of its predecessor's and dropped.
         self.seq = incarnation << 40
         self._stop = threading.Event()
-        self._handles: dict[int, Route] = {}  # shard -> where its calls go, until one fails
-        self._recheck: dict[int, float] = {}  # shard -> when to ask the registry again
         self._params: Tensors | None = None
         self._versions: tuple[int, ...] = ()
         self._backlogs = [Backlog[Tensors](settings.get("backlog", 256))
@@ -140,8 +129,7 @@ class WorkerActor:
 
     def shard_changed(self, i: int) -> None:
         """The driver says who serves shard ``i`` changed: look it up on next use."""
-        self._handles.pop(i, None)
-        self._recheck[i] = 0.0
+        self.routes.changed(i)
         self._contact_due = True  # an outage ends as soon as the shard is back
 
     def compute_round(self, step: int, *parts: Pulled) -> Any:
@@ -200,30 +188,7 @@ class WorkerActor:
                         outage=self.idle + self._outage_done + ongoing,
                         outage_busy=self.outage_busy)
 
-    # -- shard lookup -----------------------------------------------------------
-    def _resolve(self, i: int) -> Route | None:
-        """Where shard ``i``'s calls go: cached until a call to it fails (then the
-        registry says who serves the shard now)."""
-        cached = self._handles.get(i)
-        if cached:
-            return cached
-        # A shard known to be down is looked up again at most every RECHECK seconds,
-        # so a stateless worker spends the outage computing, not asking the registry.
-        now = time.perf_counter()
-        if now < self._recheck.get(i, 0.0):
-            return None
-        self._recheck[i] = now + RECHECK
-        _, members = ray.get(self.registry.members.remote(f"shard{i}"))
-        if not members:
-            return None
-        try:
-            write = ray.get_actor(members[0])
-            read = ray.get_actor(members[-1] if self.s["read_from"] == "tail" else members[0])
-        except ValueError:  # a replica named in the registry died before we got it
-            return None
-        self._handles[i] = Route(write, read)
-        return self._handles[i]
-
+    # -- shard calls ------------------------------------------------------------
     def _pull(self) -> Tensors | None:
         """Every shard's parameters, assembled; None if any shard did not answer."""
         parts = self._pull_parts(all_or_none=True)
@@ -234,7 +199,7 @@ class WorkerActor:
     def _pull_parts(self, all_or_none: bool = False) -> list[Tensors | None]:
         """Each shard's parameters (None for a shard that is down or did not answer);
         ``all_or_none``: ask no shard if one is known to be down."""
-        handles = [self._resolve(i) for i in range(self.layout.num_shards)]
+        handles = [self.routes.get(i) for i in range(self.layout.num_shards)]
         if all_or_none and any(h is None for h in handles):
             return [None] * len(handles)
         refs = [h.read.pull.remote() if h is not None else None for h in handles]
@@ -244,7 +209,7 @@ class WorkerActor:
             try:
                 version, part = ray.get(ref) if ref is not None else (-1, None)
             except ray.exceptions.RayError:
-                self._handles.pop(i, None)
+                self.routes.forget(i)
                 version, part = -1, None
             parts.append(part)
             versions.append(version)
@@ -297,7 +262,7 @@ class WorkerActor:
         slices = self.layout.split_partial(update)
         pending = {}
         for i, part in enumerate(slices):
-            h = self._resolve(i)
+            h = self.routes.get(i)
             pending[i] = None if h is None else h.write.push.remote(
                 self.worker.worker_id, self.seq, part, self.s["scale"])
         for i, ref in pending.items():
@@ -307,7 +272,7 @@ class WorkerActor:
                     ray.get(ref)
                     ok = True
                 except ray.exceptions.RayError:
-                    self._handles.pop(i, None)
+                    self.routes.forget(i)
             if ok:
                 self._ack(i, self.seq)
             elif self.s["outage"] == "buffer":
@@ -360,7 +325,7 @@ class WorkerActor:
         self._stash()
         flushed = True
         for i in range(self.layout.num_shards):
-            h = self._resolve(i)
+            h = self.routes.get(i)
             flushed = h is not None and self._flush(i, h.write) and flushed
         parts = self._pull_parts()
         held = self.layout.split(self._params)  # type: ignore[arg-type]
@@ -400,7 +365,7 @@ class WorkerActor:
 
     def _retry_loop(self, i: int, part: Tensors) -> None:
         while not self._stop.is_set():
-            h = self._resolve(i)
+            h = self.routes.get(i)
             if h is not None:
                 try:
                     ray.get(h.write.push.remote(self.worker.worker_id, self.seq, part,
@@ -408,7 +373,7 @@ class WorkerActor:
                     self._ack(i, self.seq)
                     return
                 except ray.exceptions.RayError:
-                    self._handles.pop(i, None)
+                    self.routes.forget(i)
             time.sleep(0.005)
 
     def _flush(self, i: int, handle: Any) -> bool:
@@ -446,6 +411,6 @@ class WorkerActor:
                 self._ack(i, self.seq)
             except ray.exceptions.RayError:
                 self._backlogs[i].add(update, 0, _add, count)
-                self._handles.pop(i, None)
+                self.routes.forget(i)
                 ok = False
         return ok
