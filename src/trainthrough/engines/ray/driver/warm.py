@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import ray
 
+import trainthrough
 from trainthrough.engines.ray import NAMESPACE
 
 POOL_NAME = "trainthrough-warm-pool"
@@ -241,7 +242,7 @@ _FINGERPRINT: list[str] = []
 def code_fingerprint() -> str:
     """A hash of trainthrough's source files as this process sees them on disk."""
     if not _FINGERPRINT:
-        root = Path(__file__).resolve().parents[3]  # the trainthrough package
+        root = Path(trainthrough.__file__).resolve().parent  # wherever this module is
         h = hashlib.sha256()
         for p in sorted(root.rglob("*.py")):
             h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
