@@ -24,8 +24,8 @@ import time
 import ray
 import torch
 
+from trainthrough.engines.ray.actors.shard_actor import ShardActor
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
-from trainthrough.engines.ray.shard_actor import ShardActor
 from trainthrough.ps.layout import make_layout
 from trainthrough.workloads import make_workload
 

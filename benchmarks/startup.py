@@ -7,14 +7,14 @@ checkpoint-async, 1.5 s long. Cold: no warm actor, so every actor is a new proce
 that imports torch; warm: the run's actors were kept by the run before it.
 
 Default mode, runs in one driver (suites, benchmarks): warm runs take the actors the
-previous run gave back (engines/ray/pool.py). A warm-up pair runs first, not counted;
+previous run gave back (engines/ray/driver/pool.py). A warm-up pair runs first, not counted;
 then cold and warm alternate (a warm run needs a run before it).
 
 ``--new-driver``: each run is a new ``trainthrough run --engine ray --ray-address ...
 --keep-warm 300`` process on a cluster this script starts (``ray start --head`` on
 127.0.0.1, its own session, ended at exit). Cold: ``trainthrough release`` first, so
 the run starts every actor; warm: the run leases the actors the cold one before it
-kept (engines/ray/warm.py). Besides the engine's start-up, each run records the
+kept (engines/ray/driver/warm.py). Besides the engine's start-up, each run records the
 whole wait from process start to the first update (``process_startup_seconds``) and
 the part before Ray is joined (``driver_ready_seconds``: the interpreter, the
 driver's own imports, config, joining); ``python -c 'import torch'`` and ``'import
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from trainthrough.config import RunConfig
-from trainthrough.engines.ray.pool import POOL
+from trainthrough.engines.ray.driver.pool import POOL
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 from trainthrough.lab.runner import run_silent
 

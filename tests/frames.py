@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainthrough.engines.ray import wire
+from trainthrough.engines.ray.chain import wire
 
 
 def through_bytes(header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple:

@@ -618,7 +618,7 @@ def test_back_to_back_excess_is_pooled_over_candidates_replaced_from_the_spare()
 
 
 def test_step_clock_records_when_the_spare_after_a_failure_was_ready() -> None:
-    """Ray reports each refill spare ready (engines/ray/cluster.py ``refilled``): the
+    """Ray reports each refill spare ready (engines/ray/driver/cluster.py ``refilled``): the
     calibration's lone-failure runs read the window from it."""
     clock = StepClock()
     clock.on_event({"type": "failure", "sim_seconds": 2.0})

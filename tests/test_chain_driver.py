@@ -10,8 +10,9 @@ import torch
 
 pytest.importorskip("ray")
 
-from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink, Replica  # noqa: E402
-from trainthrough.engines.ray.link_socket import LinkError  # noqa: E402
+from trainthrough.engines.ray.chain.chain_link import ChainBroken, ChainLink, Replica  # noqa: E402
+from trainthrough.engines.ray.chain.link_socket import LinkError  # noqa: E402
+from trainthrough.engines.ray.chain.wire import Item  # noqa: E402
 
 
 class _Replica(Replica):
@@ -64,7 +65,7 @@ def _link(fwd: _Forwarder) -> tuple[threading.Condition, ChainLink]:
 
 def _push(cond: threading.Condition, link: ChainLink, worker: int, seq: int) -> None:
     with cond:
-        link.from_worker((worker, seq, {"x": torch.ones(4)}, 1.0))
+        link.from_worker(Item(worker, seq, {"x": torch.ones(4)}, 1.0))
 
 
 def test_every_group_is_sent_by_a_waiting_push_not_the_sender_thread() -> None:

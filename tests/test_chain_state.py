@@ -11,8 +11,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 from tests.frames import through_bytes  # noqa: E402
-from trainthrough.engines.ray import wire  # noqa: E402
-from trainthrough.engines.ray.chain_link import ChainLink, Replica  # noqa: E402
+from trainthrough.engines.ray.chain import wire  # noqa: E402
+from trainthrough.engines.ray.chain.chain_link import ChainLink, Replica  # noqa: E402
 from trainthrough.ps.shard import Shard  # noqa: E402
 from trainthrough.workloads.base import OptimizerSpec  # noqa: E402
 
@@ -62,16 +62,16 @@ def test_a_state_ahead_is_taken_and_covers_the_pushes_before_it() -> None:
     """In process: a state at position 5 is taken (a push forwarded for position 5
     later is skipped, one for 6 applied); a state behind is only acknowledged; a state
     from a replaced head's generation is refused."""
-    from trainthrough.engines.ray.chain_link import ChainBroken
+    from trainthrough.engines.ray.chain.chain_link import ChainBroken
 
     cond, fake = threading.Condition(), _Fake()
     link = ChainLink(cond, fake, max_lag=8)
     with cond:
         link.rewire(None, "sync")  # the tail
-        link.from_predecessor(1, 1, [(0, 1, {}, 1.0)])
+        link.from_predecessor(1, 1, [wire.Item(0, 1, {}, 1.0)])
         link.from_state(1, 5, {"x": torch.ones(1)})
         assert link.pos == link.durable == 5 and len(fake.loaded) == 1
-        link.from_predecessor(1, 5, [(0, 5, {}, 1.0), (0, 6, {}, 1.0)])
+        link.from_predecessor(1, 5, [wire.Item(0, 5, {}, 1.0), wire.Item(0, 6, {}, 1.0)])
         assert fake.applied == [1, 6] and link.pos == 6
         link.from_state(1, 3, {"x": torch.zeros(1)})  # behind: nothing taken
         assert len(fake.loaded) == 1 and link.pos == 6
@@ -88,7 +88,7 @@ def test_replicas_end_bit_identical_to_the_head_with_adam(mode: str) -> None:
     replica ends with the head's parameters, optimizer state, version and dedup table,
     bit for bit. Asynchronous groups hold up to 16 pushes, so there some forwards
     carry the state (not only the first, sent when the chain is wired)."""
-    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.engines.ray.actors.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
 
     values = {"w": torch.randn(64, 32), "b": torch.randn(32)}

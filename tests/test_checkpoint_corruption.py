@@ -502,7 +502,7 @@ def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> N
     or reported skipped (a write was still running), never both and never silently
     lost; a failed write is reported by the next call instead of vanishing."""
     ray = pytest.importorskip("ray")
-    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.engines.ray.actors.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 
@@ -534,7 +534,7 @@ def test_ray_shard_checkpoints_never_race_nor_drop_silently(tmp_path: Path) -> N
 
 def _shard_in_process() -> Any:
     """A shard actor's class run in this process (its threads, no Ray), on 64 x 8 zeros."""
-    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.engines.ray.actors.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.frames import through_bytes
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.link_socket import Channel, LinkError, Listener
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.link_socket import Channel, LinkError, Listener
 
 
 def test_pushes_and_a_state_come_back_bit_identical_with_every_dtype() -> None:

@@ -60,7 +60,7 @@ def test_a_killed_worker_is_replaced() -> None:
 def _chain(n: int, mode: str, dtype: object = None) -> list:
     import torch
 
-    from trainthrough.engines.ray.shard_actor import ShardActor
+    from trainthrough.engines.ray.actors.shard_actor import ShardActor
     from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 
@@ -128,7 +128,7 @@ def test_tensors_a_frame_cannot_carry_are_forwarded_by_ray_call(mode: str) -> No
     states alike, and reaches every replica exactly once."""
     import torch
 
-    from trainthrough.engines.ray import wire
+    from trainthrough.engines.ray.chain import wire
 
     assert torch.complex64 not in wire.DTYPES.values()
     actors = _chain(3, mode, torch.complex64)
@@ -258,7 +258,8 @@ def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None
     it replaced are refused."""
     import torch
 
-    from trainthrough.engines.ray.chain_link import ChainBroken, ChainLink, Replica
+    from trainthrough.engines.ray.chain.chain_link import ChainBroken, ChainLink, Replica
+    from trainthrough.engines.ray.chain.wire import Item
 
     cond = threading.Condition()
     order: list[int] = []
@@ -270,17 +271,17 @@ def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None
 
     link = ChainLink(cond, Log(), max_lag=8)
     _under(cond, link.rewire, None, "sync")  # the tail
-    item = (0, 2, {"x": torch.ones(1)}, 1.0)
+    item = Item(0, 2, {"x": torch.ones(1)}, 1.0)
     # Whichever call takes the lock first, position 2 is applied after position 1.
     early = threading.Thread(target=lambda: _under(cond, link.from_predecessor, 0, 2, [item]))
     early.start()
-    _under(cond, link.from_predecessor, 0, 1, [(0, 1, {"x": torch.ones(1)}, 1.0)])
+    _under(cond, link.from_predecessor, 0, 1, [Item(0, 1, {"x": torch.ones(1)}, 1.0)])
     early.join(10)
     assert order == [1, 2] and link.pos == link.durable == 2
-    _under(cond, link.from_worker, (1, 1, {"x": torch.ones(1)}, 1.0))  # now the head
+    _under(cond, link.from_worker, Item(1, 1, {"x": torch.ones(1)}, 1.0))  # now the head
     assert link.head and link.gen == 1 and link.pos == 3
     with pytest.raises(ChainBroken):
-        _under(cond, link.from_predecessor, 0, 4, [(0, 3, {"x": torch.ones(1)}, 1.0)])
+        _under(cond, link.from_predecessor, 0, 4, [Item(0, 3, {"x": torch.ones(1)}, 1.0)])
 
 
 def _under(cond: threading.Condition, fn, *args) -> None:  # noqa: ANN001, ANN002

@@ -1,4 +1,4 @@
-"""Pooled Ray actors (engines/ray/pool.py): runs on reused actors equal runs on fresh ones.
+"""Pooled Ray actors (engines/ray/driver/pool.py): runs on reused actors equal runs on fresh ones.
 
 Bulk-synchronous runs are deterministic on Ray (the driver runs the rounds and
 aggregates in worker order), so a reused actor that kept anything from its previous
@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from trainthrough.config import RunConfig  # noqa: E402
-from trainthrough.engines.ray.pool import POOL  # noqa: E402
+from trainthrough.engines.ray.driver.pool import POOL  # noqa: E402
 from trainthrough.lab.bound import IterateTracker  # noqa: E402
 from trainthrough.lab.runner import run_silent  # noqa: E402
 

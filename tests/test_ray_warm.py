@@ -1,4 +1,4 @@
-"""Warm actors kept on a cluster between drivers (engines/ray/warm.py): leases, reset,
+"""Warm actors kept on a cluster between drivers (engines/ray/driver/warm.py): leases, reset,
 crashed drivers, expiry, release.
 
 A second driver is a second :class:`ActorPool` (what a new ``trainthrough run``
@@ -18,8 +18,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tests.test_ray_pool import _bsp, _dirty, _outcome, _same  # noqa: E402
-from trainthrough.engines.ray import cluster, warm  # noqa: E402
-from trainthrough.engines.ray.pool import POOL, ActorPool  # noqa: E402
+from trainthrough.engines.ray.driver import cluster, warm  # noqa: E402
+from trainthrough.engines.ray.driver.pool import POOL, ActorPool  # noqa: E402
 from trainthrough.lab.runner import run_silent  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")

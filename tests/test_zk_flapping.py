@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 
 
 def test_the_stall_watch_ends_a_run_that_applies_nothing() -> None:
-    from trainthrough.engines.ray.stall import StallWatch
+    from trainthrough.engines.ray.driver.stall import StallWatch
 
     watch = StallWatch(0.0, lambda: [], limit=0.2)
     watch.check({"w0": {"pushes": 5}}, 3)

@@ -406,7 +406,7 @@ def _cmd_release(address: str) -> int:
 
     ensure_ray(address)  # Ray missing or the cluster unreachable: one line, exit 2
     try:
-        from trainthrough.engines.ray.warm import release
+        from trainthrough.engines.ray.driver.warm import release
 
         print(release(address))
     finally:

@@ -42,7 +42,7 @@ class Registry:
         return self.epochs.get(chain, 0), list(self.chains.get(chain, []))
 
     def reset(self) -> None:
-        """Empty, as new: a pooled registry serves its next run (engines/ray/pool.py)."""
+        """Empty, as new: a pooled registry serves its next run (engines/ray/driver/pool.py)."""
         self.__init__()  # type: ignore[misc]
 
     def release(self) -> bool:

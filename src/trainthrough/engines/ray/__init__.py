@@ -1,8 +1,19 @@
 """The ``ray`` engine: shards, replicas and workers as Ray actors, failures as SIGKILL.
 
+Its parts:
+
+* :mod:`.driver`: the driver process (the engine's loop, the run's actors and their
+  life cycle, recovery, bulk-synchronous rounds, checkpoints, actor pools, and data
+  parallel with ranks on Ray actors);
+* :mod:`.actors`: what runs inside the actor processes (shards, workers);
+* :mod:`.chain`: chain replication of a shard (the link in each replica, its
+  transport, the driver's view of ZooKeeper membership);
+* :mod:`.runtime`: starting and joining Ray.
+
 Ray reads some settings when it is imported, so the loopback settings go into the
-environment here, before any submodule imports ray (see runtime.py for why). This
-module also declares what the engine runs; importing it does not import Ray.
+environment here, before any submodule imports ray (runtime.py says why). This module
+also declares what the engine runs (``ENGINE``: import paths of the engine classes);
+importing it does not import Ray.
 """
 
 import os
@@ -15,24 +26,24 @@ from trainthrough.engines.gloo import CAPABILITIES as GLOO_CAPABILITIES
 # again before starting Ray, for callers that imported Ray first).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_DEDUP_LOGS": "0"}
-#: The Ray namespace of every driver that joins a cluster (warm.py: actors kept warm).
+#: The Ray namespace of every driver that joins a cluster (driver/warm.py: actors kept warm).
 NAMESPACE = "trainthrough"
 for _k, _v in LOOPBACK_ENV.items():
     os.environ.setdefault(_k, _v)
 
 DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIGKILLs"
 # The parameter server is Ray's own engine; data parallel is the gloo engine's
-# controller with every rank a Ray actor (dp.py), so it runs what gloo runs.
-ENGINE = {"ps": "trainthrough.engines.ray.engine:RayEngine",
-          "dp": "trainthrough.engines.ray.dp:RayDataParallel"}
+# controller with every rank a Ray actor (driver/dp.py), so it runs what gloo runs.
+ENGINE = {"ps": "trainthrough.engines.ray.driver.engine:RayEngine",
+          "dp": "trainthrough.engines.ray.driver.dp:RayDataParallel"}
 CAPABILITIES = {
     # Workers run asynchronously, each at its own pace. Saves and restores are the
     # shared ShardCheckpoint (full and prioritized) inside each shard's actor; a
     # rollback of everything rewinds the workers to the checkpoint's step. Every death
-    # starts its own replacement at once (recovery.py: one pending entry each), so
+    # starts its own replacement at once (driver/recovery.py: one pending entry each), so
     # failures striking during a recovery recover side by side with it; in
     # bulk-synchronous rounds a failure due during a recovery strikes only after it
-    # (bsp.py _settle delivers phase=recovery failures alone), together with any other
+    # (driver/bsp.py _settle delivers phase=recovery failures alone), together with any other
     # held back, and those recover side by side.
     "ps": caps(consistency=("bsp", "async"), checkpoint=("none", "full", "prioritized"),
                persist=("sync", "async"),

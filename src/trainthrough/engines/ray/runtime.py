@@ -1,11 +1,13 @@
 """Starting and joining Ray, on loopback unless the user asks otherwise.
 
-ENVIRONMENT.md measured that Ray advertises the machine's external address even with
-``_node_ip_address="127.0.0.1"``, and that ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
-made every listener bind to 127.0.0.1; usage stats are off. A local cluster keeps
-Ray's default token authentication; only the warning Ray logs about it on every run
-is silenced (setting ``RAY_AUTH_MODE`` instead would have to happen before Ray is
-first imported, which the caller may already have done).
+A local cluster listens on 127.0.0.1 only. Ray advertises the machine's external
+address even with ``_node_ip_address="127.0.0.1"``;
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` binds every listener to 127.0.0.1 (set before
+Ray is imported: the package's ``LOOPBACK_ENV``, and again here for callers that
+imported Ray first); usage stats are off. A local cluster keeps Ray's default token
+authentication; only the warning Ray logs about it on every run is silenced (setting
+``RAY_AUTH_MODE`` instead would have to happen before Ray is first imported, which the
+caller may already have done).
 
 Ray's session files go under a short temp dir of their own, never under the run
 folder: Unix socket paths are limited to 107 bytes and Ray nests sockets several
@@ -83,8 +85,7 @@ def _host(address: str) -> str:
 def _loopback_even_if_imported() -> None:
     """Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is imported: a
     caller that imported Ray before us (a notebook, a test module) would otherwise
-    get listeners on every interface. Measured: with the flag read late, Ray bound
-    7 ports to 0.0.0.0; with this, none."""
+    get listeners on every interface (0.0.0.0); with this, none."""
     if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
         return  # the user chose otherwise, explicitly
     from ray._private import ray_constants
@@ -206,7 +207,7 @@ def shutdown_ray() -> None:
     """Shut Ray down and remove the session temp dir this module created."""
     import ray
 
-    from trainthrough.engines.ray.pool import POOL
+    from trainthrough.engines.ray.driver.pool import POOL
 
     if ray.is_initialized():
         POOL.detach()  # the cluster's warm pool kills whatever we still lease

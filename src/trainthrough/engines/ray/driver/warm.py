@@ -38,10 +38,11 @@ import threading
 import time
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
+import trainthrough
 from trainthrough.engines.ray import NAMESPACE
 
 POOL_NAME = "trainthrough-warm-pool"
@@ -50,6 +51,32 @@ MAX_IDLE = 8
 REAP_SECONDS = 1.0
 
 Entry = tuple[str, Any]  # (actor name, handle)
+
+
+class _Idle(NamedTuple):
+    """An idle warm actor."""
+
+    name: str
+    handle: Any
+    keep: float  #: idle seconds it is kept
+    since: float  #: idle since (``time.monotonic``)
+
+
+class _Held(NamedTuple):
+    """A warm actor leased to a driver."""
+
+    handle: Any
+    keep: float  #: idle seconds it is kept once given back
+
+
+class _Lease(NamedTuple):
+    """A driver's lease: its liveness token and what it holds, by name."""
+
+    token: Any  #: an object the driver owns (getting it fails once the driver is gone)
+    held: dict[str, _Held]
+
+
+_NO_LEASE = _Lease(None, {})
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)  # type: ignore[call-overload]
@@ -62,10 +89,8 @@ class WarmPool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # key -> [(name, handle, seconds to keep idle, idle since)]
-        self._idle: dict[Hashable, list[tuple[str, Any, float, float]]] = {}
-        # lease id -> (the driver's token ref, {name: (handle, keep seconds)})
-        self._leases: dict[str, tuple[Any, dict[str, tuple[Any, float]]]] = {}
+        self._idle: dict[Hashable, list[_Idle]] = {}  # by key
+        self._leases: dict[str, _Lease] = {}  # by lease id
         self._doomed: set[str] = set()  # leased when a release came: end when given back
         self.reaped = 0
         threading.Thread(target=self._reap_loop, daemon=True, name="warm-reaper").start()
@@ -73,7 +98,7 @@ class WarmPool:
     def open(self, lease: str, token: list[Any]) -> None:
         """Start a lease; ``token[0]``: an object the driver owns (its liveness)."""
         with self._lock:
-            self._leases.setdefault(lease, (token[0], {}))
+            self._leases.setdefault(lease, _Lease(token[0], {}))
 
     def take(self, lease: str, key: Hashable) -> Entry | None:
         """An idle actor for ``key``, now leased to ``lease`` (None: none idle)."""
@@ -83,9 +108,9 @@ class WarmPool:
             idle = self._idle.get(key)
             if not idle:
                 return None
-            name, handle, keep, _ = idle.pop()
-            self._leases[lease][1][name] = (handle, keep)
-            return name, handle
+            e = idle.pop()
+            self._leases[lease].held[e.name] = _Held(e.handle, e.keep)
+            return e.name, e.handle
 
     def hold(self, lease: str, name: str, handle: Any, keep: float) -> bool:
         """A warm actor the driver just created, held by its lease from the start, so
@@ -94,7 +119,7 @@ class WarmPool:
         with self._lock:
             if lease not in self._leases:
                 return False
-            self._leases[lease][1][name] = (handle, keep)
+            self._leases[lease].held[name] = _Held(handle, keep)
             return True
 
     def give(self, lease: str, key: Hashable, name: str, handle: Any,
@@ -105,27 +130,27 @@ class WarmPool:
             False if it was not kept (pool released, or full): it has been killed.
         """
         with self._lock:
-            held = self._leases.get(lease, (None, {}))[1].pop(name, None)
-            keep = keep if keep is not None else (held[1] if held is not None else None)
+            held = self._leases.get(lease, _NO_LEASE).held.pop(name, None)
+            keep = keep if keep is not None else (held.keep if held is not None else None)
             idle = self._idle.setdefault(key, [])
             if name in self._doomed or keep is None or len(idle) >= MAX_IDLE:
                 self._doomed.discard(name)
                 _kill(handle)
                 return False
-            idle.append((name, handle, keep, time.monotonic()))
+            idle.append(_Idle(name, handle, keep, time.monotonic()))
             return True
 
     def forget(self, lease: str, name: str) -> None:
         """The driver killed (or lost) a leased actor: not held any more."""
         with self._lock:
-            self._leases.get(lease, (None, {}))[1].pop(name, None)
+            self._leases.get(lease, _NO_LEASE).held.pop(name, None)
 
     def close(self, lease: str) -> int:
         """End a lease: what it still holds is killed. Returns how many."""
         with self._lock:
-            _, held = self._leases.pop(lease, (None, {}))
-            for handle, _ in held.values():
-                _kill(handle)
+            held = self._leases.pop(lease, _NO_LEASE).held
+            for h in held.values():
+                _kill(h.handle)
             self._doomed.difference_update(held)
             return len(held)
 
@@ -136,19 +161,19 @@ class WarmPool:
             (idle actors ended, actors still leased).
         """
         with self._lock:
-            self._doomed.update(n for _, held in self._leases.values() for n in held)
+            self._doomed.update(n for lease in self._leases.values() for n in lease.held)
             n = sum(len(v) for v in self._idle.values())
             for idle in self._idle.values():
-                for _, handle, _, _ in idle:
-                    _kill(handle)
+                for e in idle:
+                    _kill(e.handle)
             self._idle.clear()
-            return n, sum(len(h) for _, h in self._leases.values())
+            return n, sum(len(lease.held) for lease in self._leases.values())
 
     def status(self) -> dict[str, int]:
         with self._lock:
             return {"idle": sum(len(v) for v in self._idle.values()),
                     "leases": len(self._leases),
-                    "leased": sum(len(h) for _, h in self._leases.values()),
+                    "leased": sum(len(lease.held) for lease in self._leases.values()),
                     "reaped": self.reaped}
 
     # -- the reaper: expired idle actors, dead drivers' leases, an empty pool --------
@@ -162,20 +187,19 @@ class WarmPool:
 
     def _reap(self) -> bool:
         with self._lock:
-            tokens = {lease: token for lease, (token, _) in self._leases.items()}
+            tokens = {lease: held.token for lease, held in self._leases.items()}
         gone = [lease for lease, token in tokens.items() if not _owner_alive(token)]
         with self._lock:
             for lease in gone:
-                _, held = self._leases.pop(lease, (None, {}))
-                for handle, _ in held.values():
-                    _kill(handle)
+                for h in self._leases.pop(lease, _NO_LEASE).held.values():
+                    _kill(h.handle)
                     self.reaped += 1
             now = time.monotonic()
             for key, idle in self._idle.items():
-                keep = [e for e in idle if now - e[3] < e[2]]
+                keep = [e for e in idle if now - e.since < e.keep]
                 for e in idle:
                     if e not in keep:
-                        _kill(e[1])
+                        _kill(e.handle)
                         self.reaped += 1
                 self._idle[key] = keep
             return not self._leases and not any(self._idle.values())
@@ -218,7 +242,7 @@ _FINGERPRINT: list[str] = []
 def code_fingerprint() -> str:
     """A hash of trainthrough's source files as this process sees them on disk."""
     if not _FINGERPRINT:
-        root = Path(__file__).resolve().parents[2]  # the trainthrough package
+        root = Path(trainthrough.__file__).resolve().parent  # wherever this module is
         h = hashlib.sha256()
         for p in sorted(root.rglob("*.py")):
             h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")

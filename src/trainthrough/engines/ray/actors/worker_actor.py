@@ -11,13 +11,14 @@ parameters held, queue the slices in bounded backlogs, and apply them with the
 merge rule when the shard is back).
 
 During a ``buffer`` outage nothing waits on a round trip: every step's update is
-summed into what goes to the backlogs at the next contact, live shards included (their updates were computed on the same stale
-parameters as the lost shard's, so the same merge rule applies), and the worker
+summed into what goes to the backlogs at the next contact, live shards included
+(their updates were computed on the same stale parameters as the lost shard's, so the
+same merge rule applies), and the worker
 contacts the shards (flushes the live ones' backlogs, refreshes their parameters,
 asks whether the lost one is back) only once it has computed ``CONTACT_RATIO``
-times as long as its last contact took. A small model computes a step in ~0.2 ms
-and a round trip takes 3 ms or more on a loaded machine: pushing every step to the
-live shard kept such a model's workers computing 7-9% of an outage.
+times as long as its last contact took: a small model's step is far shorter than a
+round trip, and contacting the shards at every step would leave its workers waiting
+through most of the outage.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from typing import Any
 import ray
 import torch
 
+from trainthrough.engines.ray.actors.reports import Progress, Pulled, WorkerSettings
+from trainthrough.engines.ray.actors.routes import RECHECK, ShardRoutes
 from trainthrough.ft.outage import Backlog, merge_plan
 from trainthrough.ps.layout import Layout
 from trainthrough.ps.worker import Worker
 from trainthrough.workloads import make_workload
 
 Tensors = dict[str, torch.Tensor]
-# While a shard is down its replacement is announced by the driver (``shard_changed``);
-# the registry is still polled this often in case an announcement is missed.
-RECHECK = 1.0
 # Compute time between two contacts during an outage, as a multiple of the last
 # contact's duration: contacts then take at most 1/(1 + 19) = 5% of the outage, which
 # leaves room for what no worker can avoid (the call that found the shard dead waits
@@ -59,7 +59,7 @@ class WorkerActor:
     """One worker; ``run`` loops until ``stop``; ``progress`` can be called meanwhile."""
 
     def __init__(self, worker_id: int, workload: str, options: dict[str, Any], seed: int,
-                 num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
+                 num_workers: int, layout: Layout, registry: Any, settings: WorkerSettings,
                  start_step: int = 0, incarnation: int = 0) -> None:
         torch.set_num_threads(1)
         self._dead = threading.Event()  # released (set) only when a run gives it back
@@ -68,24 +68,22 @@ class WorkerActor:
                    settings, start_step, incarnation)
 
     def reset(self, worker_id: int, workload: str, options: dict[str, Any], seed: int,
-              num_workers: int, layout: Layout, registry: Any, settings: dict[str, Any],
+              num_workers: int, layout: Layout, registry: Any, settings: WorkerSettings,
               start_step: int = 0, incarnation: int = 0) -> None:
         """Everything a run keeps, built fresh (the workload too: its data, partition
         and worker state): what the constructor does, so a pooled actor
-        (engines/ray/pool.py) starts a run as a new one would."""
+        (engines/ray/driver/pool.py) starts a run as a new one would."""
         wl = make_workload(workload, seed=seed, **options)
         self.layout = layout
         self.worker = Worker(worker_id, wl, wl.partition(num_workers)[worker_id], seed)
-        self.registry = registry
-        self.s = settings  # outage, merge_rule, merge_threshold, read_from, backlog, scale
+        self.routes = ShardRoutes(registry, settings["read_from"])
+        self.s = settings
         self.step = start_step
         # Sequence numbers strictly above any an earlier incarnation of this worker used
         # (each does far fewer than 2**40 pushes): a replacement's pushes are never
         # mistaken for duplicates of its predecessor's and dropped.
         self.seq = incarnation << 40
         self._stop = threading.Event()
-        self._handles: dict[int, tuple[int, Any, Any]] = {}  # shard -> (epoch, write, read)
-        self._recheck: dict[int, float] = {}  # shard -> when to ask the registry again
         self._params: Tensors | None = None
         self._versions: tuple[int, ...] = ()
         self._backlogs = [Backlog[Tensors](settings.get("backlog", 256))
@@ -131,16 +129,15 @@ class WorkerActor:
 
     def shard_changed(self, i: int) -> None:
         """The driver says who serves shard ``i`` changed: look it up on next use."""
-        self._handles.pop(i, None)
-        self._recheck[i] = 0.0
+        self.routes.changed(i)
         self._contact_due = True  # an outage ends as soon as the shard is back
 
-    def compute_round(self, step: int, *parts: tuple[int, Tensors]) -> Any:
+    def compute_round(self, step: int, *parts: Pulled) -> Any:
         """Bulk-synchronous round ``step``: the update on the parameters the driver pulled
         (``parts``: each shard's ``pull`` result, passed by reference), split per shard
         so each part goes straight to its shard's ``apply_round``."""
         t0 = time.perf_counter()
-        params = self.layout.assemble([p[1] for p in parts])
+        params = self.layout.assemble([p.params for p in parts])
         update = self.worker.compute(params, step)
         self.busy += time.perf_counter() - t0
         self.step = step + 1
@@ -149,7 +146,7 @@ class WorkerActor:
         if self.s.get("keep_copies"):
             # Kept for worker-copy recovery: the pull (fresh tensors from the shards,
             # never changed here) and the push made from it.
-            self.worker.keep(params, tuple(p[0] for p in parts))
+            self.worker.keep(params, tuple(p.version for p in parts))
             self.worker.keep_push(out)
         return out[0] if len(out) == 1 else out  # one return value per shard
 
@@ -181,40 +178,17 @@ class WorkerActor:
     def stop(self) -> None:
         self._stop.set()
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> Progress:
         """Counters; ``outage``: seconds spent with a shard unreachable (waiting, or
         buffering), ``outage_busy``: the compute seconds among them."""
         ongoing = 0.0 if self._outage_since is None else time.perf_counter() - self._outage_since
-        return {"step": self.step, "busy": self.busy, "idle": self.idle, "comm": self.comm,
-                "pushes": self.pushes, "acked": dict(self.acked),
-                "buffered": self.buffered, "backlog": sum(len(b) for b in self._backlogs),
-                "outage": self.idle + self._outage_done + ongoing,
-                "outage_busy": self.outage_busy}
+        return Progress(step=self.step, busy=self.busy, idle=self.idle, comm=self.comm,
+                        pushes=self.pushes, acked=dict(self.acked), buffered=self.buffered,
+                        backlog=sum(len(b) for b in self._backlogs),
+                        outage=self.idle + self._outage_done + ongoing,
+                        outage_busy=self.outage_busy)
 
-    # -- shard lookup -----------------------------------------------------------
-    def _resolve(self, i: int) -> tuple[Any, Any] | None:
-        """(write replica, read replica) of shard ``i``: cached until a call to it fails
-        (then the registry says who serves the shard now)."""
-        cached = self._handles.get(i)
-        if cached:
-            return cached[1], cached[2]
-        # A shard known to be down is looked up again at most every RECHECK seconds,
-        # so a stateless worker spends the outage computing, not asking the registry.
-        now = time.perf_counter()
-        if now < self._recheck.get(i, 0.0):
-            return None
-        self._recheck[i] = now + RECHECK
-        epoch, members = ray.get(self.registry.members.remote(f"shard{i}"))
-        if not members:
-            return None
-        try:
-            write = ray.get_actor(members[0])
-            read = ray.get_actor(members[-1] if self.s["read_from"] == "tail" else members[0])
-        except ValueError:  # a replica named in the registry died before we got it
-            return None
-        self._handles[i] = (epoch, write, read)
-        return write, read
-
+    # -- shard calls ------------------------------------------------------------
     def _pull(self) -> Tensors | None:
         """Every shard's parameters, assembled; None if any shard did not answer."""
         parts = self._pull_parts(all_or_none=True)
@@ -225,17 +199,17 @@ class WorkerActor:
     def _pull_parts(self, all_or_none: bool = False) -> list[Tensors | None]:
         """Each shard's parameters (None for a shard that is down or did not answer);
         ``all_or_none``: ask no shard if one is known to be down."""
-        handles = [self._resolve(i) for i in range(self.layout.num_shards)]
+        handles = [self.routes.get(i) for i in range(self.layout.num_shards)]
         if all_or_none and any(h is None for h in handles):
             return [None] * len(handles)
-        refs = [h[1].pull.remote() if h is not None else None for h in handles]
+        refs = [h.read.pull.remote() if h is not None else None for h in handles]
         parts: list[Tensors | None] = []
         versions: list[int] = []
         for i, ref in enumerate(refs):
             try:
                 version, part = ray.get(ref) if ref is not None else (-1, None)
             except ray.exceptions.RayError:
-                self._handles.pop(i, None)
+                self.routes.forget(i)
                 version, part = -1, None
             parts.append(part)
             versions.append(version)
@@ -243,7 +217,7 @@ class WorkerActor:
         return parts
 
     # -- the loop ---------------------------------------------------------------
-    def run(self, max_steps: int) -> dict[str, Any]:
+    def run(self, max_steps: int) -> Progress:
         self._looping.set()
         try:
             self._loop(max_steps)
@@ -288,8 +262,8 @@ class WorkerActor:
         slices = self.layout.split_partial(update)
         pending = {}
         for i, part in enumerate(slices):
-            h = self._resolve(i)
-            pending[i] = None if h is None else h[0].push.remote(
+            h = self.routes.get(i)
+            pending[i] = None if h is None else h.write.push.remote(
                 self.worker.worker_id, self.seq, part, self.s["scale"])
         for i, ref in pending.items():
             ok = False
@@ -298,7 +272,7 @@ class WorkerActor:
                     ray.get(ref)
                     ok = True
                 except ray.exceptions.RayError:
-                    self._handles.pop(i, None)
+                    self.routes.forget(i)
             if ok:
                 self._ack(i, self.seq)
             elif self.s["outage"] == "buffer":
@@ -351,8 +325,8 @@ class WorkerActor:
         self._stash()
         flushed = True
         for i in range(self.layout.num_shards):
-            h = self._resolve(i)
-            flushed = h is not None and self._flush(i, h[0]) and flushed
+            h = self.routes.get(i)
+            flushed = h is not None and self._flush(i, h.write) and flushed
         parts = self._pull_parts()
         held = self.layout.split(self._params)  # type: ignore[arg-type]
         self._params = self.layout.assemble([p if p is not None else held[i]
@@ -391,15 +365,15 @@ class WorkerActor:
 
     def _retry_loop(self, i: int, part: Tensors) -> None:
         while not self._stop.is_set():
-            h = self._resolve(i)
+            h = self.routes.get(i)
             if h is not None:
                 try:
-                    ray.get(h[0].push.remote(self.worker.worker_id, self.seq, part,
+                    ray.get(h.write.push.remote(self.worker.worker_id, self.seq, part,
                                              self.s["scale"]))
                     self._ack(i, self.seq)
                     return
                 except ray.exceptions.RayError:
-                    self._handles.pop(i, None)
+                    self.routes.forget(i)
             time.sleep(0.005)
 
     def _flush(self, i: int, handle: Any) -> bool:
@@ -418,7 +392,8 @@ class WorkerActor:
             # count times too large (m stale for tens of steps, v inflated for
             # thousands: measured, cnn accuracy 0.89 -> 0.55 right after the recovery).
             count = sum(c for _, _, c in items)
-            total = {n: v.clone() for n, v in items[0][0].items()}
+            first, _, _ = items[0]
+            total = {n: v.clone() for n, v in first.items()}
             for update, _, _ in items[1:]:
                 total = _add(total, update)
             for v in total.values():
@@ -436,6 +411,6 @@ class WorkerActor:
                 self._ack(i, self.seq)
             except ray.exceptions.RayError:
                 self._backlogs[i].add(update, 0, _add, count)
-                self._handles.pop(i, None)
+                self.routes.forget(i)
                 ok = False
         return ok

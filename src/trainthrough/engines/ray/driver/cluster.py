@@ -1,7 +1,9 @@
 """The actors of one run on Ray: shard chains, workers, their processes and death watches.
 
 It creates, kills and replaces actors and rewires chains as :mod:`trainthrough.ft.chain`
-decides. It owns no training logic.
+decides. It owns no training logic. Each actor is a
+:class:`~trainthrough.engines.ray.driver.members.Member`, whose state changes only
+through its ``transition`` (members.py lists the life cycle).
 
 Nothing here blocks on an actor that is still starting (importing torch takes
 seconds on a loaded machine): a new actor's identity (pid, node) and any set-up
@@ -25,8 +27,10 @@ import ray
 
 from trainthrough.config import RunConfig
 from trainthrough.coord.ray import RayCoordinator
-from trainthrough.engines.ray.pool import POOL
-from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
+from trainthrough.engines.ray.actors.reports import Pulled, WorkerSettings
+from trainthrough.engines.ray.driver.members import Member, MemberState
+from trainthrough.engines.ray.driver.pool import POOL
+from trainthrough.engines.signals import SignalRefused, identify, send
 from trainthrough.errors import RunStalled
 from trainthrough.ft.chain import on_death, on_join, successors
 from trainthrough.ft.strategy import Strategy
@@ -34,10 +38,10 @@ from trainthrough.ps.layout import Layout
 from trainthrough.workloads.base import OptimizerSpec, Params
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.zk_membership import ZooKeeperMembership
+    from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
 
 # ZooKeeper session timeout for replicas: a SIGKILLed replica's node vanishes this
-# long after the kill (ENVIRONMENT.md measured 2 s for 2 s); detection costs it.
+# long after the kill; detection costs it.
 ZK_SESSION_SECONDS = 2.0
 # A replica's registration makes a few ZooKeeper calls, each bounded by the
 # coordinator's 5 s connect timeout.
@@ -48,31 +52,6 @@ PULL_SECONDS = 30.0
 # The tail's copy of its state into a replacement: the tail holds its lock meanwhile
 # (the newcomer must miss no push), so the tail gives up first, then the driver.
 ATTACH_SECONDS = 20.0
-
-
-@dataclass
-class Member:
-    """One actor: what it is, its handle, process, death watch and failure record."""
-
-    kind: str  # "shard" or "worker"
-    index: int  # shard id or worker id
-    name: str
-    handle: Any
-    proc: ProcessIdentity | None = None  # set once identified on this node
-    whoami: Any = None  # pending ref: (pid, node id)
-    setup: list[Any] = field(default_factory=list)  # refs to finish before it serves
-    watch: Any = None  # pending ``watch`` call: fails the moment the process dies
-    in_service: bool = False
-    killed_at: float | None = None  # when we killed it (or saw it die)
-    # What the driver recorded when it killed this member (for recovery records).
-    fail_iteration: int | None = None
-    before: Params | None = None
-    work_at_kill: tuple[float, float] | None = None
-    version_at_kill: int | None = None  # a shard's version (worker-copy's replay needs it)
-    pool_key: tuple[str, ...] = ()  # what a pooled actor of its kind needs (pool.py)
-    #: a spare started when a replacement took the previous one: when (perf_counter)
-    #: that failure struck, until this one is seen ready (:meth:`RayCluster.refilled`)
-    refill_since: float | None = None
 
 
 @dataclass
@@ -88,8 +67,8 @@ class RayCluster:
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, layout: Layout, x0: Params,
                  spec: OptimizerSpec, aggregate: str = "mean") -> None:
-        from trainthrough.engines.ray.shard_actor import ShardActor
-        from trainthrough.engines.ray.worker_actor import WorkerActor
+        from trainthrough.engines.ray.actors.shard_actor import ShardActor
+        from trainthrough.engines.ray.actors.worker_actor import WorkerActor
 
         self._shard_cls, self._worker_cls = ShardActor, WorkerActor
         self.cfg, self.strategy, self.layout, self.spec = cfg, strategy, layout, spec
@@ -99,12 +78,12 @@ class RayCluster:
         self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
         self.replicas = cfg.replicas if self.mode != "none" else 1
         # What every worker is told; a worker's own push is 1/N of a mean-aggregated step.
-        self.worker_settings = {
-            "outage": "buffer" if strategy.outage == "buffer" else "wait",
-            "merge_rule": cfg.merge_rule, "merge_threshold": cfg.merge_threshold,
-            "backlog": cfg.backlog, "read_from": "tail" if self.mode == "sync" else "head",
-            "scale": 1.0 / cfg.workers if aggregate == "mean" else 1.0,
-            "keep_copies": strategy.recovery == "worker-copy"}
+        self.worker_settings = WorkerSettings(
+            outage="buffer" if strategy.outage == "buffer" else "wait",
+            merge_rule=cfg.merge_rule, merge_threshold=cfg.merge_threshold,
+            backlog=cfg.backlog, read_from="tail" if self.mode == "sync" else "head",
+            scale=1.0 / cfg.workers if aggregate == "mean" else 1.0,
+            keep_copies=strategy.recovery == "worker-copy")
         self.members: dict[str, Member] = {}
         self.zk: Any = None
         self.membership: ZooKeeperMembership | None = None  # set by the driver once serving
@@ -119,7 +98,7 @@ class RayCluster:
             for _ in range(self.replicas):
                 self.add_replica(i, join=True)
             self._rewire(i)
-        self.spares: list[Member] = [self._new_shard_actor(0, "spare")]
+        self.spares: list[Member] = [self._new_shard_actor(0, "spare", MemberState.SPARE)]
         for w in range(cfg.workers):
             self.start_worker(w)
         # Wait until every actor answers (actor start includes importing torch).
@@ -142,7 +121,8 @@ class RayCluster:
             ray.get(reset)  # before any join: a threaded actor does not keep call order
         return RayCoordinator(name, handle=h)
 
-    def _new_shard_actor(self, shard: int, what: str) -> Member:
+    def _new_shard_actor(self, shard: int, what: str,
+                         state: MemberState = MemberState.STARTING) -> Member:
         args = (shard, self.layout.shards[shard], self.spec,
                 {n: v.clone() for n, v in self.x0_parts[shard].items()})
 
@@ -157,7 +137,7 @@ class RayCluster:
             # Waited for now: a threaded actor does not keep call order, and the chain
             # calls that follow (``set_successor``) must come after the reset.
             ray.get(reset)
-        return _armed(Member("shard", shard, name, h, pool_key=("shard",)))
+        return _armed(Member("shard", shard, name, h, state, pool_key=("shard",)))
 
     def add_replica(self, shard: int, join: bool, since: float | None = None) -> Member:
         """A replica of ``shard`` (joined to the chain now or later).
@@ -176,7 +156,8 @@ class RayCluster:
                 shard, self.layout.shards[shard],
                 {n: v.clone() for n, v in self.x0_parts[shard].items()}))
             m.index = shard
-            self.spares.append(self._new_shard_actor(0, "spare"))
+            m.transition(MemberState.STARTING)
+            self.spares.append(self._new_shard_actor(0, "spare", MemberState.SPARE))
             self.spares[-1].refill_since = time.perf_counter() if since is None else since
         self.members[m.name] = m
         if join:
@@ -192,7 +173,7 @@ class RayCluster:
         when it is, as a member."""
         out = []
         for m in list(self.members.values()) + self.spares:
-            if m.refill_since is not None and m.killed_at is None and self.ready(m):
+            if m.refill_since is not None and m.alive and self.ready(m):
                 out.append((m, time.perf_counter() - m.refill_since))
                 m.refill_since = None
         return out
@@ -200,7 +181,7 @@ class RayCluster:
     def announce(self, shard: int) -> None:
         """Tell live workers that shard ``shard`` is served by someone new."""
         for w in self.members.values():
-            if w.kind == "worker" and w.killed_at is None:
+            if w.kind == "worker" and w.alive:
                 w.handle.shard_changed.remote(shard)
 
     def _register(self, m: Member) -> None:
@@ -240,7 +221,7 @@ class RayCluster:
 
         key = ("worker", self.cfg.workload)
         name, h, reset = POOL.get(key, create, lambda n, h: h.reset.remote(*args))
-        m = _armed(Member("worker", w, name, h, pool_key=key))
+        m = _armed(Member("worker", w, name, h, MemberState.STARTING, pool_key=key))
         if reset is not None:
             m.setup.append(reset)  # it serves (``run``) only once reset: see ``ready``
         self.members[name] = m
@@ -277,7 +258,7 @@ class RayCluster:
             raise RunStalled(f"actor {m.name} did not start within {START_SECONDS:g} s "
                              "(is the Ray cluster out of memory or processes?)") from None
         self.ready(m)
-        m.in_service = True
+        m.transition(MemberState.SERVING)
 
     # -- chains -----------------------------------------------------------------
     def _rewire(self, shard: int) -> None:
@@ -323,7 +304,7 @@ class RayCluster:
         change = on_join(tuple(chain.members), m.name)
         if chain.members:
             tail = self.members[chain.members[-1]]
-            if tail.killed_at is not None:
+            if not tail.alive:
                 return False  # killed, death not seen yet: join behind its successor later
             try:
                 ray.get(tail.handle.attach_tail.remote(m.handle, self.mode, ATTACH_SECONDS),
@@ -344,7 +325,7 @@ class RayCluster:
         """Kill one of this run's actors: SIGKILL of its identified process on this node,
         else ``ray.kill`` of the actor (another node, or not identified yet)."""
         m = self.members[name]
-        m.killed_at = time.perf_counter()
+        m.transition(MemberState.KILLED)
         delivered = False
         if m.proc is not None:
             with contextlib.suppress(SignalRefused):
@@ -353,7 +334,7 @@ class RayCluster:
         if not delivered:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(m.handle, no_restart=True)
-        return m.killed_at
+        return m.down_since
 
     def pull(self) -> Params | None:
         """Current parameters from the read replicas (None if a shard has none live)."""
@@ -362,10 +343,10 @@ class RayCluster:
         if len(live) < len(readers):
             return None
         try:  # bounded: a reader that hangs is a failure, seen by its watch or ZooKeeper
-            parts = ray.get([r.pull.remote() for r in live], timeout=PULL_SECONDS)
+            parts: list[Pulled] = ray.get([r.pull.remote() for r in live], timeout=PULL_SECONDS)
         except ray.exceptions.RayError:
             return None
-        return self.layout.assemble([p[1] for p in parts])
+        return self.layout.assemble([p.params for p in parts])
 
     def shutdown(self, reuse: bool = True) -> None:
         """End the run's actors: those that ended it cleanly go back to the pool
@@ -373,7 +354,7 @@ class RayCluster:
         back: list[tuple[Hashable, str, Any, Any]] = []
         kill: list[Any] = []
         for m in list(self.members.values()) + self.spares:
-            if reuse and m.killed_at is None and m.pool_key:
+            if reuse and m.alive and m.pool_key:
                 back.append((m.pool_key, m.name, m.handle, m.handle.release.remote()))
             else:
                 kill.append(m.handle)

@@ -24,13 +24,18 @@ import ray
 import torch
 
 from trainthrough.engines.base import RunContext
-from trainthrough.engines.ray.checkpoints import RayShardSaves
-from trainthrough.engines.ray.cluster import Member, RayCluster
-from trainthrough.engines.ray.pool import POOL
+from trainthrough.engines.ray.actors.reports import Progress
+from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
+from trainthrough.engines.ray.driver import recovery
+from trainthrough.engines.ray.driver.bsp import BulkSynchronous
+from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
+from trainthrough.engines.ray.driver.cluster import RayCluster
+from trainthrough.engines.ray.driver.members import Member, OutageWork, Strike
+from trainthrough.engines.ray.driver.pool import POOL
+from trainthrough.engines.ray.driver.recovery import Measuring, Replacement
+from trainthrough.engines.ray.driver.stall import StallWatch
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
-from trainthrough.engines.ray.stall import StallWatch
-from trainthrough.engines.ray.zk_membership import ZooKeeperMembership
-from trainthrough.engines.result import Recovery, RunResult
+from trainthrough.engines.result import RunResult
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.checkpointer import Checkpointer
 from trainthrough.ps.layout import make_layout
@@ -39,12 +44,16 @@ TICK = 0.02
 
 
 class RayEngine:
-    """Runs one configuration on Ray actors."""
+    """Runs one configuration on Ray actors. Its helpers (recovery.py, bsp.py) use it
+    through :class:`~trainthrough.engines.ray.driver.interface.Driver` only."""
+
+    cluster: RayCluster  #: the run's actors (set once they are up)
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         cfg, workload = ctx.cfg, ctx.workload
-        self.cfg, self.w, self.cb, self.url = cfg, workload, ctx.callback, ctx.checkpoint_url
+        self.cfg, self.cb, self.url = cfg, ctx.callback, ctx.checkpoint_url
+        self.aggregate: str = workload.aggregate
         self.strategy = ctx.strategy
         spec = workload.default_optimizer
         if cfg.lr is not None:
@@ -58,17 +67,26 @@ class RayEngine:
         self.max_iter = ctx.limits.max_iterations
         self.every = cfg.checkpoint_every or workload.default_checkpoint_every
         self.recovery_policy = self.strategy.recovery_policy()
-        self.saves = RayShardSaves(self)
+        self.saves = RayShardSaves(self.url, self.strategy.checkpoint, cfg.checkpoint_keep,
+                                   cfg.seed, self._heads, self.emit)
         self.checkpointer = Checkpointer(
             self.strategy.checkpoint_policy(self.every, cfg.checkpoint_fraction,
-                                            cfg.checkpoint_rule), self.saves, self._emit)
+                                            cfg.checkpoint_rule), self.saves, self.emit)
         self.replayed = 0  # iterations run again after rollbacks (executed = logical + this)
         self._rewound_to: int | None = None  # set by a rollback, read by the loop
-        self._last_progress: dict[str, dict[str, Any]] = {}  # every worker's latest report
+        self._last_progress: dict[str, Progress] = {}  # every worker's latest report
         self.result = ctx.result
+        self.pending: list[Replacement] = []
+        self.measuring: list[Measuring] = []
+        self.incarnation = [0] * cfg.workers
+        self.bsp: BulkSynchronous | None = None
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: dict[str, Any]) -> None:
+        """Record an event of the run (stamped with the wall clock)."""
         self.ctx.emit(event)
+
+    def _heads(self) -> list[Any | None]:
+        return [self.cluster.head(i) for i in range(self.layout.num_shards)]
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> RunResult:
@@ -82,8 +100,8 @@ class RayEngine:
         self.ctx.start_clock()
         cluster = None
         try:  # the actors import the workload as they see it (a cluster we join: shipped)
-            cluster = RayCluster(replace(self.cfg, workload=ref), self.strategy, self.layout, self.x0, self.spec,
-                                 self.w.aggregate)
+            cluster = RayCluster(replace(self.cfg, workload=ref), self.strategy, self.layout,
+                                 self.x0, self.spec, self.aggregate)
             self.cb.before_run(self.cfg.to_dict())
             return self._loop(cluster)
         finally:
@@ -93,24 +111,18 @@ class RayEngine:
                 shutdown_ray()
 
     def _loop(self, c: RayCluster) -> RunResult:
-        self.c = c
-        self.pending: list[dict[str, Any]] = []  # replacements waiting for their down time
-        self.measuring: list[dict[str, Any]] = []  # recoveries waiting for the next update
-        self.incarnation = [0] * self.cfg.workers
+        self.cluster = c
         self.ctx.start_clock()
         if self.cfg.consistency == "bsp":
-            from trainthrough.engines.ray.bsp import BulkSynchronous
-
-            self.bsp: BulkSynchronous | None = BulkSynchronous(self, c)
+            self.bsp = BulkSynchronous(self)
             return self.bsp.run()
-        self.bsp = None
         runs = {m.name: m.handle.run.remote(self.max_iter)
                 for m in c.members.values() if m.kind == "worker"}
         iteration, done, progress = 0, False, {}
         if c.zk is not None:
-            c.membership = ZooKeeperMembership(c, self._emit)
+            c.membership = ZooKeeperMembership(c, self.emit)
         stall = StallWatch(self.cfg.recovery_delay, lambda: self.pending)
-        self._evaluate(0, {})
+        self.evaluate(0, {})
         while not done:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}
             ready, _ = ray.wait(list(watches), num_returns=len(watches), timeout=TICK)
@@ -122,9 +134,9 @@ class RayEngine:
                     # through this report if ZooKeeper stays silent).
                     c.membership.ray_death(m)
                     continue
-                self._on_death(m, iteration)
+                self.on_death(m, iteration)
             for m in c.membership.step() if c.membership is not None else []:
-                self._on_death(m, iteration)
+                self.on_death(m, iteration)
             now = self.ctx.wall()
             progress = self._progress()
             stall.check(progress, iteration)
@@ -133,29 +145,29 @@ class RayEngine:
             iteration = self._logical(progress, iteration)
             executed = iteration + self.replayed
             for e in self.schedule.due(executed, now):
-                self._strike(e, executed)
-            self._activate_due(iteration, runs)
+                self.strike(e, executed)
+            self.activate_due(iteration, runs)
             if self._rewound_to is not None:  # a rollback set every worker back
                 iteration, self._rewound_to = self._rewound_to, None
                 executed = iteration + self.replayed
-            self._measure()
+            self.measure()
             self.report_spares()
             self.checkpointer.after_iteration(iteration)
             # The driver sees the iteration at its ticks: it keeps or scores what it sees.
-            done = self.ctx.observe(executed, self.c.pull, **self._extras(progress, iteration))
+            done = self.ctx.observe(executed, self.cluster.pull, **self.extras(progress, iteration))
             self.cb.after_step(executed, now)
             done = done or executed >= self.max_iter or (
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
                 not self.pending and all(_finished(r) for r in runs.values()))
         for m in c.members.values():
-            if m.kind == "worker" and m.killed_at is None:
+            if m.kind == "worker" and m.alive:
                 m.handle.stop.remote()
         ray.wait(list(runs.values()), num_returns=len(runs), timeout=10)
         # The tick that ended the run may have come between a restored shard's first
         # update and the measurement of it (the target reached right after a recovery).
-        self._measure()
+        self.measure()
         progress = self._progress()  # after the last pushes: what workers saw acknowledged
-        return self._finish(iteration + self.replayed, progress)
+        return self.finish(iteration + self.replayed, progress)
 
     def started_training(self) -> None:
         """Record the start-up time once, when the first update is seen applied."""
@@ -163,10 +175,10 @@ class RayEngine:
             self.result.extras["startup_seconds"] = time.perf_counter() - self._t_start
             self.result.extras["process_startup_seconds"] = process_age()
 
-    def _logical(self, progress: dict[str, dict[str, Any]], previous: int) -> int:
+    def _logical(self, progress: dict[str, Progress], previous: int) -> int:
         """The logical iteration: the mean step of the workers in service."""
         live = [p["step"] for name, p in progress.items()
-                if self.c.members[name].in_service and self.c.members[name].killed_at is None]
+                if self.cluster.members[name].serving]
         return sum(live) // len(live) if live else previous
 
     def rewind(self, step: int, iteration: int) -> None:
@@ -178,16 +190,16 @@ class RayEngine:
         back = max(0, iteration - step)
         self.replayed += back
         self.result.updates_lost += back * self.cfg.workers
-        refs = [m.handle.rewind.remote(step) for m in self.c.members.values()
-                if m.kind == "worker" and m.in_service and m.killed_at is None]
+        refs = [m.handle.rewind.remote(step) for m in self.cluster.members.values()
+                if m.kind == "worker" and m.serving]
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(refs, timeout=30)
         self._rewound_to = step
 
     # -- observation ------------------------------------------------------------
-    def _progress(self) -> dict[str, dict[str, Any]]:
-        live = [m for m in self.c.members.values()
-                if m.kind == "worker" and m.in_service and m.killed_at is None]
+    def _progress(self) -> dict[str, Progress]:
+        live = [m for m in self.cluster.members.values()
+                if m.kind == "worker" and m.serving]
         out = self._last_progress
         refs = {m.name: m.handle.progress.remote() for m in live}
         for name, ref in refs.items():
@@ -196,56 +208,57 @@ class RayEngine:
         self._last_progress = out
         return out
 
-    def _evaluate(self, iteration: int, progress: dict[str, dict[str, Any]],
-                  logical: int | None = None) -> bool:
-        params = self.c.pull()
+    def evaluate(self, iteration: int, progress: dict[str, Progress],
+                 logical: int | None = None) -> bool:
+        """Score the current parameters at ``iteration``; True: the target is reached."""
+        params = self.cluster.pull()
         if params is None:
             return False  # a shard is down: nothing to score
         return self.ctx.evaluate(params, iteration,
-                                 **self._extras(progress, iteration if logical is None else logical))
+                                 **self.extras(progress, iteration if logical is None else logical))
 
     @staticmethod
-    def _extras(progress: dict[str, dict[str, Any]], logical: int) -> dict[str, Any]:
+    def extras(progress: dict[str, Progress], logical: int) -> dict[str, Any]:
         """What every evaluation records besides the metric."""
         return {"logical_iteration": logical,
                 "updates_applied": sum(p["pushes"] for p in progress.values()),
                 "idle_seconds": sum(p["idle"] for p in progress.values())}
 
     # -- failures and recovery --------------------------------------------------
-    def _strike(self, e: FailureEvent, iteration: int) -> None:
-        from trainthrough.engines.ray.recovery import victims
-
+    def strike(self, e: FailureEvent, iteration: int) -> None:
+        """Carry out a failure that fell due at executed ``iteration``: kill its
+        victims, count and record each (its :class:`~.members.Strike`)."""
         logical = self.bsp.logical if self.bsp is not None else iteration - self.replayed
         # The state the failure strikes, scored unless it was (curves show the dip).
         progress = {} if self.bsp is not None else self._last_progress
-        self.ctx.disruption(iteration, self.c.pull, **self._extras(progress, logical))
-        for name in victims(self.c, e):
-            m = self.c.members[name]
-            before = self.c.pull() if m.kind == "shard" else None
+        self.ctx.disruption(iteration, self.cluster.pull, **self.extras(progress, logical))
+        for name in recovery.victims(self.cluster, e):
+            m = self.cluster.members[name]
+            before = self.cluster.pull() if m.kind == "shard" else None
+            version = None
             if m.kind == "shard" and self.bsp is not None:
                 # Between rounds nothing changes it: the version a worker-copy replay
                 # checks its copies against (async: pushes race the kill, no replay).
-                m.version_at_kill = int(ray.get(m.handle.stats.remote(), timeout=10)["version"])
-            self.c.kill(name)
+                version = int(ray.get(m.handle.stats.remote(), timeout=10)["version"])
+            self.cluster.kill(name)
             self.result.failures += 1
-            self._emit({"type": "failure", "iteration": iteration, "kind": m.kind,
-                        "ids": [m.index], "member": name, "spec": e.spec,
-                        "in_service": m.in_service})
-            m.before = before
-            m.work_at_kill = self._work()
-            m.fail_iteration = iteration
+            self.emit({"type": "failure", "iteration": iteration, "kind": m.kind,
+                       "ids": [m.index], "member": name, "spec": e.spec,
+                       "in_service": m.in_service})
+            m.strike = Strike(iteration, before, self._work(), version)
 
-    def _on_death(self, m: Member, iteration: int) -> None:
-        from trainthrough.engines.ray.recovery import on_death
+    def on_death(self, m: Member, iteration: int) -> None:
+        """``m`` was seen dead: fail over, or start its replacement (recovery.py)."""
+        recovery.on_death(self, m, iteration)
 
-        on_death(self, m, iteration)
-
-    def _activate_due(self, iteration: int, runs: dict[str, Any]) -> None:
-        from trainthrough.engines.ray.recovery import activate
-
+    def activate_due(self, iteration: int, runs: dict[str, Any]) -> None:
+        """Put in service each pending replacement that is ready and whose down time
+        is over (``runs``: the asynchronous workers' ``run`` refs). A replacement
+        killed before it served is not: its death, seen next, starts another."""
         now = time.perf_counter()
-        for p in [p for p in self.pending if p["at"] <= now and self.c.ready(p["member"])]:
-            if activate(self, p, iteration, runs):
+        for p in [p for p in self.pending
+                  if p.at <= now and p.member.alive and self.cluster.ready(p.member)]:
+            if recovery.activate(self, p, iteration, runs):
                 self.pending.remove(p)
                 # A recovery ended: the next iterations are evaluated too.
                 self.ctx.disruption(self.bsp.executed if self.bsp is not None
@@ -254,44 +267,45 @@ class RayEngine:
     def report_spares(self) -> None:
         """An event for each spare started after a failure that is now ready: how long a
         failure soon after that one would wait for its replacement (advise's model)."""
-        for m, seconds in self.c.refilled():
-            self._emit({"type": "spare-ready", "member": m.name,
-                        "after_failure": round(seconds, 4)})
+        for m, seconds in self.cluster.refilled():
+            self.emit({"type": "spare-ready", "member": m.name,
+                       "after_failure": round(seconds, 4)})
 
-    def _measure(self) -> None:
-        """Close recoveries: the time from the kill to the next update applied."""
+    def measure(self) -> None:
+        """Close the recoveries whose shard has applied an update since: their recovery
+        seconds run from the kill to that update."""
         for r in list(self.measuring):
             try:
-                version = ray.get(r["handle"].stats.remote(), timeout=2)["version"]
+                version = ray.get(r.handle.stats.remote(), timeout=2)["version"]
             except ray.exceptions.RayError:
                 continue
-            if version > r["version"]:
+            if version > r.version:
                 self.measuring.remove(r)
-                rec: Recovery = r["record"]
-                rec.recovery_seconds = time.perf_counter() - r["kill_time"]
+                rec = r.record
+                rec.recovery_seconds = time.perf_counter() - r.kill_time
                 self.result.recoveries.append(rec)
-                busy = self._busy_share(r.get("work_at_kill"))
+                busy = self._busy_share(r.work_at_kill)
                 self.result.extras.setdefault("busy_during_outage", []).append(busy)
-                self._emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
+                self.emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
 
-    def _work(self) -> tuple[float, float]:
-        """Workers' (compute seconds, seconds) spent with a shard unreachable, so far."""
+    def _work(self) -> OutageWork:
+        """The workers' outage work so far."""
         ps = self._progress().values()
-        return (sum(p.get("outage_busy", 0.0) for p in ps),
-                sum(p.get("outage", 0.0) for p in ps))
+        return OutageWork(sum(p.get("outage_busy", 0.0) for p in ps),
+                          sum(p.get("outage", 0.0) for p in ps))
 
-    def _busy_share(self, at_kill: tuple[float, float] | None) -> float | None:
+    def _busy_share(self, at_kill: OutageWork | None) -> float | None:
         """Share of the workers' outage they spent computing (stateless: ~1; waiting
         strategies: 0). The outage is each worker's own: from its first failed call to
         a shard until every shard answers it again, so the normal round trips after the
         recovery (a small model's steps are mostly communication) do not count."""
         if at_kill is None:
             return None
-        busy, total = self._work()
-        spent = total - at_kill[1]
-        return (busy - at_kill[0]) / spent if spent > 0 else None
+        now = self._work()
+        spent = now.total - at_kill.total
+        return (now.busy - at_kill.busy) / spent if spent > 0 else None
 
-    def _acknowledged_lost(self, progress: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _acknowledged_lost(self, progress: dict[str, Progress]) -> list[dict[str, Any]]:
         """(shard, worker) pairs whose last acknowledged push a serving replica lacks.
 
         Each worker reports the highest sequence number each shard acknowledged; each
@@ -302,14 +316,14 @@ class RayEngine:
         """
         acked: dict[tuple[int, int], int] = {}
         for name, p in progress.items():
-            w = self.c.members[name].index
+            w = self.cluster.members[name].index
             for shard, seq in p.get("acked", {}).items():
                 acked[(int(shard), w)] = max(acked.get((int(shard), w), -1), int(seq))
         lost = []
         for i in range(self.layout.num_shards):
-            for name in self.c.chains[i].members:
+            for name in self.cluster.chains[i].members:
                 try:
-                    applied = ray.get(self.c.members[name].handle.stats.remote(),
+                    applied = ray.get(self.cluster.members[name].handle.stats.remote(),
                                       timeout=10)["applied"]
                 except ray.exceptions.RayError:
                     continue
@@ -318,7 +332,8 @@ class RayEngine:
                          for (s, w), q in acked.items() if s == i and applied.get(w, -1) < q]
         return lost
 
-    def _finish(self, iteration: int, progress: dict[str, dict[str, Any]]) -> RunResult:
+    def finish(self, iteration: int, progress: dict[str, Progress]) -> RunResult:
+        """The run's result at its end (``iteration`` executed)."""
         r = self.result
         r.iterations = iteration
         ck = self.checkpointer

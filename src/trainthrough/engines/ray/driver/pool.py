@@ -1,8 +1,7 @@
 """Warm actors kept between the runs of one driver process (suites, benchmarks, tests).
 
-Starting an actor means starting Python and importing torch: 1-3 s each on this
-2-core machine, and a run needs 6-10 of them (about 6 s before the first update,
-12 s on a loaded machine). Runs that follow each other on one Ray session take
+Starting an actor means starting Python and importing torch, seconds each, and a run
+needs 6-10 of them. Runs that follow each other on one Ray session take
 their actors from this pool instead and start training in a fraction of a second.
 
 Reuse never carries state over: a pooled actor serves again only through its
@@ -33,7 +32,7 @@ from typing import Any
 
 import ray
 
-from trainthrough.engines.ray import warm
+from trainthrough.engines.ray.driver import warm
 
 # Idle actors kept per key (a chain run needs 3 replicas and a spare, a TTF run 4
 # workers): more would only hold memory (200-480 MiB per torch actor).

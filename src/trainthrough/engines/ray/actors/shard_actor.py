@@ -4,7 +4,7 @@ The actor is a thin host around :class:`trainthrough.ps.shard.Shard`: the same
 update, dedup and state code as every engine. What it adds is process-level:
 its pid (failures are real SIGKILLs), a ``watch`` call that only returns when the
 process dies (Ray's death notification, without polling), and chain replication
-(:mod:`~trainthrough.engines.ray.chain_link`): each applied push is forwarded to the
+(:mod:`~trainthrough.engines.ray.chain.chain_link`): each applied push is forwarded to the
 successor at once, pipelined, in chain-position order; synchronously (acknowledged
 once the tail has it) or asynchronously (at most ``max_lag`` pushes ahead).
 
@@ -22,10 +22,17 @@ from typing import Any
 import ray
 import torch
 
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.chain_link import ChainLink, Replica
-from trainthrough.engines.ray.link_socket import Address, Listener
-from trainthrough.engines.ray.persister import Persister, not_written
+from trainthrough.engines.ray.actors.persister import Persister, not_written
+from trainthrough.engines.ray.actors.reports import (
+    CheckpointStats,
+    Pulled,
+    RestoreInfo,
+    SaveInfo,
+    ShardStats,
+)
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.chain_link import ChainLink, Replica
+from trainthrough.engines.ray.chain.link_socket import Address, Listener
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint
 from trainthrough.ft.worker_copy import recover_from_replies
@@ -52,7 +59,7 @@ class ShardActor:
     def reset(self, shard_id: int, blocks: tuple[RowBlock, ...], spec: OptimizerSpec,
               values: Tensors, name: str, max_lag: int = 64) -> None:
         """Everything a run keeps, built fresh: what the constructor does, so a pooled
-        actor (engines/ray/pool.py) starts a run as a new one would."""
+        actor (engines/ray/driver/pool.py) starts a run as a new one would."""
         self.name = name
         self.shard = Shard(shard_id, blocks, spec, values)
         # A condition, so chain pushes can wait for their turn or their acknowledgement
@@ -136,14 +143,15 @@ class ShardActor:
         self._dead.wait()
 
     # -- data path --------------------------------------------------------------
-    def pull(self) -> tuple[int, Tensors]:
+    def pull(self) -> Pulled:
         with self.lock:
-            return self.shard.version, {n: v.clone() for n, v in self.shard.values.items()}
+            return Pulled(self.shard.version,
+                          {n: v.clone() for n, v in self.shard.values.items()})
 
     def push(self, worker: int, seq: int, update: Tensors, scale: float = 1.0) -> int:
         """Apply a worker's push once and replicate it; returns the version.
 
-        Chains (:class:`~trainthrough.engines.ray.chain_link.ChainLink`): the push is
+        Chains (:class:`~trainthrough.engines.ray.chain.chain_link.ChainLink`): the push is
         forwarded at once, pipelined behind the pushes still in flight. Sync: returns
         once the tail has it, so an acknowledged push is on every live replica; a
         duplicate (re-delivered or retried) push is not applied again and returns once
@@ -154,7 +162,7 @@ class ShardActor:
             if self.link.mode == "none":  # no chain: nothing to order or forward
                 self.shard.apply_once(worker, seq, update, scale)
             else:
-                self.link.from_worker((worker, seq, update, scale))
+                self.link.from_worker(wire.Item(worker, seq, update, scale))
             return self.shard.version
 
     def chain_address(self) -> Address:
@@ -181,7 +189,7 @@ class ShardActor:
         with self.lock:
             self.link.from_predecessor(gen, first, items)
 
-    def chain_state(self, gen: int, pos: int, state: dict[str, Any]) -> None:
+    def chain_state(self, gen: int, pos: int, state: Tensors) -> None:
         """The predecessor's whole state at chain position ``pos`` (it holds every push
         up to there), by Ray call: a state a frame cannot carry."""
         with self.lock:
@@ -256,7 +264,7 @@ class ShardActor:
         return self._saver
 
     def checkpoint(self, url: str, keep: int, seed: int, decision: CheckpointDecision,
-                   iteration: int) -> dict[str, Any]:
+                   iteration: int) -> SaveInfo:
         """Save this shard as ``decision`` says (full, or a prioritized fraction).
 
         One path for both modes: snapshot under the shard's lock, then write. Sync: the
@@ -266,47 +274,44 @@ class ShardActor:
         runs is skipped (``skipped``), never queued and never run alongside it.
 
         Returns:
-            ``bytes`` written (sync; async: the payload), ``payload`` bytes, ``blocked``
-            seconds, the checkpoint ``name`` (None: nothing saved), ``skipped``;
-            ``error`` if this save (sync) or the previous background one failed.
+            What was saved (:class:`~.reports.SaveInfo`); ``error`` if this save (sync)
+            or the previous background one failed.
         """
         t0 = time.perf_counter()
         with self._ckpt_lock:
             error = self._persister.take_error()
-            out: dict[str, Any] = {"error": error} if error else {}
-            none = {"bytes": 0, "payload": 0, "blocked": 0.0, "name": None, "skipped": False}
             if decision.asynchronous and self._persister.busy():
                 self._persister.skip()
-                return {**none, "skipped": True, **out}
+                return _saved(error, skipped=True)
             self._persister.wait()  # sync after async (a restore's strategy): one at a time
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 plan = saver.plan(decision, iteration)
                 if plan is None:
-                    return {**none, **out}
+                    return _saved(error)
                 name: str | None = f"{plan.tag}-{plan.step:08d}"
                 what = f"checkpoint {plan.tag} step {plan.step}"
                 if not decision.asynchronous:
                     try:
                         nbytes = self._persister.run(lambda: saver.write(plan)).nbytes
                     except Exception as e:
-                        nbytes, name = 0, None
-                        out = {"error": not_written(what, e)}
-                    return {**none, "bytes": nbytes, "payload": plan.payload_bytes,
-                            "name": name, "blocked": time.perf_counter() - t0, **out}
+                        nbytes, name, error = 0, None, not_written(what, e)
+                    return _saved(error, nbytes, plan.payload_bytes,
+                                  time.perf_counter() - t0, name)
             blocked = time.perf_counter() - t0
             self._persister.start(lambda: saver.write(plan), what)
-        return {**none, "bytes": plan.payload_bytes, "payload": plan.payload_bytes,
-                "name": name, "blocked": blocked, **out}
+        return _saved(error, plan.payload_bytes, plan.payload_bytes, blocked, name)
 
-    def checkpoint_stats(self) -> dict[str, Any]:
+    def checkpoint_stats(self) -> CheckpointStats:
         """Writes done, saves skipped (a write was still running), seconds writing, and
         the store's split of the last write (durable write, prune)."""
-        last = self._saver.store.last_timing if self._saver is not None else (0.0, 0.0)
-        return {**self._persister.stats(), "last_write": last[0], "last_prune": last[1]}
+        write, prune = self._saver.store.last_timing if self._saver is not None else (0.0, 0.0)
+        done = self._persister.stats()
+        return CheckpointStats(writes=done["writes"], skipped=done["skipped"],
+                               seconds=done["seconds"], last_write=write, last_prune=prune)
 
     def restore(self, url: str, keep: int, seed: int,
-                at_most: int | None = None) -> dict[str, Any]:
+                at_most: int | None = None) -> RestoreInfo:
         """Load this shard's freshest valid save (after its own persist in flight).
 
         Returns:
@@ -318,13 +323,15 @@ class ShardActor:
         with self._ckpt_lock:
             self._persister.wait()
             error = self._persister.take_error()
-            out = {"error": error} if error else {}
             saver = self._checkpoints(url, keep, seed)
             with self.lock:
                 step = saver.restore(skipped.append, at_most=at_most)
                 # Rounds after the restored step are undone: replayed, they must apply.
                 self._rounds = {r for r in self._rounds if step is not None and r < step}
-        return {"step": step, "skipped": skipped, **out}
+        info = RestoreInfo(step=step, skipped=skipped)
+        if error:
+            info["error"] = error
+        return info
 
     def recover_from_workers(self, from_checkpoint: bool, lost_version: int | None,
                              round_size: int, divide_by: int, asked: int,
@@ -338,13 +345,21 @@ class ShardActor:
                                         from_checkpoint, lost_version, round_size, divide_by,
                                         asked)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ShardStats:
         with self.lock:
-            return {"name": self.name, "version": self.shard.version,
-                    "forwarded": self.link.forwarded, "sent_states": self.link.sent_states,
-                    "socket_sends": self.link.forwarder.socket_sends,
-                    "lag": self.link.lag,
-                    "position": self.link.pos, "applied": dict(self.shard.applied)}
+            return ShardStats(name=self.name, version=self.shard.version,
+                              forwarded=self.link.forwarded, sent_states=self.link.sent_states,
+                              socket_sends=self.link.forwarder.socket_sends,
+                              lag=self.link.lag, position=self.link.pos,
+                              applied=dict(self.shard.applied))
+
+
+def _saved(error: str | None, nbytes: int = 0, payload: int = 0, blocked: float = 0.0,
+           name: str | None = None, skipped: bool = False) -> SaveInfo:
+    info = SaveInfo(bytes=nbytes, payload=payload, blocked=blocked, name=name, skipped=skipped)
+    if error:
+        info["error"] = error
+    return info
 
 
 class _ShardReplica(Replica):

@@ -19,18 +19,32 @@ successor), and closed when the link changes (:meth:`Forwarder.drop`).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
+import torch
 
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.link_socket import Address, Channel
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.link_socket import Address, Channel
 
 # How long a forward's reply may take: the successor may wait ``REORDER_SECONDS`` for
 # a position and ``ACK_SECONDS`` for its own successor (chain_link), and more.
 REPLY_SECONDS = 60.0
 # How long the successor's address may take to come (one Ray call to a live actor).
 ADDRESS_SECONDS = 10.0
+
+
+class Forward(NamedTuple):
+    """One forward to a successor, as its chain link takes it (under the link's lock);
+    its fields are :meth:`Forwarder.send`'s arguments, in order."""
+
+    successor: Any  #: the successor's actor handle
+    epoch: int  #: the link epoch it was taken in (a rewire starts a new one)
+    gen: int  #: the generation of the head that ordered its pushes
+    first: int  #: the chain position of the first push
+    last: int  #: the chain position of the last push, or of the state
+    items: list[wire.Item]  #: the pushes at ``first``..``last`` (unsent if ``state``)
+    state: dict[str, torch.Tensor] | None  #: the whole state at ``last``, or None
 
 
 class SuccessorDied(RuntimeError):
@@ -64,9 +78,10 @@ class Forwarder:
         self.socket_sends = 0  # forwards that went over the socket (the rest by Ray call)
 
     def send(self, succ: Any, epoch: int, gen: int, first: int, last: int,
-             items: list[wire.Item], state: dict[str, Any] | None) -> Pending:
+             items: list[wire.Item], state: dict[str, torch.Tensor] | None) -> Pending:
         """Send pushes at positions ``first``..``last`` (``state`` None) or ``state`` at
-        ``last``; never raises (a failure is the returned Pending's)."""
+        ``last`` (a :class:`Forward`, unpacked); never raises (a failure is the returned
+        Pending's)."""
         header, tensors = (wire.frame_items(gen, first, items) if state is None
                            else wire.frame_state(gen, last, state))
         if not wire.framable(tensors):
@@ -84,7 +99,7 @@ class Forwarder:
         return Pending(chan.reply)
 
     def _by_ray(self, succ: Any, gen: int, first: int, last: int, items: list[wire.Item],
-                state: dict[str, Any] | None) -> Pending:
+                state: dict[str, torch.Tensor] | None) -> Pending:
         # Only tensors a frame cannot carry come here, pickled by Ray as they are.
         ref = (succ.chain_state.remote(gen, last, state) if state is not None
                else succ.chain_push.remote(gen, first, items))
@@ -94,12 +109,10 @@ class Forwarder:
         with self._guard:
             if self._chan is not None and self._chan_epoch == epoch:
                 return self._chan
-        known = self._addresses.get(id(succ))
-        if known is None or known[0] is not succ:
+        known, address = self._addresses.get(id(succ), (None, None))
+        if known is not succ or address is None:
             address = ray.get(succ.chain_address.remote(), timeout=ADDRESS_SECONDS)
             self._addresses = {id(succ): (succ, address)}  # only the current successor
-        else:
-            address = known[1]
         chan = Channel(address, REPLY_SECONDS)
         with self._guard:
             old, self._chan, self._chan_epoch = self._chan, chan, epoch

@@ -1,12 +1,11 @@
 """A chain link's data plane: one TCP connection from a replica to its successor.
 
-Why not a Ray actor call per forward: measured on the 2-core machine, a Ray call costs
-each side ~0.55 ms of CPU (plus ~0.1 ms per 64 KiB argument), and a synchronous group
-takes two of them down a chain of three, where applying a push takes ~0.1 ms. A frame
-on a connection that stays open costs a ``sendmsg`` and a ``recv_into``.
+Why not a Ray actor call per forward: a Ray call costs each side several times the CPU
+of applying a push, and a replicated chain is bound by CPU; a frame on a connection that
+stays open costs a ``sendmsg`` and a ``recv_into``.
 
 The format is not pickle: a fixed header (magic, JSON length, payload length), a JSON
-header (:func:`~trainthrough.engines.ray.wire.describe`) and the tensors' raw bytes;
+header (:func:`~trainthrough.engines.ray.chain.wire.describe`) and the tensors' raw bytes;
 the reply is a status byte and a message. Nothing received is ever unpickled or
 evaluated: a frame becomes tensors of a few dtypes or is dropped with the connection.
 

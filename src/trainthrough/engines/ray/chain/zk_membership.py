@@ -2,14 +2,12 @@
 
 A replica's ephemeral znode vanishing means its ZooKeeper session ended: the process
 died (what detection is for), or the session expired while the process lived on (the
-server, or the whole loaded machine, paused longer than the session timeout). Taking
-the second for a death was the bug behind a chain-sync run that never ended: one pause
-of the server expired every replica's session at once, every shard was declared lost
-(restarted from initial values, acknowledged updates gone), the live replicas kept
-running outside every chain, and replacements then failed to register against the
-same flapping server; a lost notification (the driver's own session expired with it)
-left the driver waiting for ZooKeeper forever, since Ray's own death report of a
-serving replica was ignored. So:
+server, or the whole loaded machine, paused longer than the session timeout). The
+second is no death: one pause of the server can expire every replica's session at
+once, and taking that for deaths would restart every shard from its initial values
+(acknowledged updates gone) while the live replicas ran on outside every chain. And a
+notification can be lost (the driver's own session expired with it), so ZooKeeper's
+silence must not leave a death unhandled. So:
 
 * a serving replica missing from ZooKeeper's list (its znode vanished, or it expired
   before the driver's watch began) is a suspect. Ray already reported the process
@@ -39,7 +37,8 @@ from trainthrough.coord.base import CoordinatorError
 from trainthrough.errors import RunStalled
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.cluster import Member, RayCluster
+    from trainthrough.engines.ray.driver.cluster import RayCluster
+    from trainthrough.engines.ray.driver.members import Member
 
 PING_SECONDS = 2.0
 GRACE_SECONDS = 6.0  # 3x the replicas' session timeout (cluster.ZK_SESSION_SECONDS)
@@ -121,7 +120,7 @@ class ZooKeeperMembership:
                 if (m is None or name in listed or name in self._joining
                         or name in self._rejoin_at):
                     continue
-                if name in self._ray_dead or m.killed_at is not None:
+                if name in self._ray_dead or not m.alive:
                     self._ray_dead.pop(name, None)
                     dead.append(m)
                 else:
@@ -190,7 +189,7 @@ class ZooKeeperMembership:
                 self._rejoin_at[name] = now + RETRY_SECONDS
         for name, at in list(self._rejoin_at.items()):
             m = self.c.members.get(name)
-            if m is None or m.killed_at is not None:
+            if m is None or not m.alive:
                 del self._rejoin_at[name]
             elif at <= now and name not in self._joining:
                 del self._rejoin_at[name]

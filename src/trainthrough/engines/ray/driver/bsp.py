@@ -22,28 +22,29 @@ from trainthrough.engines.result import RunResult
 from trainthrough.ps.round import bsp_round
 
 if TYPE_CHECKING:
-    from trainthrough.engines.ray.cluster import RayCluster
-    from trainthrough.engines.ray.engine import RayEngine
+    from trainthrough.engines.ray.driver.interface import Driver
 
 TICK = 0.02
 
 
 class BulkSynchronous:
-    """The round loop; ``logical`` is the next round's step (a rollback rewinds it)."""
+    """The round loop; ``logical`` is the next round's step (a rollback rewinds it),
+    ``executed`` counts the rounds run (replays included). It drives the engine's run
+    through the :class:`~.interface.Driver` protocol."""
 
-    def __init__(self, eng: RayEngine, c: RayCluster) -> None:
-        self.eng, self.c = eng, c
+    def __init__(self, eng: Driver) -> None:
+        self.eng, self.c = eng, eng.cluster
         self.logical = self.executed = 0
         self.rounds_applied = 0
 
     def run(self) -> RunResult:
         eng, cfg = self.eng, self.eng.cfg
-        done = eng._evaluate(0, {}, 0)
+        done = eng.evaluate(0, {}, 0)
         while not done and self.executed < eng.max_iter:
             if cfg.wall_limit is not None and eng.ctx.wall() >= cfg.wall_limit:
                 break
             for e in eng.schedule.due(self.executed, eng.ctx.wall()):
-                eng._strike(e, self.executed)
+                eng.strike(e, self.executed)
             self._settle()
             if not self._round():
                 continue  # someone died during the round: recover, then run it again
@@ -51,13 +52,13 @@ class BulkSynchronous:
             self.logical += 1
             self.executed += 1
             eng.checkpointer.after_iteration(self.logical)
-            eng._measure()
+            eng.measure()
             eng.report_spares()
-            eng.cb.after_step(self.executed, eng.ctx.wall())
-            done = eng.ctx.observe(self.executed, eng.c.pull, **eng._extras({}, self.logical))
+            eng.ctx.callback.after_step(self.executed, eng.ctx.wall())
+            done = eng.ctx.observe(self.executed, self.c.pull, **eng.extras({}, self.logical))
         if not done and not eng.ctx.evaluated(self.executed):
-            eng._evaluate(self.executed, {}, self.logical)
-        result = eng._finish(self.executed, {})
+            eng.evaluate(self.executed, {}, self.logical)
+        result = eng.finish(self.executed, {})
         result.updates_applied = self.rounds_applied * cfg.workers
         return result
 
@@ -73,7 +74,7 @@ class BulkSynchronous:
         A ``phase=recovery`` failure strikes meanwhile; any other failure that falls
         due now strikes once the recovery is over, at the next round's start, together
         with every other one held back, and those recover side by side: this mode
-        claims ``batched_recovery`` (engines/ray/__init__.py)."""
+        claims ``batched_recovery`` (the ray package's CAPABILITIES)."""
         eng, c = self.eng, self.c
         while True:
             watches = {m.watch: m for m in c.members.values() if m.watch is not None}
@@ -81,11 +82,11 @@ class BulkSynchronous:
             for ref in ready:
                 m = watches[ref]
                 m.watch = None
-                eng._on_death(m, self.executed)
+                eng.on_death(m, self.executed)
             if eng.pending:
                 for e in eng.schedule.due(self.executed, eng.ctx.wall(), phase="recovery"):
-                    eng._strike(e, self.executed)
-            eng._activate_due(self.logical, {})
+                    eng.strike(e, self.executed)
+            eng.activate_due(self.logical, {})
             eng.report_spares()
             if not eng.pending and not ready and self._whole():
                 return
@@ -95,10 +96,9 @@ class BulkSynchronous:
     def _whole(self) -> bool:
         c = self.c
         shards = all(c.chains[i].members and all(
-            c.members[n].killed_at is None for n in c.chains[i].members)
+            c.members[n].alive for n in c.chains[i].members)
             for i in range(self.eng.layout.num_shards))
-        workers = [m for m in c.members.values() if m.kind == "worker" and m.in_service
-                   and m.killed_at is None]
+        workers = [m for m in c.members.values() if m.kind == "worker" and m.serving]
         return bool(shards) and len(workers) == self.eng.cfg.workers
 
     def _round(self) -> bool:
@@ -107,7 +107,7 @@ class BulkSynchronous:
                        if (h := self.c.head(i)) is not None]
         if len(self._heads) < self.eng.layout.num_shards:
             return False  # a shard lost every replica meanwhile: settle again
-        applied = bsp_round(self, self.logical, self.eng.w.aggregate)
+        applied = bsp_round(self, self.logical, self.eng.aggregate)
         if applied is None:
             return False
         self.rounds_applied += 1
@@ -118,8 +118,8 @@ class BulkSynchronous:
         return [h.pull.remote() for h in self._heads]
 
     def compute(self, step: int, params: list[Any]) -> list[list[Any]]:
-        workers = sorted((m for m in self.c.members.values() if m.kind == "worker"
-                          and m.in_service and m.killed_at is None), key=lambda m: m.index)
+        workers = sorted((m for m in self.c.members.values() if m.kind == "worker" and m.serving),
+                         key=lambda m: m.index)
         n = len(self._heads)
         parts = [w.handle.compute_round.options(num_returns=n).remote(step, *params)
                  for w in workers]

@@ -7,9 +7,9 @@ on each link, and what is applied meanwhile goes in the next call (a send costs
 more CPU than applying a push, and the CPU is what a replicated chain runs out of);
 an asynchronous link also lingers for a fuller group.
 
-How a forward travels (:mod:`~trainthrough.engines.ray.forward`): over one TCP
-connection per link, a non-pickle frame (:mod:`~trainthrough.engines.ray.link_socket`),
-not a Ray actor call (~0.55 ms of CPU on each side). Who sends: on an asynchronous link
+How a forward travels (:mod:`~trainthrough.engines.ray.chain.forward`): over one TCP
+connection per link, a non-pickle frame (:mod:`~trainthrough.engines.ray.chain.link_socket`),
+not a Ray actor call (link_socket says why). Who sends: on an asynchronous link
 the link's sender thread, and its collector thread takes the replies; on a synchronous
 one a thread that waits for the tail anyway (a push, or in the middle the forward's own
 thread) sends the group and takes the reply itself (see :meth:`ChainLink._await_durable`).
@@ -18,10 +18,8 @@ What a forward carries (group commit). Either the pushes applied since the last
 forward, at positions ``first``, ``first + 1``, ... (the successor applies them), or
 the replica's whole *state* at position ``pos`` (parameters, optimizer state, version,
 dedup table: the successor takes it, which holds every push up to ``pos``), whichever
-is fewer bytes. Measured (cnn with Adam, 2 cores): a Ray call's CPU grows by ~0.1 ms
-per side for every 64 KiB it carries, so a group of more than three pushes costs less
-as the state (Adam's state is three times the parameters), and a replica that takes a
-state applies nothing. A successor applies pushes in position order (a threaded Ray
+is fewer bytes: a forward's cost grows with its bytes, and a replica that takes a state
+applies nothing. A successor applies pushes in position order (a threaded Ray
 actor may start calls in any order, so a forward that arrives early waits for its
 turn); a state at a position it already has is only acknowledged.
 
@@ -53,12 +51,11 @@ from typing import Any
 
 import torch
 
-from trainthrough.engines.ray import wire
-from trainthrough.engines.ray.forward import Forwarder, Pending, SuccessorDied
+from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.forward import Forward, Forwarder, Pending, SuccessorDied
 
 Item = wire.Item
 Tensors = dict[str, torch.Tensor]
-Apply = Callable[[int, int, Any, float], bool]  # True: applied (not a duplicate)
 # A forward waits this long for the positions before it (its sender died otherwise).
 REORDER_SECONDS = 5.0
 # A synchronous push waits this long for the tail (a dead replica is rewired in ms).
@@ -166,7 +163,7 @@ class ChainLink:
         if not self.head:  # first worker push: this replica leads the chain now
             self.head, self.gen = True, self.gen + 1
             self.cond.notify_all()  # forwards waiting from the replaced head give up
-        self._workers.add(item[0])
+        self._workers.add(item.worker)
         if self.mode == "async":
             self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
         with self._sync_waiter() as sync:
@@ -273,14 +270,13 @@ class ChainLink:
             pending = self.forwarder.send(*job)
             with self.cond:
                 # A rewire meanwhile sends the state again: this call's outcome is moot.
-                if job[1] == self._epoch:
-                    self._sent.append((job[4], pending, job[1]))
+                if job.epoch == self._epoch:
+                    self._sent.append((job.last, pending, job.epoch))
                     self._ack_cv.notify()
 
-    def _take(self) -> tuple[Any, int, int, int, int, list[Item], Tensors | None]:
-        """What the next forward carries (under the lock): successor, link epoch,
-        generation, first and last position, the pushes, or the state (copied here,
-        under the lock, so it matches the last position)."""
+    def _take(self) -> Forward:
+        """What the next forward carries (under the lock): the pushes, or the state
+        (copied here, under the lock, so it matches the last position)."""
         last = self.pos
         first = last - len(self._out) + 1
         state: Tensors | None = None
@@ -297,7 +293,7 @@ class ChainLink:
         items = self._out
         self._out, self._out_bytes, self._whole = [], 0, False
         self._calls += 1
-        return self.successor, self._epoch, self.gen, first, last, items, state
+        return Forward(self.successor, self._epoch, self.gen, first, last, items, state)
 
     def _linger(self) -> float:
         """Seconds the sender still waits for more pushes before sending (0: now)."""
@@ -375,16 +371,15 @@ class ChainLink:
                 error = self._transmit(job)
             finally:
                 self.cond.acquire()
-            failed = error is not None and job[1] == self._epoch  # else moot: sent again
-            retry = self._settle(job[4], job[1], error)
+            failed = error is not None and job.epoch == self._epoch  # else moot: sent again
+            retry = self._settle(job.last, job.epoch, error)
         finally:
             self._driving = False
         if retry:
-            self._pause_and_reconnect(job[1])
+            self._pause_and_reconnect(job.epoch)
         return not failed
 
-    def _transmit(self, job: tuple[Any, int, int, int, int, list[Item], Tensors | None]
-                  ) -> Exception | None:
+    def _transmit(self, job: Forward) -> Exception | None:
         """Send one forward and wait for its reply (without the lock)."""
         try:
             self.forwarder.send(*job).result()

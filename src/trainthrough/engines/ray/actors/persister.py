@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainthrough.engines.ray.actors.reports import WriteStats
 from trainthrough.errors import CheckpointWriteFailed
 
 Write = Callable[[], Any]
@@ -89,9 +90,9 @@ class Persister:
             error, self._error = self._error, None
             return error
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> WriteStats:
         with self._cond:
-            return {"writes": self.writes, "skipped": self.skipped, "seconds": self.seconds}
+            return WriteStats(writes=self.writes, skipped=self.skipped, seconds=self.seconds)
 
     def _loop(self) -> None:
         while True:

@@ -1,6 +1,6 @@
 """How forwards travel between chain replicas (pushes, or a whole state).
 
-Over a link's socket (:mod:`~trainthrough.engines.ray.link_socket`, the usual path) a
+Over a link's socket (:mod:`~trainthrough.engines.ray.chain.link_socket`, the usual path) a
 forward is a JSON header naming every tensor (name, dtype, shape) followed by the
 tensors' raw bytes: :func:`frame_items`, :func:`frame_state` and
 :func:`from_frame`. Never pickle: a frame can only ever become tensors of the dtypes
@@ -14,16 +14,24 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 
-Item = tuple[int, int, Any, float]  # worker, sequence number, update, scale
+
+class Item(NamedTuple):
+    """One worker's push, as a chain applies and forwards it."""
+
+    worker: int
+    seq: int  #: the worker's sequence number (the shard's dedup key)
+    update: dict[str, torch.Tensor]  #: the shard's slice of the update
+    scale: float  #: applied as ``update * scale``
 
 
 def nbytes(item: Item) -> int:
-    return sum(t.numel() * t.element_size() for t in item[2].values())
+    """The bytes of a push's tensors."""
+    return sum(t.numel() * t.element_size() for t in item.update.values())
 
 
 def state_nbytes(state: dict[str, torch.Tensor]) -> int:
@@ -112,7 +120,7 @@ def from_frame(header: dict[str, Any], payload: np.ndarray) -> tuple[str, int, i
     for worker, seq, scale, names in header["items"]:
         update = {str(n): tensors[at + k] for k, n in enumerate(names)}
         at += len(names)
-        items.append((int(worker), int(seq), update, float(scale)))
+        items.append(Item(int(worker), int(seq), update, float(scale)))
     if at != len(tensors):
         raise ValueError("items and tensors differ in number")
     return op, gen, pos, items

@@ -9,7 +9,8 @@ other failure. Each actor runs ``rank_main`` with its spec as JSON (a workload's
 or a user's loop imported by reference): nothing is pickled but Ray's own call.
 
 On a cluster it joined (``--ray-address``), a user's file travels with the actors
-(Ray's ``working_dir``, :func:`~.runtime.shipped`). Collectives are gloo over TCP on CPU. The controller's store listens on 127.0.0.1
+(Ray's ``working_dir``, :func:`~trainthrough.engines.ray.runtime.shipped`).
+Collectives are gloo over TCP on CPU. The controller's store listens on 127.0.0.1
 (rank processes on other machines cannot reach it): this engine joins clusters whose
 nodes share this host, such as ``ray start`` nodes started here.
 """
