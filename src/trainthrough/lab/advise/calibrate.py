@@ -24,7 +24,7 @@
    lone one), priced by the model for failures an MTBF apart. The second
    failure stops the steps, so that spare starts on idle cores; the runs of step 3
    also record when the spare started after their failure was ready with the steps
-   running beside it, as on a trace (engines/ray/cluster.py ``refilled``): how late a
+   running beside it, as on a trace (engines/ray/driver/cluster.py ``refilled``): how late a
    failure may still find it starting (wall.refill_delay).
 
 A failure run has its failure-free run's seed, so rework is the failure's alone; with

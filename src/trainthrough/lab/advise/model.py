@@ -130,7 +130,7 @@ def outage(recovery: float, mtbf: float, overlap: str = "queue") -> float:
     recovery, ``R``, also one striking during another's.
 
     ``batch`` (Ray's bulk-synchronous rounds): a failure due during a recovery is held
-    back to its end (engines/ray/bsp.py ``_settle``), and all held back then strike
+    back to its end (engines/ray/driver/bsp.py ``_settle``), and all held back then strike
     together and recover side by side, in one recovery more, during which the next
     batch gathers. A failure striking a running engine so starts an outage of
     ``R (1 + p + p^2 + ...) = R exp(R/M)`` (``p = 1 - exp(-R/M)``: one falls due during a
@@ -139,7 +139,7 @@ def outage(recovery: float, mtbf: float, overlap: str = "queue") -> float:
     measured traces).
 
     ``parallel`` (Ray's asynchronous runs: every death starts its own replacement at
-    once, engines/ray/recovery.py): the engine is out at ``t`` if any failure struck in
+    once, engines/ray/driver/recovery.py): the engine is out at ``t`` if any failure struck in
     ``(t - R, t]``. The gap ``g`` from the previous failure is exponential, mean ``M``;
     the previous failure's outage ``[-g, -g + R]`` reaches past the new one's strike (at
     0) by ``R - g`` if ``g < R``, and every earlier one ends before it, so the new

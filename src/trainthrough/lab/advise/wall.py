@@ -36,7 +36,7 @@ class StepClock(Callback):
         self.seconds: list[float] = []
         self.failures: list[float] = []  #: seconds each failure struck at
         #: seconds from a failure until the spare started for the next one was ready
-        #: (Ray's warm spare: engines/ray/cluster.py ``refilled``)
+        #: (Ray's warm spare: engines/ray/driver/cluster.py ``refilled``)
         self.spares: list[float] = []
 
     def after_step(self, iteration: int, sim_seconds: float) -> None:

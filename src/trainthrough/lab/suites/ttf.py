@@ -37,7 +37,7 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
     # (name, kill times in seconds after training starts); down time per kill.
     # The paper's timeline (kills at ~30 s and ~80 s, ~20 s down) scaled down to runs of
     # 20 s, so the full suite (30 runs) stays within minutes on a small machine; the runs
-    # after the first take warm actors from the pool (engines/ray/pool.py).
+    # after the first take warm actors from the pool (engines/ray/driver/pool.py).
     # Quick: one kill, shorter runs and a lower target.
     scenarios = [("once", (5.0,))] if quick else [("once", (5.0,)), ("twice", (5.0, 12.0))]
     down = 3.0
