@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from trainthrough.errors import UserError
+from trainthrough.errors import Retired, UserError
 
 if TYPE_CHECKING:
     from trainthrough.engines.gloo.session import RankSession
@@ -137,8 +137,6 @@ class Loop:
             The mean of this rank's micro-batch losses in the committed step (NaN if
             the run ended before it could commit one).
         """
-        from trainthrough.engines.gloo.session import Retired
-
         s = self._need()
         replica = s.tr.replica
         replica.loss_fn = loss_fn  # type: ignore[attr-defined]

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from trainthrough.config import RunConfig
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
 from trainthrough.engines.gloo.protocol import RankSpec, post
-from trainthrough.engines.gloo.session import RankSession, Retired
+from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
-from trainthrough.errors import UserError
+from trainthrough.errors import Retired, UserError
 from trainthrough.loop.api import Loop, TrainingLoop
 from trainthrough.workloads import reference
 
