@@ -270,7 +270,7 @@ class RunConfig:
         from trainthrough.workloads.options import check_options
 
         check_fields(self, flag_label)
-        from trainthrough.loop.api import TrainingLoop
+        from trainthrough.workloads.user_loop import TrainingLoop
 
         factory = workload_factory(self.workload)  # unknown names, broken references: one line
         if isinstance(factory, TrainingLoop):  # a user's loop: only ranks that run it

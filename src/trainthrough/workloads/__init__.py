@@ -5,7 +5,8 @@ with a one-line description. Give your own by reference (``path/to/file.py:facto
 ``package.module:factory`` or an installed entry point: see
 :mod:`trainthrough.workloads.reference`), which every process of a run (Ray actors,
 gloo ranks) imports itself; :func:`register` names one for this process only.
-``trainthrough.workloads.custom`` wraps any PyTorch model.
+``trainthrough.workloads.custom`` wraps any PyTorch model, and
+``trainthrough.workloads.user_loop`` is a user's own training loop seen as a workload.
 """
 
 from __future__ import annotations
@@ -68,13 +69,11 @@ def make_workload(name: str, seed: int = 0, **options: Any) -> Workload:
         UserError: unknown name, unknown option, an option of the wrong type or out of
             range (see :mod:`trainthrough.workloads.options`), or data it cannot use.
     """
-    from trainthrough.loop.api import TrainingLoop
     from trainthrough.workloads.options import check_options
+    from trainthrough.workloads.user_loop import LoopWorkload, TrainingLoop
 
     factory = workload_factory(name)
     if isinstance(factory, TrainingLoop):  # a user's own loop (trainthrough.loop)
-        from trainthrough.loop.workload import LoopWorkload
-
         if options:
             raise UserError(f"workload {name} is a training loop: it takes no workload options")
         return LoopWorkload(name, factory)
