@@ -7,6 +7,11 @@ with a one-line description. Give your own by reference (``path/to/file.py:facto
 gloo ranks) imports itself; :func:`register` names one for this process only.
 ``trainthrough.workloads.custom`` wraps any PyTorch model, and
 ``trainthrough.workloads.user_loop`` is a user's own training loop seen as a workload.
+
+The workloads sit low in the layers (``pyproject.toml``'s import contract): of
+trainthrough they may import only the config, :mod:`trainthrough.fields` (today they need
+nothing else) and :mod:`trainthrough.errors`; never an engine, a strategy, a failure spec
+or :mod:`trainthrough.loop`.
 """
 
 from __future__ import annotations
