@@ -22,6 +22,7 @@ run: setup
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
+	PYTHONPATH=src $(BIN)/lint-imports --no-logo
 	$(BIN)/python -m pytest
 
 bench: setup
