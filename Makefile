@@ -24,6 +24,7 @@ run: setup
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
+	PYTHONPATH=src $(BIN)/lint-imports --no-logo
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # The quick tier, for the edit-test loop: every test that starts no process (no gloo

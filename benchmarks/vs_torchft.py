@@ -84,6 +84,7 @@ from trainthrough.config import CostModel, RunConfig  # noqa: E402
 from trainthrough.engines.callbacks import Callback  # noqa: E402
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray  # noqa: E402
 from trainthrough.lab.runner import run_silent  # noqa: E402
+from trainthrough.lab.validate import validate_run  # noqa: E402
 
 REPLICAS = 2
 WINDOW_FROM = 10  # steps/s from this committed step (all N in), so start-up is left out
@@ -204,7 +205,7 @@ def trainthrough_config(strategy: str, steps: int, kills: list[int],
                     strategy=strategy, elastic="keep-local", stop_at_target=False,
                     max_iterations=steps + shift, eval_every=min(EVAL_EVERY, steps // 3), failures=specs, seed=seed,
                     cost=CostModel(timeout_seconds=TIMEOUT))
-    cfg.validate()
+    validate_run(cfg)
     return cfg
 
 

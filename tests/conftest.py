@@ -39,7 +39,7 @@ SLOW_TESTS = {
     "test_real_process_exit_code", "test_the_parser_answers_without_importing_torch",
     "test_sigterm_on_the_command_marks_the_folder", "test_a_run_still_running_is_never_replaced",
     "test_a_reused_pid_is_not_taken_for_the_run",
-    "test_digits_are_scikit_learns_without_importing_it",
+    "test_digits_are_scikit_learns_without_importing_it", "test_the_config_loads_without_torch",
     # long computations
     "test_mlr_predictions_within_20_percent_of_the_seeded_trace",
     "test_strategies_train_identically_without_failures_so_one_twin_serves_all",

@@ -16,6 +16,7 @@ from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.gloo.controller import GlooEngine
 from trainthrough.lab.runner import build_engine, resolve_defaults, run_silent
+from trainthrough.lab.validate import validate_run
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,7 +44,7 @@ class Watch(Callback):
 
 def _engine(tmp_path: Path, cb: Watch, **kw: Any) -> GlooEngine:
     cfg, w = resolve_defaults(RunConfig(paradigm="dp", engine="dist", **kw))
-    cfg.validate()
+    validate_run(cfg)
     e = build_engine(cfg, w, cb, str(tmp_path / "checkpoints"))
     assert isinstance(e, GlooEngine)
     cb.engine = e

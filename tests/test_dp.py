@@ -30,6 +30,7 @@ from trainthrough.ft.dp_policies import (
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab import perf_model as pm
 from trainthrough.lab.runner import build_engine, resolve_defaults, run_silent
+from trainthrough.lab.validate import validate_run
 from trainthrough.workloads import make_workload
 
 from .conftest import read_summary
@@ -189,12 +190,12 @@ def test_strategy_paradigms_are_validated() -> None:
     assert resolve("checkpoint-restart").paradigms == ("ps", "dp")
     assert resolve("scar").paradigms == ("ps",)
     with pytest.raises(UserError, match="data-parallel"):
-        RunConfig(strategy="lossy-forward").validate()
+        validate_run(RunConfig(strategy="lossy-forward"))
     with pytest.raises(UserError, match="parameter-server.*rollback"):
-        RunConfig(strategy="scar-partial", paradigm="dp").validate()
+        validate_run(RunConfig(strategy="scar-partial", paradigm="dp"))
     with pytest.raises(UserError, match="paradigm"):
-        RunConfig(paradigm="mpi").validate()
-    RunConfig(strategy="base=rollback,checkpoint=full", paradigm="dp").validate()
+        validate_run(RunConfig(paradigm="mpi"))
+    validate_run(RunConfig(strategy="base=rollback,checkpoint=full", paradigm="dp"))
 
 
 # -- the engine -----------------------------------------------------------------

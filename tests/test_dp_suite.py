@@ -8,6 +8,7 @@ from trainthrough.config import RunConfig
 from trainthrough.lab.runner import run_silent
 from trainthrough.lab.suites import SUITES
 from trainthrough.lab.suites.dataparallel import COST, PHASES, STRATEGIES, failure_trace
+from trainthrough.lab.validate import validate_run
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -30,7 +31,7 @@ def test_suite_grid() -> None:
     full = SUITES["dataparallel"].build()
     for spec in (quick, full):
         for r in spec.runs:
-            r.config.validate()
+            validate_run(r.config)
     # 2 workloads x (seeds failure-free + phases x 2 counts x 5 strategy/elastic cells x seeds)
     assert len(quick.runs) == 2 * (1 + 2 * 2 * 5)
     assert len(full.runs) == 2 * 3 * (1 + 4 * 2 * 5)

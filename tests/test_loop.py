@@ -124,6 +124,18 @@ def test_a_file_travels_to_a_joined_cluster_by_working_dir() -> None:
     assert "runs/" in env["excludes"] and ".venv/" in env["excludes"]
 
 
+def test_a_rank_finds_the_loop_program_by_the_name_its_marker_carries() -> None:
+    """The gloo engine imports no trainthrough.loop: a rank starts the program the marker
+    names (``RANK_ENTRY``), so that name must keep pointing at ``run_loop``."""
+    from trainthrough.engines.gloo.rank_main import loop_program
+    from trainthrough.loop.rank import run_loop
+
+    assert ledger_train.rank_entry == "trainthrough.loop.rank:run_loop"
+    assert loop_program("tests.loops.ledger_loop:train") is run_loop
+    with pytest.raises(UserError, match="not marked with @training_loop"):
+        loop_program("tests.loops.ledger_loop:launch")
+
+
 def test_a_loop_that_cannot_travel_is_refused() -> None:
     with pytest.raises(UserError, match="training_loop"):
         reference_of(lambda loop: None)  # type: ignore[arg-type]

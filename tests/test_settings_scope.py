@@ -12,6 +12,7 @@ from trainthrough.config import RunConfig
 from trainthrough.engines import registry
 from trainthrough.engines.options import ENGINE_SETTINGS, MECHANISM_SETTINGS
 from trainthrough.errors import UserError
+from trainthrough.lab.validate import validate_run
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainthrough"
 # Where each (engine, paradigm) runs: Ray's data parallel is the gloo controller with
@@ -57,7 +58,7 @@ def test_every_setting_has_a_reader_and_a_scope() -> None:
 ])
 def test_an_unread_setting_is_refused_naming_what_reads_it(kw: dict, words: str) -> None:
     with pytest.raises(UserError, match=re.escape(words)):
-        RunConfig(workload="mlr", **kw).validate()
+        validate_run(RunConfig(workload="mlr", **kw))
 
 
 @pytest.mark.parametrize("kw", [
@@ -73,4 +74,4 @@ def test_an_unread_setting_is_refused_naming_what_reads_it(kw: dict, words: str)
     dict(replicas=3, staleness=2, wall_limit=None),  # defaults are never refused
 ])
 def test_settings_a_run_reads_are_accepted(kw: dict) -> None:
-    RunConfig(workload="mlr", **kw).validate()
+    validate_run(RunConfig(workload="mlr", **kw))

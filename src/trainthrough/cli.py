@@ -13,8 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from trainthrough.config import FLOAT_TEXT, INT_TEXT, field_choices
+from trainthrough.config import field_choices
 from trainthrough.errors import RunStalled, Terminated, UserError, reason, terminated
+from trainthrough.fields import FLOAT_TEXT, INT_TEXT
 
 if TYPE_CHECKING:
     from trainthrough.config import RunConfig
@@ -276,6 +277,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from trainthrough.config import RunConfig
     from trainthrough.lab.progress import RunProgress, SaveWarnings, console, make_progress
     from trainthrough.lab.runner import run
+    from trainthrough.lab.validate import validate_run
 
     run_id = None
     if args.resume:
@@ -283,7 +285,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
         cfg = replace(cfg, **_overrides(args, cfg))
-    cfg.validate()
+    validate_run(cfg)
     out = args.out = args.out or Path("runs") / (
         f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(cfg.workload)}-{_slug(cfg.strategy)}")
     with make_progress(args.quiet) as progress:

@@ -1,8 +1,10 @@
-"""Errors a user can fix.
+"""Errors a user can fix, and the few exceptions every layer may raise or catch.
 
 Anything raised as :class:`UserError` is printed by the CLI as one line on stderr
 and ends the process with exit code 2: no traceback, because the user did nothing
 wrong with the code, only with the input.
+
+The bottom layer: it imports nothing, and every module of trainthrough may import it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ def terminated(e: BaseException) -> bool:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+class Retired(BaseException):
+    """This rank process is not in the run any more: a plan left it out (the rank
+    session, :mod:`trainthrough.engines.gloo.session`, says so), and ``Loop.step``
+    raises this to unwind a user's loop (:mod:`trainthrough.loop`). A BaseException,
+    so a user's loop that catches Exception still unwinds."""
 
 
 class RunStalled(RuntimeError):

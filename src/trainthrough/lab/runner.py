@@ -27,6 +27,7 @@ from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
 from trainthrough.lab.run_folder import check_checkpoint_dir, check_out, clear, require_checkpoint
+from trainthrough.lab.validate import validate_run
 from trainthrough.workloads import Workload, make_workload
 from trainthrough.workloads.reference import absolute
 
@@ -156,7 +157,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
             that cannot be resumed (see :func:`~trainthrough.lab.run_folder.check_out`
             and :func:`~trainthrough.engines.registry.check_resumable`).
     """
-    cfg.validate()
+    validate_run(cfg)
     if overwrite and resume:
         raise UserError("--overwrite and --resume exclude each other: replace the run, "
                         "or continue it")

@@ -19,6 +19,7 @@ from trainthrough.config import RunConfig, baseline_config
 from trainthrough.errors import UserError
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.progress import console, make_progress
+from trainthrough.lab.validate import validate_run
 
 
 @dataclass
@@ -84,7 +85,7 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
         UserError: an invalid config in the grid, or ``out`` already in use.
     """
     for r in spec.runs:
-        r.config.validate()
+        validate_run(r.config)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"suite folder {out} already exists and is not empty; "
                         "choose another --out or remove it")

@@ -24,6 +24,13 @@ with ``engine="gloo"``), imported by reference from its file: nothing is pickled
 micro-batch, averages gradients and buffers over the ranks, and applies your
 optimizer; a failure is recovered inside the call, as the strategy says
 (:mod:`trainthrough.ft.dp_policies`, the same policies as every engine).
+
+This layer sits above :mod:`trainthrough.lab` (``launch`` runs through
+:func:`trainthrough.lab.runner.run`) and under the CLI only. The marker's type,
+:class:`~trainthrough.workloads.user_loop.TrainingLoop`, and the run's view of a loop
+(:class:`~trainthrough.workloads.user_loop.LoopWorkload`) are workloads and live in that
+layer; the engines start a loop's ranks by the name the marker carries
+(:data:`~trainthrough.loop.api.RANK_ENTRY`), never by importing this package.
 """
 
 from trainthrough.loop.api import Loop, training_loop

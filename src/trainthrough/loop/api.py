@@ -3,46 +3,28 @@
 Call order inside ``train(loop)`` (on every rank): build the model, optimizer and
 ``DataLoader``; :meth:`Loop.attach` once; then ``while loop.running(epochs=E):
 loop.step(loss_fn)``; return a JSON-able value (the first rank's is reported).
+
+The marker type, :class:`~trainthrough.workloads.user_loop.TrainingLoop`, describes a
+workload and lives in that layer; :func:`training_loop` fills it in with this layer's
+rank program (:data:`RANK_ENTRY`), which the engines start by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from trainthrough.errors import UserError
+from trainthrough.errors import Retired, UserError
+from trainthrough.workloads.user_loop import TrainFn, TrainingLoop
 
 if TYPE_CHECKING:
     from trainthrough.engines.gloo.session import RankSession
 
-TrainFn = Callable[["Loop"], Any]
-
-
-@dataclass(frozen=True)
-class TrainingLoop:
-    """A user's training function, marked by :func:`training_loop`.
-
-    ``metric``/``direction``/``target`` describe what ``evaluate`` (given to
-    :meth:`Loop.attach`) returns; without ``evaluate`` the metric is the first rank's
-    training loss on its share of the step.
-    """
-
-    fn: TrainFn
-    metric: str = "loss"
-    direction: Literal["max", "min"] = "min"
-    target: float | None = None
-    eval_every: int = 10
-    checkpoint_every: int = 50
-
-    def __call__(self, loop: Loop) -> Any:
-        return self.fn(loop)
-
-    @property
-    def __name__(self) -> str:  # noqa: A003 - what references and messages name
-        return self.fn.__name__
+#: What each rank process of a loop's run calls, ``run_loop(spec, store)``, as a
+#: ``module:function`` name carried by the marker (:mod:`trainthrough.loop.rank`).
+RANK_ENTRY = "trainthrough.loop.rank:run_loop"
 
 
 def training_loop(fn: TrainFn | None = None, *, metric: str = "loss",
@@ -59,7 +41,8 @@ def training_loop(fn: TrainFn | None = None, *, metric: str = "loss",
         raise UserError(f"training_loop direction must be max or min (got {direction!r})")
 
     def mark(f: TrainFn) -> TrainingLoop:
-        return TrainingLoop(f, metric, direction, target, eval_every, checkpoint_every)
+        return TrainingLoop(f, RANK_ENTRY, metric, direction, target, eval_every,
+                            checkpoint_every)
 
     return mark(fn) if fn is not None else mark
 
@@ -137,8 +120,6 @@ class Loop:
             The mean of this rank's micro-batch losses in the committed step (NaN if
             the run ended before it could commit one).
         """
-        from trainthrough.engines.gloo.session import Retired
-
         s = self._need()
         replica = s.tr.replica
         replica.loss_fn = loss_fn  # type: ignore[attr-defined]

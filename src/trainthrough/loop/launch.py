@@ -18,7 +18,7 @@ from typing import Any
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.errors import UserError
-from trainthrough.loop.api import TrainingLoop
+from trainthrough.workloads.user_loop import TrainingLoop
 
 
 @dataclass

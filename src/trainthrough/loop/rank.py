@@ -1,7 +1,8 @@
 """A rank process running a user's loop: import it by reference, hand it a :class:`Loop`.
 
 Started like any rank of the controller (``rank_main`` with ``spec["loop"]`` set: a
-local process, or a Ray actor). The user's function builds its model and calls
+local process, or a Ray actor), which calls :func:`run_loop` by the name the marker
+carries (:data:`trainthrough.loop.api.RANK_ENTRY`): the engines never import this layer. The user's function builds its model and calls
 ``loop.attach``, which builds the replica (:class:`~trainthrough.dp.module_replica.ModuleReplica`),
 the :class:`~trainthrough.engines.gloo.trainer.Trainer` and the
 :class:`~trainthrough.engines.gloo.session.RankSession` of every rank process, and
@@ -21,11 +22,12 @@ import torch.distributed as dist
 from trainthrough.config import RunConfig
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
 from trainthrough.engines.gloo.protocol import RankSpec, post
-from trainthrough.engines.gloo.session import RankSession, Retired
+from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
-from trainthrough.errors import UserError
-from trainthrough.loop.api import Loop, TrainingLoop
+from trainthrough.errors import Retired, UserError
+from trainthrough.loop.api import Loop
 from trainthrough.workloads import reference
+from trainthrough.workloads.user_loop import TrainingLoop
 
 
 def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:

@@ -5,7 +5,13 @@ with a one-line description. Give your own by reference (``path/to/file.py:facto
 ``package.module:factory`` or an installed entry point: see
 :mod:`trainthrough.workloads.reference`), which every process of a run (Ray actors,
 gloo ranks) imports itself; :func:`register` names one for this process only.
-``trainthrough.workloads.custom`` wraps any PyTorch model.
+``trainthrough.workloads.custom`` wraps any PyTorch model, and
+``trainthrough.workloads.user_loop`` is a user's own training loop seen as a workload.
+
+The workloads sit low in the layers (``pyproject.toml``'s import contract): of
+trainthrough they may import only the config, :mod:`trainthrough.fields` (today they need
+nothing else) and :mod:`trainthrough.errors`; never an engine, a strategy, a failure spec
+or :mod:`trainthrough.loop`.
 """
 
 from __future__ import annotations
@@ -68,13 +74,11 @@ def make_workload(name: str, seed: int = 0, **options: Any) -> Workload:
         UserError: unknown name, unknown option, an option of the wrong type or out of
             range (see :mod:`trainthrough.workloads.options`), or data it cannot use.
     """
-    from trainthrough.loop.api import TrainingLoop
     from trainthrough.workloads.options import check_options
+    from trainthrough.workloads.user_loop import LoopWorkload, TrainingLoop
 
     factory = workload_factory(name)
     if isinstance(factory, TrainingLoop):  # a user's own loop (trainthrough.loop)
-        from trainthrough.loop.workload import LoopWorkload
-
         if options:
             raise UserError(f"workload {name} is a training loop: it takes no workload options")
         return LoopWorkload(name, factory)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from trainthrough.config import Bounds
+from trainthrough.fields import Bounds
 
 Params = dict[str, torch.Tensor]
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainthrough.config import Bounds
 from trainthrough.errors import UserError
+from trainthrough.fields import Bounds
 from trainthrough.workloads._data import digits_split
 from trainthrough.workloads.base import OptimizerSpec
 from trainthrough.workloads.custom import TorchWorkload

@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainthrough.config import SEED_MAX, Bounds
 from trainthrough.errors import UserError
+from trainthrough.fields import SEED_MAX, Bounds
 from trainthrough.workloads._data import check_cells, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 from trainthrough.workloads.loaders import Corpus, load_uci_bow

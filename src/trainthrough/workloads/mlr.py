@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainthrough.config import Bounds
 from trainthrough.errors import UserError
+from trainthrough.fields import Bounds
 from trainthrough.workloads._data import BatchSchedule, check_batches, digits_split, split_rows
 from trainthrough.workloads.base import Evaluation, OptimizerSpec, Params, Workload
 from trainthrough.workloads.idx import load_idx_pair

@@ -4,7 +4,7 @@ against the workload's own signature before anything is built.
 A workload's options are the keyword parameters of its factory: their annotations
 give the types and the class's ``option_bounds`` the accepted values, so declaring
 an option is all it takes for it to be validated (by the same
-:func:`~trainthrough.config.check_value` as every config field).
+:func:`~trainthrough.fields.check_value` as every config field).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any, get_args, get_type_hints
 
-from trainthrough.config import FLOAT_TEXT, INT_TEXT, Bounds, check_value
 from trainthrough.errors import UserError
+from trainthrough.fields import FLOAT_TEXT, INT_TEXT, Bounds, check_value
 
 # Set by the run, never as an option.
 _RESERVED = {"seed": "--seed (seed = in TOML)"}

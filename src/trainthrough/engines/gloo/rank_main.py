@@ -9,6 +9,9 @@ wait for the next plan. A rank that is not in a plan, or is told to exit, ends.
 
 Anything other than a failed collective is a bug: it is posted to the controller
 with its traceback and the process exits with code 1, so no peer waits on it.
+
+With ``spec["loop"]`` (a user's own loop, :mod:`trainthrough.loop`) the rank runs the
+program the loop's marker names instead (:func:`loop_program`), imported by that name.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +29,12 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.gloo.protocol import PLAN_WAIT_SECONDS, RankSpec, connect, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
+from trainthrough.errors import UserError
+from trainthrough.workloads import reference
+from trainthrough.workloads.user_loop import TrainingLoop
+
+#: A rank program: ``program(spec, store)`` runs this process's part of the run.
+RankProgram = Callable[[RankSpec, dist.TCPStore], None]
 
 
 def main(spec: RankSpec) -> int:
@@ -35,15 +45,37 @@ def main(spec: RankSpec) -> int:
     store = connect(spec["port"], timeout=PLAN_WAIT_SECONDS)
     try:
         if spec.get("loop"):  # a user's own training loop drives the session
-            from trainthrough.loop.rank import run_loop
-
-            run_loop(spec, store)
+            loop_program(spec["loop"])(spec, store)
         else:
             _run(spec, store)
     except Exception:  # a bug: tell the controller rather than leave peers waiting
         post(store, {"type": "error", "slot": spec["slot"], "traceback": traceback.format_exc()})
         return 1
     return 0
+
+
+def loop_program(ref: str) -> RankProgram:
+    """The rank program of the user's loop ``ref``: the ``module:function`` its marker
+    names (``trainthrough.loop.rank:run_loop``, set by ``@training_loop``), imported here
+    by that name.
+
+    Why by name: the loop layer (the user's API, ``launch``) sits above the engines and
+    uses them (the rank session, the trainer), so an import of it from here would close
+    a cycle, even inside a function. The name comes down as data: the loop layer writes
+    it into the marker, which belongs to the workloads layer below the engines, and
+    every rank process, a local process or a Ray actor alike, loads the marker by
+    reference anyway. (A second ``python -m`` entry point started by the controller
+    would need the controller to name the loop's module instead, and Ray actors, which
+    call :func:`main` in their own process, a second path.)
+
+    Raises:
+        UserError: ``ref`` is not marked with ``@training_loop``, or the program it
+            names cannot be imported.
+    """
+    marked = reference.load(ref)
+    if not isinstance(marked, TrainingLoop):
+        raise UserError(f"{ref} is not marked with @training_loop")
+    return reference.load_reference(marked.rank_entry, "rank program")
 
 
 def _run(spec: RankSpec, store: dist.TCPStore) -> None:

@@ -14,7 +14,7 @@ session.step(): pass``) and under a user's own loop (:mod:`trainthrough.loop`: e
 
 A process the next plan leaves out (checkpoint-restart ends every process; a rank
 presumed failed) is :attr:`retired`: ``step`` returns False and a user's loop is
-unwound (:class:`Retired`).
+unwound (:class:`~trainthrough.errors.Retired`, raised by ``Loop.step``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,6 @@ from trainthrough.engines.gloo.protocol import (
     write_report,
 )
 from trainthrough.engines.gloo.trainer import Trainer
-
-
-class Retired(BaseException):
-    """This process is not in the run any more (a BaseException, so a user's loop
-    that catches Exception still unwinds)."""
 
 
 class RankSession:

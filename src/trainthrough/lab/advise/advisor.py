@@ -21,6 +21,7 @@ from trainthrough.lab.advise.calibrate import measure
 from trainthrough.lab.advise.candidates import Candidate, candidates
 from trainthrough.lab.advise.model import Baseline, Measured, Prediction, predict, rank
 from trainthrough.lab.cloud_cost import Pricing, nodes
+from trainthrough.lab.validate import validate_run
 
 #: What fails, by default, when only an MTBF is given.
 DEFAULT_KIND = {"ps": "shard", "dp": "rank"}  # dp: refused by advise() for now
@@ -242,7 +243,7 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
                         "--suite dataparallel`")
     cands = candidates(cfg.engine, cfg.paradigm, cfg.consistency, [trace], only)
     cfg = replace(cfg, strategy=cands[0].name, failures=[trace.text], baseline=False)
-    cfg.validate()  # sizes, the engine's claims, the workload's options
+    validate_run(cfg)  # sizes, the engine's claims, the workload's options
     # The trace's ids against the sizes (runs check them only once built): before any run.
     validate([trace], {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
     base, measured = _measure_on(cfg, cands, trace, say, seeds)

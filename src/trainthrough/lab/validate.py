@@ -1,0 +1,57 @@
+"""The whole check of a run config before anything is built: :func:`validate_run`.
+
+:meth:`RunConfig.validate <trainthrough.config.RunConfig.validate>` checks what the
+config alone can tell (each field's type and bounds, the rules between fields). What
+the names in it refer to is checked here, in the layer that may import them all: the
+workload (an unknown name, a broken reference, its options), the strategy and whether
+it runs on the paradigm, the failure specs, and what the chosen engine claims
+(``engines/registry.py``: a combination it does not run, a setting it would not read).
+
+Contract: every run goes through :func:`validate_run` before it starts (the runner,
+``compare``'s suites, ``advise``, ``trainthrough run``, ``trainthrough.loop.launch``
+through the runner); it raises one :class:`~trainthrough.errors.UserError` naming the
+setting to change, in the same order as ever: fields first, then the workload,
+strategy, failures and engine, then the rules between fields.
+
+Importing this module imports no torch (the command line's parser imports the suites,
+which import it): what the checks need is imported when they run.
+"""
+
+from __future__ import annotations
+
+from trainthrough.config import RunConfig, flag_label
+from trainthrough.errors import UserError
+from trainthrough.fields import check_fields
+
+
+def validate_run(cfg: RunConfig) -> None:
+    """Check everything about ``cfg`` that can be checked before a run starts.
+
+    Raises:
+        UserError: naming the field (as its command-line flag) and what to change.
+    """
+    # Layers below this one, imported here only to keep importing this module cheap.
+    from trainthrough.engines.registry import check_settings, check_supported
+    from trainthrough.faults.spec import parse
+    from trainthrough.ft.strategy import resolve
+    from trainthrough.workloads import workload_factory
+    from trainthrough.workloads.options import check_options
+    from trainthrough.workloads.user_loop import TrainingLoop
+
+    # Each field's type and bounds first: everything below reads them.
+    check_fields(cfg, flag_label)
+    factory = workload_factory(cfg.workload)  # unknown names, broken references: one line
+    if isinstance(factory, TrainingLoop):  # a user's loop: only ranks that run it
+        if cfg.paradigm != "dp" or cfg.engine not in ("ray", "gloo", "dist"):
+            raise UserError(f"{cfg.workload} is your own training loop: run it with "
+                            "--paradigm dp --engine ray (or gloo)")
+    else:
+        check_options(cfg.workload, cfg.workload_options)
+    strategy = resolve(cfg.strategy)
+    strategy.require(cfg.paradigm)
+    specs = parse(cfg.failures)
+    # The chosen engine says what it runs; everything else is refused here.
+    check_supported(cfg.engine, cfg.paradigm, cfg.consistency, strategy, specs)
+    # A setting the run would not read is refused, never dropped (engines/options.py).
+    check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy, cfg.changed_fields())
+    cfg.check_relations()
