@@ -38,9 +38,13 @@ difference with kills comes from recovery: which samples a failed step loses, ho
 steps the survivor trains alone, and keep-local's learning rate (scaled by the
 group's share, the linear scaling rule; torchft keeps it).
 
-N = 2 replicas: the machine has 2 cores and each replica trains on one thread; a
-third busy process (trainthrough's controller, torchft's lighthouse) already shares
-them, and more replicas would measure the scheduler, not the systems.
+N = 2 replicas by default (``--replicas``): each replica trains on one thread, and on
+a 2-core machine a third busy process (trainthrough's controller, torchft's
+lighthouse) already shares them; more replicas there measure the scheduler as much as
+the systems. ``--rank-start exec,fork`` puts trainthrough's gloo ranks started cold
+(``python -m``, torch imported by each) next to ranks forked warm (the default), on
+the same kills: what the degraded window while a replacement starts costs in accuracy.
+``--no-torchft`` runs trainthrough's columns only.
 
 1,500 steps and one kill at step 300 by default, about 5 minutes with 3 repeats.
 One kill, far from the end, because torchft's survivor alone runs ~200 steps/s here
@@ -69,6 +73,7 @@ then each as trainthrough / torchft, with torchft's heartbeat timeout named.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -210,9 +215,18 @@ def trainthrough_config(strategy: str, steps: int, kills: list[int],
 
 
 def run_trainthrough(strategy: str, steps: int, kills: list[int],
-                     engine: str = "gloo", seed: int = 0) -> Measured:
+                     engine: str = "gloo", seed: int = 0, rank_start: str = "fork") -> Measured:
+    """``rank_start``: how local gloo ranks start (``TRAINTHROUGH_RANK_START``)."""
     w = _Watch()
-    s = run_silent(trainthrough_config(strategy, steps, kills, engine, seed), w)
+    before = os.environ.get("TRAINTHROUGH_RANK_START")
+    os.environ["TRAINTHROUGH_RANK_START"] = rank_start
+    try:
+        s = run_silent(trainthrough_config(strategy, steps, kills, engine, seed), w)
+    finally:
+        if before is None:
+            os.environ.pop("TRAINTHROUGH_RANK_START")
+        else:
+            os.environ["TRAINTHROUGH_RANK_START"] = before
     done = int(s["logical_iterations"])
     note = "" if done == steps else f"committed {done} steps, not {steps}"
     stalls = [float(r["recovery_seconds"]) for r in s["recoveries"]]
@@ -232,6 +246,7 @@ class System:
     strategy: str = ""
     heartbeat_ms: int = 0
     engine: str = "gloo"  # trainthrough's: gloo processes, or ranks as Ray actors
+    rank_start: str = "fork"  # trainthrough gloo's: ranks forked warm, or exec'd cold
 
 
 def _run(system: System, steps: int, kills: list[int], tmp: Path, ddp: bool,
@@ -240,7 +255,8 @@ def _run(system: System, steps: int, kills: list[int], tmp: Path, ddp: bool,
         folder = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
         return run_torchft(steps, kills, system.heartbeat_ms or DEFAULT_HEARTBEAT_MS,
                            folder, ddp, seed)
-    return run_trainthrough(system.strategy, steps, kills, system.engine, seed)
+    return run_trainthrough(system.strategy, steps, kills, system.engine, seed,
+                            system.rank_start)
 
 
 def _spread(xs: list[float], unit: str, fmt: str = "{:.2f}") -> str:
@@ -348,23 +364,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ray", action="store_true",
                     help="also trainthrough's Ray engine (ranks as Ray actors, a local "
                          "Ray started here)")
+    ap.add_argument("--replicas", type=int, default=REPLICAS,
+                    help=f"replicas (ranks) on both systems (default {REPLICAS})")
+    ap.add_argument("--rank-start", default="fork",
+                    help="how trainthrough's gloo ranks start, comma-separated for one "
+                         "column each: fork (warm zygote), exec (a fresh python -m)")
+    ap.add_argument("--strategies", default="rollback,lossy-forward",
+                    help="trainthrough's strategies, comma-separated")
+    ap.add_argument("--no-torchft", action="store_true",
+                    help="trainthrough's columns only (no torchft install needed)")
     ap.add_argument("--ddp", action="store_true",
                     help="torchft through its DistributedDataParallel (crashes on a kill)")
     a = ap.parse_args(argv)
     if a.steps < 3 * WINDOW_FROM:
         ap.error(f"--steps must be at least {3 * WINDOW_FROM}")
-    try:
-        import torchft  # noqa: F401
-    except ImportError:
-        sys.exit("vs_torchft: torchft is not installed: pip install -e '.[bench]'")
+    if a.replicas < 2:
+        ap.error("--replicas must be at least 2")
+    starts = a.rank_start.split(",")
+    if not set(starts) <= {"fork", "exec"}:
+        ap.error(f"--rank-start takes fork and exec (got {a.rank_start!r})")
+    strategies = a.strategies.split(",")
+    if not set(strategies) <= {"rollback", "lossy-forward", "checkpoint-restart"}:
+        ap.error(f"--strategies takes rollback, lossy-forward, checkpoint-restart "
+                 f"(got {a.strategies!r})")
+    global REPLICAS
+    REPLICAS = a.replicas
+    if not a.no_torchft:
+        try:
+            import torchft  # noqa: F401
+        except ImportError:
+            sys.exit("vs_torchft: torchft is not installed: pip install -e '.[bench]' "
+                     "(or pass --no-torchft)")
     kills = [] if a.no_kills else _kills(ap, a.kills, a.steps)
     hb = [a.heartbeat_ms] if not kills or a.no_default_heartbeat else \
         sorted({a.heartbeat_ms, DEFAULT_HEARTBEAT_MS})
-    systems = [System(f"torchft (heartbeat {h / 1000:g} s)", "torchft", heartbeat_ms=h)
-               for h in hb]
+    systems = [] if a.no_torchft else [
+        System(f"torchft (heartbeat {h / 1000:g} s)", "torchft", heartbeat_ms=h) for h in hb]
     engines = ("gloo", "ray") if a.ray else ("gloo",)
-    systems += [System(f"trainthrough {en} {st}", "trainthrough", st, engine=en)
-                for en in engines for st in ("rollback", "lossy-forward")]
+    systems += [System(f"trainthrough {en} {st}"
+                       + (f" {how}" if len(starts) > 1 and en == "gloo" else ""),
+                       "trainthrough", st, engine=en, rank_start=how)
+                for en in engines for st in strategies
+                for how in (starts if en == "gloo" else starts[:1])]
     print(f"{REPLICAS} replicas (2 cores, one training thread each; a third process, the "
           f"controller or the lighthouse, shares them), cnn on digits, Adam 1e-3, 32 per "
           f"replica, {a.steps} steps; replica 1 SIGKILLed at the allreduce of steps "

@@ -1,11 +1,12 @@
 """The entry point of one rank process of the ``gloo`` engine.
 
-Started by the controller (``python -m``, the spec as JSON on stdin) with a :data:`RankSpec`:
-the resolved config, its slot and incarnation, the store's port, its failure
-orders, and how it starts (``fresh``, ``restart`` from the checkpoint step the
-controller chose, or ``join`` a running group). Then, attempt after attempt (protocol.py): wait for the plan,
-form the group, recover as the plan says, train; on a collective error report and
-wait for the next plan. A rank that is not in a plan, or is told to exit, ends.
+Started by the controller (forked from the warm zygote, :mod:`.zygote_main`, or
+``python -m`` with the spec as JSON on stdin) with a :data:`RankSpec`: the resolved
+config, its slot and incarnation, the store's port, its failure orders, and how it
+starts (``fresh``, ``restart`` from the checkpoint step the controller chose, or
+``join`` a running group). Then, attempt after attempt (protocol.py): wait for the
+plan, form the group, recover as the plan says, train; on a collective error report
+and wait for the next plan. A rank that is not in a plan, or is told to exit, ends.
 
 Anything other than a failed collective is a bug: it is posted to the controller
 with its traceback and the process exits with code 1, so no peer waits on it.
