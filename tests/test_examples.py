@@ -22,7 +22,9 @@ CASES = [(path, c) for path in EXAMPLES for c in docstring_commands(path)]
 _REAL = re.compile(r"--engine (ray|gloo|dist)\b")
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: under xdist a worker interleaves other modules' tests with these, and
+# a module-scoped clone would be torn down and made afresh between two commands.
+@pytest.fixture(scope="session")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: no tracked files to copy")

@@ -56,7 +56,9 @@ def _param(source: Path, c: Command) -> object:
                         marks=[pytest.mark.timeout(300 if long else 120)])
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: under xdist a worker interleaves other modules' tests with these, and
+# a module-scoped clone would be torn down and made afresh between two commands.
+@pytest.fixture(scope="session")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: no tracked files to copy")
