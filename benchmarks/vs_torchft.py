@@ -348,6 +348,7 @@ def _kills(ap: argparse.ArgumentParser, text: str | None, steps: int) -> list[in
 
 
 def main(argv: list[str] | None = None) -> None:
+    global REPLICAS  # the replica count every measurement reads (--replicas)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1500, help="committed steps per run")
     ap.add_argument("--kills", default=None,
@@ -387,7 +388,6 @@ def main(argv: list[str] | None = None) -> None:
     if not set(strategies) <= {"rollback", "lossy-forward", "checkpoint-restart"}:
         ap.error(f"--strategies takes rollback, lossy-forward, checkpoint-restart "
                  f"(got {a.strategies!r})")
-    global REPLICAS
     REPLICAS = a.replicas
     if not a.no_torchft:
         try:
