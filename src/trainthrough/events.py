@@ -41,6 +41,8 @@ Record = dict[str, Any]
 
 #: Keys every record gets from the run context, not from its event.
 STAMPS = ("sim_seconds", "wall_seconds")
+#: The markers around the generated section of ``docs/events.md``.
+SCHEMA_BEGIN, SCHEMA_END = "<!-- schema:begin -->", "<!-- schema:end -->"
 
 
 def key(name: str, default: Any = dataclasses.MISSING) -> Any:
@@ -448,7 +450,7 @@ def schema_markdown() -> str:
     ``null`` where it is NaN; a field written "when set" is absent otherwise)."""
     lines: list[str] = []
     for tag, cls in KINDS.items():
-        lines += [f"### `{tag}` ({cls.__name__})", "", (cls.__doc__ or "").strip(), "",
+        lines += [f"### `{tag}` ({cls.__name__})", "", (cls.__doc__ or "").strip().replace("``", "`"), "",
                   "| key | type | written |", "| --- | --- | --- |"]
         for k, hint, always in columns(cls):
             args = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
@@ -458,3 +460,15 @@ def schema_markdown() -> str:
             lines.append(f"| `{k}` | {shown} | {'always' if always else 'when set'} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def write_schema(text: str) -> str:
+    """``text`` (``docs/events.md``) with its generated section replaced by
+    :func:`schema_markdown`'s tables."""
+    head, _, rest = text.partition(SCHEMA_BEGIN + "\n")
+    _, _, tail = rest.partition(SCHEMA_END)
+    return f"{head}{SCHEMA_BEGIN}\n\n{schema_markdown()}\n{SCHEMA_END}{tail}"
+
+
+if __name__ == "__main__":
+    print(schema_markdown())
