@@ -90,5 +90,4 @@ def test_gloo_dp_records_with_a_failure_parse_into_their_dataclasses(tmp_path: P
                   stop_at_target=False, failures=["rank=1@iter=15"]),
         tmp_path / "gloo")
     kinds = _kinds(_parsed(tmp_path / "gloo"))
-    assert {"failure", "detection", "reform", "training-resumed", "recovery",
-            "checkpoint"} <= kinds, kinds
+    assert {"failure", "detection", "reform", "training-resumed", "recovery"} <= kinds, kinds
