@@ -65,7 +65,7 @@ def _run(mode: str, strategy: str, ranks: int) -> dict[str, float]:
     fail = _after(ev, 0, "failure")
     try:
         if strategy == "checkpoint-restart":
-            back = _after(ev, _after(ev, fail, "restored"), "resumed")
+            back = _after(ev, _after(ev, fail, "restored"), "training-resumed")
         else:  # the joiner trains from the step after the reform that takes it in
             back = _after(ev, fail, "rank-joined")
     except StopIteration:

@@ -40,7 +40,7 @@ def one(strategy: str, delay: float, out: Path, workload: str = "cnn", shards: i
                     max_iterations=10**6, wall_limit=4 + 2 * delay)
     s = run(cfg, out)
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
-    detect = [e["detect_seconds"] for e in events if e["type"] == "detection"]
+    detect = [e["detection_seconds"] for e in events if e["type"] == "detection"]
     rec = s["recoveries"][0] if s["recoveries"] else {}
     busy = (s.get("busy_during_outage") or [None])[0]
     return {"detect": detect[0] if detect else None, "recovery": rec.get("recovery_seconds"),

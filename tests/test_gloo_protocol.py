@@ -71,7 +71,8 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
     e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
                                       replace=False),
                         ctx=SimpleNamespace(strategy=resolve(strategy)), store=store,
-                        procs=procs, pump=lambda: None, emit=emitted.append,
+                        procs=procs, pump=lambda: None,
+                        emit=lambda ev: emitted.append(ev.to_record()),
                         saves=SimpleNamespace(checkpointer=SimpleNamespace(count=0)),
                         iteration=0, logical=0, result=SimpleNamespace(updates_lost=0))
     rec = DistRecovery(e, [])  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ Call order for one run (as torch DCP's ``StorageWriter`` numbers its calls):
    every iteration it finishes (the shared policy of :mod:`.evaluation` decides
    whether to evaluate, keep a copy or skip), ``ctx.disruption`` when a failure
    strikes or a recovery ends, and ``ctx.evaluate`` (the one target test, with its
-   look-back) at the start and the end; it emits events through ``ctx.emit``, and
+   look-back) at the start and the end; it emits events (:mod:`trainthrough.events` records) through ``ctx.emit``, and
    returns ``ctx.result`` filled in. Everything it started is released before ``run``
    returns or raises.
 """
@@ -43,6 +43,7 @@ from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.evaluation import EvalAction, EvalPolicy, Evaluations, Kept
 from trainthrough.engines.result import Limits, RunResult
 from trainthrough.errors import UserError
+from trainthrough.events import Event, Resumed
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import FailureSpec, validate
 from trainthrough.ft.checkpointer import Checkpointer
@@ -112,8 +113,8 @@ class RunContext:
         schedule.skip_through(step)
         checkpointer.resume_at(step)
         self.result.extras["resumed_from"] = step
-        self.emit({"type": "resumed", "iteration": step, "logical_iteration": step,
-                   "max_iterations": self.cfg.max_iterations}, sim_seconds=sim_seconds)
+        self.emit(Resumed(iteration=step, logical_iteration=step,
+                          max_iterations=self.cfg.max_iterations), sim_seconds=sim_seconds)
         return step
 
     def start_clock(self) -> None:
@@ -125,16 +126,18 @@ class RunContext:
         """Wall seconds since the context was built (real engines' clock)."""
         return time.perf_counter() - self._t0
 
-    def emit(self, event: dict[str, Any], sim_seconds: float | None = None) -> None:
-        """Record an event: stamped with the virtual clock (``sim``, whose event stream
-        is bit-for-bit repeatable, so no wall time) or with wall seconds (real engines)."""
+    def emit(self, event: Event, sim_seconds: float | None = None) -> None:
+        """Record an event (:mod:`trainthrough.events`): its record, stamped with the
+        virtual clock (``sim``, whose event stream is bit-for-bit repeatable, so no wall
+        time) or with wall seconds (real engines), goes to ``callback.on_event`` as a
+        plain dictionary, the line ``events.jsonl`` gets."""
+        record = event.to_record()
         if sim_seconds is None:
             wall = round(self.wall(), 4)
-            event.setdefault("wall_seconds", wall)
-            event.setdefault("sim_seconds", wall)
+            record["wall_seconds"] = record["sim_seconds"] = wall
         else:
-            event.setdefault("sim_seconds", round(sim_seconds, 6))
-        self.callback.on_event(event)
+            record["sim_seconds"] = round(sim_seconds, 6)
+        self.callback.on_event(record)
 
     # -- evaluation (engines/evaluation.py: when, and what is guaranteed) ---------------
     def observe(self, iteration: int, params: Callable[[], Params | None],

@@ -5,11 +5,18 @@ Call order for one run: ``before_run`` once; then, interleaved as they happen,
 evaluation) and
 ``on_event`` (failures, detections, checkpoints, recoveries); ``after_run`` once
 with the summary. Every hook is a no-op by default: subclass and override.
+
+``on_event`` receives the record as a plain dictionary, the JSON object written to
+``events.jsonl`` (the engines build a :mod:`trainthrough.events` dataclass; the run
+context stamps its ``to_record()``): this is the public API, and it stays a dict.
+``trainthrough.events.parse`` turns one back into its dataclass.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from trainthrough.events import Record
 
 
 class Callback:
@@ -27,8 +34,9 @@ class Callback:
     def on_params(self, iteration: int, params: dict[str, Any]) -> None:
         """The parameters at an evaluation (live tensors: copy what you keep)."""
 
-    def on_event(self, event: dict[str, Any]) -> None:
-        """A failure, detection, checkpoint, recovery or replica change."""
+    def on_event(self, event: Record) -> None:
+        """A failure, detection, checkpoint, recovery or replica change: one
+        ``events.jsonl`` record (docs/events.md), a fresh dict per call."""
 
     def after_run(self, summary: dict[str, Any]) -> None:
         """The run ended; ``summary`` holds the fields written to ``summary.json``
@@ -57,7 +65,7 @@ class Callbacks(Callback):
         for c in self.items:
             c.on_params(iteration, params)
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         for c in self.items:
             c.on_event(event)
 

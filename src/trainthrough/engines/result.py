@@ -9,25 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainthrough.events import Recovery
+
 if TYPE_CHECKING:
     from trainthrough.config import RunConfig
     from trainthrough.workloads.base import Workload
-
-
-@dataclass
-class Recovery:
-    """One recovery: what failed, when, how long it took, how far it moved the model."""
-
-    failed: list[str]
-    at_iteration: int
-    recovery_seconds: float
-    perturbation_norm: float
-    perturbation_norm_lost: float = 0.0
-    action: str = ""
-    restored_from: int | None = None
-    # worker-copy recovery only: rows by source, the copy's lag, messages and bytes
-    # (ft/worker_copy.py's record); None for every other action.
-    worker_copy: dict[str, Any] | None = None
 
 
 @dataclass

@@ -5,7 +5,8 @@ out where the state lives and says what it cost: ``sim`` plans each shard's save
 process and times the write on the virtual clock; ``ray`` asks each shard's actor to
 save itself (blocking, or a snapshot plus a background write). The bytes, the payload
 (tensor data), the seconds training was blocked, and one ``checkpoint`` event per save
-are counted here and nowhere else.
+(:class:`~trainthrough.events.CheckpointSaved`; ``checkpoint-failed`` per refused
+write) are counted here and nowhere else.
 
 Call order: :meth:`Checkpointer.resume_at` once if the run resumes from a checkpoint,
 then :meth:`Checkpointer.after_iteration` after every (logical) iteration, and
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from trainthrough.events import CheckpointFailed, CheckpointSaved, Event
 from trainthrough.ft.checkpointing import CheckpointPolicy
 from trainthrough.ft.decisions import CheckpointDecision
 
-Emit = Callable[[dict[str, Any]], None]
+#: Where events go (the run context's ``emit``, wrapped by the engine).
+Emit = Callable[[Event], None]
 
 
 @dataclass
@@ -78,8 +81,7 @@ class Checkpointer:
     def _done(self, d: CheckpointDecision, iteration: int) -> Callable[[SaveReport], None]:
         def done(r: SaveReport) -> None:
             for message in r.errors:
-                self.emit({"type": "checkpoint-failed", "iteration": iteration,
-                           "message": message})
+                self.emit(CheckpointFailed(iteration=iteration, message=message))
             self.failed += bool(r.errors)
             if r.errors and not r.names:
                 return  # nothing was written: not a checkpoint
@@ -87,7 +89,8 @@ class Checkpointer:
             self.bytes += r.nbytes
             self.payload_bytes += r.payload_bytes
             self.blocked += r.blocked_seconds
-            self.emit({"type": "checkpoint", "iteration": iteration, "bytes": r.nbytes,
-                       "blocked_seconds": r.blocked_seconds, "async": d.asynchronous,
-                       "fraction": d.fraction, "names": r.names})
+            self.emit(CheckpointSaved(iteration=iteration, bytes=r.nbytes,
+                                      blocked_seconds=r.blocked_seconds,
+                                      async_=d.asynchronous, fraction=d.fraction,
+                                      names=r.names))
         return done

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainthrough.engines.callbacks import Callback
+from trainthrough.events import Record
 
 console = Console(stderr=True)
 
@@ -41,7 +42,7 @@ class RunProgress(Callback):
         self.metric = f"metric {record['metric']:.4g}"
         self._status()
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         if event.get("type") == "failure":
             self.failures += 1
             self._status()
@@ -66,7 +67,7 @@ class SaveWarnings(Callback):
     def __init__(self) -> None:
         self.warned = False
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         if event.get("type") != "checkpoint-failed" or self.warned:
             return
         self.warned = True

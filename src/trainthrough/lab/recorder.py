@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from trainthrough._atomic import atomic_write, temp_path
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.signals import identify
+from trainthrough.events import Record
 
 STATUS = "status.json"
 SUMMARY = "summary.json"
@@ -116,7 +117,7 @@ class RunRecorder(Callback):
         self._metrics.write(json.dumps(_clean(record)) + "\n")
         self._metrics.flush()  # a run killed later keeps its curve up to here
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         self._events.write(json.dumps(_clean(event)) + "\n")
         self._events.flush()
 

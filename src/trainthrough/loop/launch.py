@@ -18,6 +18,7 @@ from typing import Any
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.errors import UserError
+from trainthrough.events import Record
 from trainthrough.workloads.user_loop import TrainingLoop
 
 
@@ -63,7 +64,7 @@ class _Narrator(Callback):
         print(f"step {record['iteration']:>5}  {self.metric} {record['metric']:.4f}  "
               f"({record['wall_seconds']:.1f} s)", file=sys.stderr, flush=True)
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         words = self.WORDS.get(str(event.get("type")))
         if words is not None:
             try:

@@ -23,7 +23,7 @@ from trainthrough.dp.batching import Cursor
 from trainthrough.dp.rank import Replica, Tensors
 from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
-from trainthrough.ft.checkpointer import Checkpointer, SaveReport
+from trainthrough.ft.checkpointer import Checkpointer, Emit, SaveReport
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.dp_checkpoint import ReplicaCheckpoint
 from trainthrough.ft.perturbation import perturbation
@@ -86,7 +86,7 @@ class ControllerSaves:
     checkpoint a restart loads."""
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, template: Replica | None,
-                 every: int, emit: Callable[[dict[str, Any]], None]) -> None:
+                 every: int, emit: Emit) -> None:
         """``template``: a replica as the ranks build theirs (None: the controller of a
         user's own loop holds none; a restart from x0 then has no perturbation)."""
         self.saver = _saver(cfg, strategy, url, template)

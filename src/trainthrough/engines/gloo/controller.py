@@ -32,6 +32,7 @@ from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
+from trainthrough.events import Event
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
 
@@ -166,7 +167,7 @@ class GlooEngine:
             self.store.set("stop", "1")
             request(self.store)
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         self.ctx.emit(event)
 
     # -- what the ranks tell us ---------------------------------------------------
@@ -209,8 +210,7 @@ class GlooEngine:
         if kind == "report":  # a member wrote its report: the recovery reads them now
             self.rec.reported = self.rec.reported or int(event["n"]) >= self.rec.n
             return
-        self.rec.on_event(event)
-        self.emit({k: v for k, v in event.items() if k != "t"})  # rec keeps the original
+        self.emit(self.rec.on_event(event))  # the wire message, as its event
 
     def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor],
                   scored: Evaluation, look_back: bool = False) -> None:

@@ -27,8 +27,20 @@ from typing import TYPE_CHECKING, Any
 from trainthrough.dp.step import group_phase
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
-from trainthrough.engines.result import Recovery
 from trainthrough.engines.signals import note_injected
+from trainthrough.events import (
+    CheckpointCorrupt,
+    Completed,
+    Detection,
+    Event,
+    Failure,
+    RankJoined,
+    Recovery,
+    RecoveryEnded,
+    Reform,
+    Restored,
+    TrainingResumed,
+)
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
 
@@ -129,8 +141,14 @@ class DistRecovery:
         self._maybe_grow()
         return bool(dead)
 
-    def on_event(self, event: dict[str, Any]) -> None:
-        """Bookkeeping for events from the ranks (the controller then records them)."""
+    def on_event(self, event: dict[str, Any]) -> Event:
+        """Bookkeeping for a message from the ranks (``failure``, ``reformed``,
+        ``completed``, ``resumed``: protocol.py's wire messages); returns the event the
+        controller records for it.
+
+        Raises:
+            RuntimeError: a message of a kind no rank sends.
+        """
         kind, t = event.get("type"), float(event.get("t", time.time()))
         if kind == "failure":
             self.failures += 1
@@ -142,24 +160,34 @@ class DistRecovery:
                                                          event["phase"]):
                     del self.orders[i]
                     break
-        elif kind == "reformed" and event.get("action") == "join":
-            event.update(type="rank-joined", join_seconds=t - self.t_grow,
-                         slots=self.last_joined)
+            return Failure(kind=event.get("kind", "rank"), ids=list(event["ids"]),
+                           spec=event["spec"], phase=event["phase"],
+                           phase_kind=event["phase_kind"], mode=event.get("mode"),
+                           iteration=int(event["iteration"]), logical=int(event["logical"]),
+                           pid=event.get("pid"))
+        if kind == "reformed" and event.get("action") == "join":
             self.join_times.append(t - self.t_grow)
             self.joined += len(self.last_joined)
-        elif kind == "reformed":
-            event.update(type="reform", reform_seconds=t - self.t_detect)
+            return RankJoined(n=event["n"], ranks=event["ranks"], action="join",
+                              join_seconds=t - self.t_grow, slots=self.last_joined)
+        if kind == "reformed":
             self.reform_times.append(t - self.t_detect)
             for rec in self.open:  # measured by the first member of the recovering group
-                if rec.get("n") == event["n"]:
-                    rec["perturbation"] = float(event.pop("perturbation"))
-        elif kind == "completed":
+                if rec.get("n") == event["n"] and "perturbation" in event:
+                    rec["perturbation"] = float(event["perturbation"])
+            return Reform(n=event["n"], ranks=event["ranks"], action=event["action"],
+                          reform_seconds=t - self.t_detect)
+        if kind == "completed":
             self.samples_dropped += int(event["samples_dropped"])
             self.e.result.updates_lost += len(self.open[-1]["failed"]) if self.open else 0
-        elif kind == "resumed":
+            return Completed(micro_dropped=int(event["micro_dropped"]),
+                             samples_dropped=int(event["samples_dropped"]))
+        if kind == "resumed":
             for rec in self.open:
                 self._close(rec, t)
             self.open = []
+            return TrainingResumed(iteration=int(event["iteration"]))
+        raise RuntimeError(f"dist engine: a rank sent an unknown message {kind!r}")
 
     def _close(self, rec: dict[str, Any], t: float) -> None:
         if rec.get("restart"):
@@ -170,8 +198,8 @@ class DistRecovery:
                      recovery_seconds=t - rec["t_fail"], perturbation_norm=norm,
                      action=rec["action"], restored_from=rec.get("restored_from"))
         self.e.result.recoveries.append(r)
-        self.e.emit({"type": "recovery", **r.__dict__, "phase": rec["phase"],
-                     "detection_seconds": rec["t_detect"] - rec["t_fail"]})
+        self.e.emit(RecoveryEnded(recovery=r, phase=rec["phase"],
+                                  detection_seconds=rec["t_detect"] - rec["t_fail"]))
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
@@ -215,9 +243,8 @@ class DistRecovery:
         behind = len({r.logical for r in reports.values()}) > 1
         d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
                                             done, self.e.saves.checkpointer.count > 0))
-        self.e.emit({"type": "detection", "iteration": at_iteration,
-                     "failed": [f"rank{i}" for i in failed],
-                     "detection_seconds": t_detect - t_fail, "survivors": survivors})
+        self.e.emit(Detection(iteration=at_iteration, failed=[f"rank{i}" for i in failed],
+                              detection_seconds=t_detect - t_fail, survivors=survivors))
         rec = {"failed": failed, "iteration": at_iteration, "logical": logical, "t_fail": t_fail,
                "t_detect": t_detect, "action": d.action.value, "phase": struck}
         self.open.append(rec)
@@ -254,10 +281,10 @@ class DistRecovery:
         self.joiners, self.grow_requested = [], False
         self.restarts += 1
         step, rec["perturbation"] = e.saves.choose(
-            lambda msg: e.emit({"type": "checkpoint-corrupt", "message": msg}))
+            lambda msg: e.emit(CheckpointCorrupt(message=msg)))
         restored = rec["restored_from"] = 0 if step is None else step
         e.result.updates_lost += (rec["logical"] - restored) * e.cfg.ranks
-        e.emit({"type": "restored", "step": restored})
+        e.emit(Restored(step=restored))
         self.start(range(e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed,
                    restore=step)
 

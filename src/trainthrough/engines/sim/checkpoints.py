@@ -12,14 +12,14 @@ before the crash). A restore charges the bytes it read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.engines.sim.persist import Persister
 from trainthrough.errors import CheckpointWriteFailed
+from trainthrough.events import CheckpointAbandoned
 from trainthrough.ft.checkpoint import CheckpointStore
-from trainthrough.ft.checkpointer import Checkpointer, SaveReport
+from trainthrough.ft.checkpointer import Checkpointer, Emit, SaveReport
 from trainthrough.ft.checkpointing import CheckpointPolicy
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import ShardCheckpoint, restore_together
@@ -59,7 +59,7 @@ class SimCheckpointer:
     """The engine's view: save on the policy's schedule, restore shards on a failure."""
 
     def __init__(self, cluster: SimCluster, policy: CheckpointPolicy, clock: VirtualClock,
-                 costs: Costs, emit: Callable[[dict[str, Any]], None], seed: int = 0) -> None:
+                 costs: Costs, emit: Emit, seed: int = 0) -> None:
         self.c, self.clock, self.costs = cluster, clock, costs
         self.backend = (SimShardSaves(cluster, cluster.store, clock, costs, seed)
                         if cluster.store is not None else None)
@@ -84,7 +84,7 @@ class SimCheckpointer:
     def drop_pending(self) -> None:
         """A failure struck: a write still in flight never completes."""
         if self.backend is not None and self.backend.persist.drop():
-            self.checkpointer.emit({"type": "checkpoint-abandoned"})
+            self.checkpointer.emit(CheckpointAbandoned())
 
     # -- restoring --------------------------------------------------------------
     def has_checkpoint(self) -> bool:

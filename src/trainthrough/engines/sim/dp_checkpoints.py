@@ -13,12 +13,12 @@ or the group restarts, the save never completes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.persist import Persister
 from trainthrough.errors import CheckpointWriteFailed
+from trainthrough.events import CheckpointAbandoned, Event
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, SaveReport
 from trainthrough.ft.checkpointing import CheckpointPolicy
@@ -31,8 +31,7 @@ class SimDPCheckpoints:
     is the stall, abandoned writes' snapshots included), restores on a restart."""
 
     def __init__(self, group: SimGroup, store: CheckpointStore | None, policy: CheckpointPolicy,
-                 clock: VirtualClock, costs: Costs, emit: Callable[[dict[str, Any]], None]
-                 ) -> None:
+                 clock: VirtualClock, costs: Costs, emit: Callable[[Event], None]) -> None:
         self.g, self.clock, self.costs, self.emit = group, clock, costs, emit
         self.persist = Persister(clock, costs)
         self.saver = ReplicaCheckpoint(store, group.first()) if store is not None else None
@@ -65,7 +64,7 @@ class SimDPCheckpoints:
     def rank_failed(self, slot: int) -> None:
         """A write in flight from ``slot`` dies with it."""
         if self.persist.drop(owner=slot):
-            self.emit({"type": "checkpoint-abandoned", "rank": slot})
+            self.emit(CheckpointAbandoned(rank=slot))
 
     # -- restoring --------------------------------------------------------------
     def has_checkpoint(self) -> bool:
@@ -78,7 +77,7 @@ class SimDPCheckpoints:
         The policy is asked again about every iteration after the one restored.
         """
         if self.persist.drop():
-            self.emit({"type": "checkpoint-abandoned"})
+            self.emit(CheckpointAbandoned())
         r = self.saver.latest(on_corrupt) if self.saver is not None else None
         if r is not None:
             self.clock.advance(self.costs.storage(r.nbytes))

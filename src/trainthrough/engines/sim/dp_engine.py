@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -39,6 +38,7 @@ from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.dp_recovery import Hit, SimDPRecovery
+from trainthrough.events import CheckpointCorrupt, Event
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.dp_policies import ElasticPolicy, ReplacementPolicy, group_recovery_policy
 from trainthrough.workloads.base import Params
@@ -88,7 +88,7 @@ class SimDPEngine:
         self._wall0 = time.perf_counter()
 
     # -- hooks ------------------------------------------------------------------
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: Event) -> None:
         self.ctx.emit(event, sim_seconds=self.clock.now)
 
     def params(self) -> Params:
@@ -125,8 +125,7 @@ class SimDPEngine:
     def _resume(self) -> None:
         """Start from the run's newest checkpoint, as a checkpoint-restart does: every
         rank relaunched from the save, at its data cursor."""
-        r = self.ckpt.restore(lambda msg: self._emit({"type": "checkpoint-corrupt",
-                                                      "message": msg}))
+        r = self.ckpt.restore(lambda msg: self._emit(CheckpointCorrupt(message=msg)))
         if r is not None:
             self.g.reset(r.tensors, r.cursor)
         self.executed = self.logical = self.ctx.resumed(

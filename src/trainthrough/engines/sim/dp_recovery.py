@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -28,10 +27,21 @@ from trainthrough.dp.reference import failure_free
 from trainthrough.dp.repair import complete
 from trainthrough.dp.simulated import LockStep
 from trainthrough.dp.step import InFlight, StepSpec, group_phase
-from trainthrough.engines.result import Recovery, RunResult
+from trainthrough.engines.result import RunResult
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
+from trainthrough.events import (
+    CheckpointCorrupt,
+    Detection,
+    Event,
+    Failure,
+    FailureSkipped,
+    RankJoined,
+    Recovery,
+    RecoveryEnded,
+    Reform,
+)
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction, ReplacementDecision
 from trainthrough.ft.dp_policies import GroupFailure, GroupRecoveryPolicy, Phase, ReplacementPolicy
@@ -55,7 +65,7 @@ class SimDPRecovery:
 
     def __init__(self, group: SimGroup, schedule: FailureSchedule, policy: GroupRecoveryPolicy,
                  replacement: ReplacementPolicy, ckpt: SimDPCheckpoints, clock: VirtualClock,
-                 costs: Costs, result: RunResult, emit: Callable[[dict[str, Any]], None],
+                 costs: Costs, result: RunResult, emit: Callable[[Event], None],
                  step: tuple[LockStep, StepSpec]) -> None:
         self.g, self.schedule, self.policy, self.replacement = group, schedule, policy, replacement
         self.ckpt, self.clock, self.costs, self.result, self.emit = ckpt, clock, costs, result, emit
@@ -79,9 +89,9 @@ class SimDPRecovery:
         hang = False
         for e in events:
             live = [i for i in e.ids if i in self.g.ranks and i not in ids]
-            self.emit({"type": "failure" if live else "failure-skipped", "iteration": executed,
-                       "kind": "rank", "ids": list(e.ids), "spec": e.spec, "phase": point,
-                       "mode": e.mode, "during_recovery": point == "recovery"})
+            self.emit((Failure if live else FailureSkipped)(
+                iteration=executed, kind="rank", ids=list(e.ids), spec=e.spec, phase=point,
+                mode=e.mode, during_recovery=point == "recovery"))
             if live:
                 self.failures += 1
                 ids += live
@@ -122,7 +132,7 @@ class SimDPRecovery:
             self.clock.advance(self.costs.m.reform_seconds)
             self.reforms += 1
             self.smallest = min(self.smallest, len(self.g.ranks))
-            self.emit({"type": "reform", "iteration": executed, "ranks": self.g.live})
+            self.emit(Reform(iteration=executed, ranks=self.g.live))
             join = self.replacement.decide(tuple(failed), t0)
             if join is not None:
                 self.joins.append(join)
@@ -137,8 +147,8 @@ class SimDPRecovery:
                        recovery_seconds=ready - t0, perturbation_norm=norm,
                        action=d.action.value, restored_from=restored)
         self.result.recoveries.append(rec)
-        self.emit({"type": "recovery", **rec.__dict__, "phase": point.partition(":")[0],
-                   "logical_iteration": logical, "ranks": self.g.live})
+        self.emit(RecoveryEnded(recovery=rec, phase=point.partition(":")[0],
+                                logical_iteration=logical, ranks=self.g.live))
         return committed, logical
 
     def _kill(self, hit: Hit, executed: int) -> None:
@@ -146,14 +156,12 @@ class SimDPRecovery:
             self.g.kill(s)
             self.ckpt.rank_failed(s)
         self.clock.advance(self.costs.m.timeout_seconds if hit.hang else self.costs.detection)
-        self.emit({"type": "detection", "iteration": executed,
-                   "failed": [f"rank{i}" for i in hit.ids]})
+        self.emit(Detection(iteration=executed, failed=[f"rank{i}" for i in hit.ids]))
 
     def _restart(self, size: int, logical: int) -> int:
         """Every rank relaunches (failed ones replaced) from the checkpoint or the start."""
         self.clock.advance(self.costs.restart)
-        r = self.ckpt.restore(lambda msg: self.emit({"type": "checkpoint-corrupt",
-                                                     "message": msg}))
+        r = self.ckpt.restore(lambda msg: self.emit(CheckpointCorrupt(message=msg)))
         restored = r.step if r is not None else 0
         self.g.reset(r.tensors if r is not None else None, r.cursor if r is not None else Cursor())
         self.joins.clear()
@@ -194,5 +202,4 @@ class SimDPRecovery:
         nbytes = self.g.join(slots) if slots else 0
         self.joined += len(slots)
         self.clock.advance(self.costs.network(nbytes) + self.costs.m.reform_seconds)
-        self.emit({"type": "rank-joined", "slots": slots, "ranks": self.g.live,
-                   "bytes": nbytes})
+        self.emit(RankJoined(slots=slots, ranks=self.g.live, bytes=nbytes))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -27,6 +26,7 @@ from trainthrough.engines.sim.checkpoints import SimCheckpointer
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
 from trainthrough.engines.sim.recovery import SimRecovery
+from trainthrough.events import CheckpointCorrupt, Event
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ps.layout import make_layout
 from trainthrough.ps.round import bsp_round
@@ -83,7 +83,7 @@ class SimEngine:
         self._wall0 = time.perf_counter()
 
     # -- hooks ------------------------------------------------------------------
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: Event) -> None:
         self.ctx.emit(event, sim_seconds=self.clock.now)
 
     def _evaluate(self, executed: int, logical: int) -> bool:
@@ -136,7 +136,7 @@ class SimEngine:
         c = self.cluster
         step = self.checkpointer.restore(
             list(range(len(c.shards))),
-            lambda msg: self._emit({"type": "checkpoint-corrupt", "message": msg}))
+            lambda msg: self._emit(CheckpointCorrupt(message=msg)))
         for i in range(len(c.workers)):
             c.restart_worker(i)
         return self.ctx.resumed(step, self.schedule, self.checkpointer.checkpointer,

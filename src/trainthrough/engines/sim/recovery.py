@@ -7,12 +7,19 @@ that SCAR's analysis is about.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
-from trainthrough.engines.result import Recovery
 from trainthrough.engines.sim.checkpoints import SimCheckpointer
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.cluster import SimCluster
+from trainthrough.events import (
+    CheckpointCorrupt,
+    Detection,
+    Event,
+    Failure,
+    Recovery,
+    RecoveryEnded,
+)
 from trainthrough.faults.schedule import FailureEvent, FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.perturbation import perturbation
@@ -26,7 +33,7 @@ class SimRecovery:
 
     def __init__(self, cluster: SimCluster, schedule: FailureSchedule, policy: RecoveryPolicy,
                  checkpointer: SimCheckpointer, clock: VirtualClock, costs: Costs,
-                 emit: Any, replay_rounds: bool = False) -> None:
+                 emit: Callable[[Event], None], replay_rounds: bool = False) -> None:
         """``replay_rounds``: worker-copy recovery re-applies the round its copies
         missed (bulk-synchronous only; see ft/worker_copy.py's ``replay``)."""
         self.c = cluster
@@ -62,7 +69,7 @@ class SimRecovery:
         self._restarting = set()
         self._strike(events, executed, lost, failed)
         self.clock.advance(self.costs.detection)
-        self.emit({"type": "detection", "iteration": executed, "failed": list(failed)})
+        self.emit(Detection(iteration=executed, failed=list(failed)))
         # A replacement takes restart_seconds to come up; failures due in that window
         # (phase=recovery, or a time trigger inside it) strike before recovery ends.
         self.clock.advance(self.costs.restart)
@@ -82,7 +89,7 @@ class SimRecovery:
             targets = (list(range(len(self.c.shards)))
                        if decision.action is RecoveryAction.ROLLBACK_ALL else list(decision.shards))
             restored_from = self.checkpointer.restore(
-                targets, lambda msg: self.emit({"type": "checkpoint-corrupt", "message": msg}))
+                targets, lambda msg: self.emit(CheckpointCorrupt(message=msg)))
             restored_from = restored_from or 0
             if decision.rewind:
                 undone = (logical - restored_from) * len(self.c.workers)
@@ -98,7 +105,7 @@ class SimRecovery:
                        perturbation_norm=norm, perturbation_norm_lost=norm_lost,
                        action=decision.action.value, restored_from=restored_from,
                        worker_copy=copies)
-        self.emit({"type": "recovery", **rec.__dict__, "logical_iteration": new_logical})
+        self.emit(RecoveryEnded(recovery=rec, logical_iteration=new_logical))
         return new_logical, rec, undone
 
     def _from_copies(self, lost: tuple[int, ...], versions: tuple[int, ...],
@@ -135,5 +142,5 @@ class SimRecovery:
                     self.c.workers[i].copy = None  # its memory is gone now
                     self._restarting.add(i)
                 failed.append(f"{e.kind}{i}")
-            self.emit({"type": "failure", "iteration": executed, "kind": e.kind,
-                       "ids": list(e.ids), "spec": e.spec, "during_recovery": during_recovery})
+            self.emit(Failure(iteration=executed, kind=e.kind, ids=list(e.ids), spec=e.spec,
+                              during_recovery=during_recovery))

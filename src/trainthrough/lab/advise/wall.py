@@ -26,6 +26,7 @@ from bisect import bisect_right
 from typing import Any
 
 from trainthrough.engines.callbacks import Callback
+from trainthrough.events import Record
 
 
 class StepClock(Callback):
@@ -43,7 +44,7 @@ class StepClock(Callback):
         self.iterations.append(iteration)
         self.seconds.append(sim_seconds)
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         if event.get("type") == "failure":
             self.failures.append(float(event["sim_seconds"]))
         elif event.get("type") == "spare-ready":

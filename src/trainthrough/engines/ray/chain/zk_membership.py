@@ -35,6 +35,7 @@ import ray
 
 from trainthrough.coord.base import CoordinatorError
 from trainthrough.errors import RunStalled
+from trainthrough.events import Event, Fenced, ZookeeperAbsent, ZookeeperRejoined, ZookeeperSilent
 
 if TYPE_CHECKING:
     from trainthrough.engines.ray.driver.cluster import RayCluster
@@ -49,7 +50,7 @@ OUTAGE_SECONDS = 60.0
 class ZooKeeperMembership:
     """The driver's side of ZooKeeper membership; :meth:`step` runs at every tick."""
 
-    def __init__(self, c: RayCluster, emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, c: RayCluster, emit: Callable[[Event], None]) -> None:
         self.c, self.emit = c, emit
         self._lock = threading.Lock()  # the watch callbacks run on kazoo's thread
         self._latest: dict[int, list[str]] = {}  # shard -> members ZooKeeper listed last
@@ -132,8 +133,7 @@ class ZooKeeperMembership:
                 del self._ray_dead[name]
             elif now - seen >= GRACE_SECONDS:
                 del self._ray_dead[name]
-                self.emit({"type": "zookeeper-silent", "member": name, "shard": m.index,
-                           "waited_seconds": now - seen})
+                self.emit(ZookeeperSilent(member=name, shard=m.index, waited_seconds=now - seen))
                 dead.append(m)
         if self._unwatched and now >= self._watch_retry:
             self._watch_retry = now + RETRY_SECONDS
@@ -156,14 +156,13 @@ class ZooKeeperMembership:
                 except ray.exceptions.RayError:
                     dead.append(m)  # it died meanwhile (its watch tells the same)
                     continue
-                self.emit({"type": "zookeeper-absent", "member": m.name, "shard": m.index,
-                           "action": "rejoin"})
+                self.emit(ZookeeperAbsent(member=m.name, shard=m.index, action="rejoin"))
                 self.rejoin(m.name)
                 continue
             self.c.kill(m.name)  # it hangs: fenced, since the chain goes on without it
-            self.emit({"type": "fenced", "member": m.name, "shard": m.index,
-                       "reason": f"ZooKeeper lost it and it did not answer within "
-                                 f"{PING_SECONDS:g} s"})
+            self.emit(Fenced(member=m.name, shard=m.index,
+                             reason=f"ZooKeeper lost it and it did not answer within "
+                                    f"{PING_SECONDS:g} s"))
             dead.append(m)
         return dead
 
@@ -179,7 +178,7 @@ class ZooKeeperMembership:
             del self._joining[name]
             try:
                 if ray.get(ref) and name not in self._first:
-                    self.emit({"type": "zookeeper-rejoined", "member": name})
+                    self.emit(ZookeeperRejoined(member=name))
                 self._first.discard(name)
                 self._failing_since = None
             except ray.exceptions.RayActorError:

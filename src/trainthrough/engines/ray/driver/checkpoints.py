@@ -17,11 +17,10 @@ from typing import Any
 import ray
 
 from trainthrough.engines.ray.actors.reports import RestoreInfo, SaveInfo
-from trainthrough.ft.checkpointer import SaveReport
+from trainthrough.events import CheckpointCorrupt, CheckpointFailed, CheckpointSkipped
+from trainthrough.ft.checkpointer import Emit, SaveReport
 from trainthrough.ft.decisions import CheckpointDecision
 from trainthrough.ft.shard_checkpoint import restore_together
-
-Emit = Callable[[dict[str, Any]], None]
 
 
 def keep_for(checkpoint: str, keep: int) -> int:
@@ -59,8 +58,8 @@ class RayShardSaves:
         if any(i.get("skipped") for i in infos):
             # The previous background write was still running: this save is not taken
             # (by every shard that was busy), and the run says so.
-            self.emit({"type": "checkpoint-skipped", "iteration": iteration,
-                       "shards": sum(1 for i in infos if i.get("skipped"))})
+            self.emit(CheckpointSkipped(iteration=iteration,
+                                        shards=sum(1 for i in infos if i.get("skipped"))))
         if not names and not errors:
             return  # no shard had credit for a row yet
         done(SaveReport(sum(i["bytes"] for i in infos), sum(i["payload"] for i in infos),
@@ -103,8 +102,8 @@ class RayShardSaves:
 def _step(result: RestoreInfo, emit: Emit) -> int | None:
     """What one actor's restore reported: emit what it skipped; return its step."""
     for msg in result.get("skipped", []):
-        emit({"type": "checkpoint-corrupt", "message": msg})
+        emit(CheckpointCorrupt(message=msg))
     if result.get("error"):
-        emit({"type": "checkpoint-failed", "message": result["error"]})
+        emit(CheckpointFailed(message=result["error"]))
     step = result.get("step")
     return int(step) if step is not None else None

@@ -36,6 +36,7 @@ from trainthrough.engines.ray.driver.recovery import Measuring, Replacement
 from trainthrough.engines.ray.driver.stall import StallWatch
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import RunResult
+from trainthrough.events import Event, Failure, RecoveryEnded, SpareReady
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.checkpointer import Checkpointer
 from trainthrough.ps.layout import make_layout
@@ -81,7 +82,7 @@ class RayEngine:
         self.incarnation = [0] * cfg.workers
         self.bsp: BulkSynchronous | None = None
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         """Record an event of the run (stamped with the wall clock)."""
         self.ctx.emit(event)
 
@@ -242,9 +243,8 @@ class RayEngine:
                 version = int(ray.get(m.handle.stats.remote(), timeout=10)["version"])
             self.cluster.kill(name)
             self.result.failures += 1
-            self.emit({"type": "failure", "iteration": iteration, "kind": m.kind,
-                       "ids": [m.index], "member": name, "spec": e.spec,
-                       "in_service": m.in_service})
+            self.emit(Failure(iteration=iteration, kind=m.kind, ids=[m.index], member=name,
+                              spec=e.spec, in_service=m.in_service))
             m.strike = Strike(iteration, before, self._work(), version)
 
     def on_death(self, m: Member, iteration: int) -> None:
@@ -268,8 +268,7 @@ class RayEngine:
         """An event for each spare started after a failure that is now ready: how long a
         failure soon after that one would wait for its replacement (advise's model)."""
         for m, seconds in self.cluster.refilled():
-            self.emit({"type": "spare-ready", "member": m.name,
-                       "after_failure": round(seconds, 4)})
+            self.emit(SpareReady(member=m.name, after_failure=round(seconds, 4)))
 
     def measure(self) -> None:
         """Close the recoveries whose shard has applied an update since: their recovery
@@ -286,7 +285,7 @@ class RayEngine:
                 self.result.recoveries.append(rec)
                 busy = self._busy_share(r.work_at_kill)
                 self.result.extras.setdefault("busy_during_outage", []).append(busy)
-                self.emit({"type": "recovery", **rec.__dict__, "busy_during_outage": busy})
+                self.emit(RecoveryEnded(recovery=rec, busy_during_outage=busy))
 
     def _work(self) -> OutageWork:
         """The workers' outage work so far."""

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from trainthrough.engines.ray.driver.members import Member
     from trainthrough.engines.ray.driver.recovery import Measuring, Replacement
     from trainthrough.engines.result import RunResult
+    from trainthrough.events import Event
     from trainthrough.faults.schedule import FailureEvent, FailureSchedule
     from trainthrough.ft.checkpointer import Checkpointer
     from trainthrough.ft.recovery import RecoveryPolicy
@@ -51,7 +52,7 @@ class Driver(Protocol):
     measuring: list[Measuring]  #: recoveries waiting for their first update applied
     incarnation: list[int]  #: per worker id: replacements started so far
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         """Record an event of the run (stamped with the wall clock)."""
 
     def strike(self, e: FailureEvent, iteration: int) -> None:

@@ -22,7 +22,16 @@ import ray
 
 from trainthrough.engines.ray.driver.cluster import RayCluster
 from trainthrough.engines.ray.driver.members import Member, MemberState, OutageWork
-from trainthrough.engines.result import Recovery
+from trainthrough.events import (
+    Detection,
+    Failover,
+    Recovery,
+    RecoveryEnded,
+    ReplacementLost,
+    ReplicaJoin,
+    ShardDown,
+    ShardUp,
+)
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.perturbation import perturbation
@@ -84,8 +93,8 @@ def on_death(eng: Driver, m: Member, iteration: int) -> None:
     m.transition(MemberState.DEAD, at=now)
     kill_time = m.down_since
     struck = m.strike
-    eng.emit({"type": "detection", "iteration": iteration, "member": m.name,
-              "kind": m.kind, "detect_seconds": now - kill_time})
+    eng.emit(Detection(iteration=iteration, member=m.name, kind=m.kind,
+                       detection_seconds=now - kill_time))
     pending = next((p for p in eng.pending if p.member is m), None)
     if pending is not None:
         _replace_pending(eng, pending, m, iteration)
@@ -103,7 +112,7 @@ def on_death(eng: Driver, m: Member, iteration: int) -> None:
         record = Recovery(failed=[m.name], at_iteration=iteration, recovery_seconds=0.0,
                           perturbation_norm=norm, perturbation_norm_lost=norm_lost,
                           action="failover")
-        eng.emit({"type": "failover", "shard": shard, "head": c.chains[shard].members[0]})
+        eng.emit(Failover(shard=shard, head=c.chains[shard].members[0]))
         head = c.head(shard)
         eng.measuring.append(Measuring(head, _version(head), kill_time, record,
                                        struck.work if struck else None))
@@ -112,7 +121,7 @@ def on_death(eng: Driver, m: Member, iteration: int) -> None:
         return
     c.chains[shard].members = [n for n in c.chains[shard].members if n != m.name]
     c.coord.leave(f"shard{shard}", m.name)
-    eng.emit({"type": "down", "shard": shard, "iteration": iteration})
+    eng.emit(ShardDown(shard=shard, iteration=iteration))
     warm = c.add_replica(shard, join=False, since=kill_time)
     eng.pending.append(Replacement("shard", warm, at, m))
 
@@ -127,8 +136,8 @@ def _replace_pending(eng: Driver, p: Replacement, m: Member, iteration: int) -> 
                                   incarnation=eng.incarnation[m.index])
     else:
         p.member = c.add_replica(m.index, join=False, since=m.down_since)
-    eng.emit({"type": "replacement-lost", "member": m.name, "kind": m.kind,
-              "replaced_by": p.member.name, "for": p.dead.name})
+    eng.emit(ReplacementLost(member=m.name, kind=m.kind, replaced_by=p.member.name,
+                             for_=p.dead.name))
 
 
 def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) -> bool:
@@ -147,7 +156,7 @@ def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) 
         rec = Recovery([dead.name], iteration, time.perf_counter() - kill_time, 0.0,
                        action="restart-worker")
         eng.result.recoveries.append(rec)
-        eng.emit({"type": "recovery", **rec.__dict__})
+        eng.emit(RecoveryEnded(recovery=rec))
         return True
     if p.kind == "replica":
         # A replica copies its state from the chain's tail: while the whole chain is
@@ -156,8 +165,8 @@ def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) 
         if not c.chains[m.index].members or not c.join_tail(m):
             return False
         m.transition(MemberState.SERVING)
-        eng.emit({"type": "replica-join", "shard": m.index, "member": m.name,
-                  "chain": list(c.chains[m.index].members)})
+        eng.emit(ReplicaJoin(shard=m.index, member=m.name,
+                             chain=list(c.chains[m.index].members)))
         return True
     # The strategy's recovery policy decides; this only carries the decision out.
     decision = eng.recovery_policy.decide((m.index,), eng.checkpointer.count > 0)
@@ -183,7 +192,7 @@ def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) 
     else:
         c.join_alone(m)
     m.transition(MemberState.SERVING)
-    eng.emit({"type": "up", "shard": m.index, "iteration": iteration, "restored_from": restored})
+    eng.emit(ShardUp(shard=m.index, iteration=iteration, restored_from=restored))
     norm, norm_lost = _delta(eng, dead, m.index)
     record = Recovery(failed=[dead.name],
                       at_iteration=struck.iteration if struck is not None else iteration,
