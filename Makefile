@@ -19,13 +19,14 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/trainthrough compare
 
-# The whole suite, what CI runs: two workers (tests wait on processes as often as they
-# compute); every test that uses the session's Ray runs on one of them (loadgroup).
+# The whole suite, what CI runs: three workers on two cores (the tests wait on processes
+# about half the time); every test that uses the session's Ray runs on one of them, and
+# the README's and the examples' commands each on one, in order (loadgroup).
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
 	PYTHONPATH=src $(BIN)/lint-imports --no-logo
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 3 --dist loadgroup
 
 # The quick tier, for the edit-test loop: every test that starts no process (no gloo
 # rank, no Ray, no ZooKeeper, no CLI subprocess; tests/conftest.py says which).
