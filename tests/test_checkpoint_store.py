@@ -542,7 +542,7 @@ def test_the_checkpointer_counts_every_save_a_write_failed_in() -> None:
             done(next(reports))
 
     events: list[dict[str, Any]] = []
-    ck = Checkpointer(FullEvery(2), Backend(), events.append)
+    ck = Checkpointer(FullEvery(2), Backend(), lambda e: events.append(e.to_record()))
     ck.after_iteration(6)
     assert (ck.count, ck.failed, ck.bytes) == (2, 2, 15)
     assert [e["iteration"] for e in events if e["type"] == "checkpoint-failed"] == [4, 6, 6]

@@ -88,7 +88,8 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
     posted: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     rank = RankSaves(cfg, strategy, url, _rank(), 5, posted.append)
-    ctl = ControllerSaves(cfg, strategy, url, _rank(), 5, events.append)
+    ctl = ControllerSaves(cfg, strategy, url, _rank(), 5,
+                          lambda e: events.append(e.to_record()))
 
     def commit(replica: Rank, logical: int) -> None:
         rank.after_commit(replica, logical, Cursor(0, logical), [0, 1])

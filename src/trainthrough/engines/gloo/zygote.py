@@ -79,7 +79,7 @@ class Zygote:
         self._ready = True
 
     def fork(self, spec: RankSpec) -> ForkedProcess:
-        """Fork one rank running ``spec``, writing to this process's stdout and stderr."""
+        """Fork one rank running ``spec``, writing to this process's descriptors 1 and 2."""
         self.wait_ready()
         request = json.dumps({"spec": spec, "env": dict(os.environ),
                               "cwd": os.getcwd()}).encode()
@@ -89,7 +89,9 @@ class Zygote:
                 conn.connect(self.path)
                 sys.stdout.flush()
                 sys.stderr.flush()
-                socket.send_fds(conn, [b"F"], [sys.stdout.fileno(), sys.stderr.fileno()])
+                # The process's own descriptors 1 and 2, as a ``python -m`` child
+                # inherits them (sys.stdout may be replaced, e.g. captured in memory).
+                socket.send_fds(conn, [b"F"], [1, 2])
                 conn.sendall(_LEN.pack(len(request)) + request)
                 answer = _readline(conn, READY_SECONDS)
             except OSError as e:
