@@ -52,11 +52,6 @@ SLOW_TESTS = {
 #: Modules whose tests run in order on one shared state (a clone that earlier commands
 #: leave runs in): one xdist worker runs each of them whole.
 IN_ORDER = {"test_readme_commands", "test_examples"}
-#: Tests that start a Ray cluster of their own: they run on the worker that holds the
-#: session's Ray, one after another with its tests, not beside them (on two cores, two
-#: busy Ray clusters at once slow both past their wall limits).
-OWN_RAY = {"test_ray_chaos_short", "test_two_local_nodes_ranks_on_both_and_a_whole_node_lost",
-           "test_a_file_travels_to_a_joined_cluster_by_working_dir"}
 #: Fixtures that start a process (or a whole Ray) for the test that uses them.
 PROCESS_FIXTURES = {"ray_session", "zk_server", "clone"}
 #: A test id naming an engine that runs real processes (a parameter or the test's name).
@@ -71,12 +66,14 @@ def _starts_processes(item: pytest.Item) -> bool:
             or bool(REAL_ENGINE.search(item.name)))
 
 
+# tryfirst: xdist reads the groups in its own hook of the same name, on each worker
+# (pytest < 9: xdist 3.8 marks a group in the node id, which pytest 9 no longer takes).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        name = getattr(item, "originalname", item.name)
         if _starts_processes(item):
             item.add_marker(pytest.mark.slow)
-        if "ray_session" in item.fixturenames or name in OWN_RAY:  # one Ray at a time
+        if "ray_session" in item.fixturenames:  # the session's one Ray, on one worker
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif Path(str(item.fspath)).stem in IN_ORDER:  # one clone, commands in order
             item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
