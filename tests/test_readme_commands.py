@@ -53,7 +53,7 @@ def _param(source: Path, c: Command) -> object:
     long = bool(_REAL.search(c.text))
     prefix = "" if source.name == "README.md" else f"{source.stem}-"
     return pytest.param(source, c, id=prefix + c.id,
-                        marks=[pytest.mark.timeout(300 if long else 120)])
+                        marks=[pytest.mark.timeout(300 if long else 240)])
 
 
 # Session-scoped: under xdist a worker interleaves other modules' tests with these, and
