@@ -80,11 +80,11 @@ class Zygote:
 
     def fork(self, spec: RankSpec) -> ForkedProcess:
         """Fork one rank running ``spec``, writing to this process's descriptors 1 and 2."""
-        self.wait_ready()
         request = json.dumps({"spec": spec, "env": dict(os.environ),
                               "cwd": os.getcwd()}).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._lock:  # the zygote serves one request at a time
+            self.wait_ready()  # its one "ready" line is read by one caller
             try:
                 conn.connect(self.path)
                 sys.stdout.flush()
