@@ -21,7 +21,9 @@ from chaos import gloo_soak, ray_soak, run_soak  # noqa: E402
 @pytest.mark.timeout(240)
 def test_ray_chaos_short(tmp_path: Path) -> None:
     pytest.importorskip("ray")
-    r = run_soak(ray_soak(kills=4, wall=20.0), tmp_path, quiet=True)
+    # 30 s, kills in the first 18: on a loaded machine (CI, three workers on two cores)
+    # the 8 s left after the kills at 20 s were once too few to reach the target.
+    r = run_soak(ray_soak(kills=4, wall=30.0), tmp_path, quiet=True)
     assert r["problems"] == [], r
     assert r["kills_delivered"] >= 4 and r["checkpoints_verified"] > 0
 
