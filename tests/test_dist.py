@@ -197,3 +197,23 @@ def test_bad_dist_input_exits_2(cli, tmp_path: Path) -> None:  # noqa: ANN001
         assert r.code == 2, (args, r.err)
         assert words in r.err and len(r.err.strip().splitlines()) == 1, r.err
         assert not out.exists()
+
+
+def test_async_checkpoint_restart_writes_in_the_background_and_restores(tmp_path: Path) -> None:
+    """checkpoint-restart with persist=async on gloo: saves written by rank 0's
+    background thread are counted, the restart loads the last one before the failure,
+    and the run's summary records the device and the collective it used."""
+    cb = Watch()
+    e = _engine(tmp_path, cb, workload="mlr", ranks=3, max_iterations=45,
+                strategy="base=checkpoint-restart,persist=async", checkpoint_every=10,
+                failures=["rank=1@iter=25"], recovery_delay=0.1,
+                cost=CostModel(timeout_seconds=2.0))
+    r = e.run()
+    assert r.failures == 1 and r.checkpoints >= 3, (r.failures, r.checkpoints)
+    assert [x.restored_from for x in r.recoveries] == [20]
+    assert r.extras["device"] == "cpu"
+    assert r.extras["collective"]["backend"] == "gloo"
+    assert r.extras["replicas_identical"] is True
+    saved = sorted(int(p.name.split("-")[1]) for p in
+                   (tmp_path / "checkpoints").rglob("ckpt-*") if p.is_dir())
+    assert saved and max(saved) >= 30, saved  # written after the restart too

@@ -81,6 +81,11 @@ def _add_run(sub: Any) -> None:
                         "failures strike before bucket K)")
     p.add_argument("--micro-batches", type=_int, dest="micro_batches",
                    help="dp: micro-batches per rank, one gradient call each (default 1)")
+    p.add_argument("--device", help="dp, your own loop: where replicas compute: auto (a GPU "
+                   "per local rank when CUDA is present, else the CPU), cpu, cuda, cuda:N")
+    p.add_argument("--collective", choices=field_choices("collective"),
+                   help="dp: auto (NCCL when each rank of a host has its own GPU, else "
+                        "gloo), gloo or nccl")
     p.add_argument("--shards", type=_int, help="parameter-server shards K")
     p.add_argument("--workers", type=_int, help="workers N")
     p.add_argument("--consistency", choices=field_choices("consistency"),

@@ -23,6 +23,7 @@ Validation comes in two parts:
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -38,6 +39,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+#: The device names ``--device`` takes (what exists is checked where torch is known).
+DEVICE_NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 # Engine names (aliases included) for the field's choices; what each engine runs is
 # declared by the engine itself (engines/registry.py), never here.
 ENGINES = ("sim", "ray", "gloo", "dist")
@@ -50,7 +53,8 @@ FLAG_FIELDS = (
     "consistency", "staleness", "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir",
     "checkpoint_fraction", "checkpoint_rule", "max_iterations", "eval_every", "target", "lr",
     "baseline", "ray_address", "keep_warm", "recovery_delay", "replicas", "coordinator", "zookeeper_hosts",
-    "merge_rule", "merge_threshold", "wall_limit", "allreduce_buckets", "micro_batches")
+    "merge_rule", "merge_threshold", "wall_limit", "allreduce_buckets", "micro_batches",
+    "device", "collective")
 
 
 def flag_label(name: str) -> str:
@@ -110,6 +114,12 @@ class RunConfig:
     #: spread a lost rank's share more evenly over the survivors: 4 over 3 ranks
     #: run 2/1/1, 16 run 6/5/5)
     micro_batches: int = bounded(1, ge=1)
+    #: dp, your own loop: where each rank's replica computes (``loop.device``): auto (a
+    #: GPU per local rank when CUDA is present, else the CPU), cpu, cuda or cuda:N
+    device: str = "auto"
+    #: dp: the collective: auto (NCCL when every rank of a host has a GPU of its own,
+    #: else gloo), gloo or nccl
+    collective: str = bounded("auto", choices=("auto", "gloo", "nccl"))
     replace: bool = True  #: dp: failed ranks are replaced after cost.replace_seconds
     failures: list[str] = field(default_factory=list)  #: failure specs
     seed: int = bounded(0, ge=0, le=SEED_MAX)  #: one seed for everything random in the run
@@ -179,6 +189,8 @@ class RunConfig:
             raise UserError("--keep-warm keeps parameter-server actors on a Ray cluster that "
                             "outlives the run: it needs --engine ray --ray-address ADDR "
                             "(and --paradigm ps)")
+        if not DEVICE_NAME.match(self.device):
+            raise UserError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
         if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
             raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
         _check_storage_url(self.checkpoint_dir)

@@ -18,6 +18,12 @@ identical, and a rollback or a joining rank finds the buffers of the committed s
 State travels as flat tensors (``params/``, ``buffers/``, ``optim/state/<i>/<key>``,
 ``optim/group/<g>/<key>``, ``meta/steps``): safetensors on disk and over the network,
 never a pickle.
+
+The replica computes where the model lives (:attr:`ModuleReplica.device`, its
+parameters' device): each batch the ``collate_fn`` made is moved there
+(:func:`~trainthrough.dp.devices.to_device`, as ``DistributedDataParallel`` moves its
+inputs), and the flat gradient is built, reduced and applied there. State is handed
+out on that device and loaded onto it from any device.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch
 
 from trainthrough.dp.allreduce import Contribution
 from trainthrough.dp.batching import MicroBatch
+from trainthrough.dp.devices import to_device
 from trainthrough.dp.rank import Tensors, micro_seed
 from trainthrough.errors import UserError
 
@@ -68,6 +75,14 @@ class ModuleReplica:
         bufs = dict(model.named_buffers())
         self._float_bufs = {n: b for n, b in bufs.items() if b.is_floating_point()}
         self._int_bufs = {n: b for n, b in bufs.items() if not b.is_floating_point()}
+        devices = {p.device for p in self._params.values()}
+        if len(devices) > 1:
+            raise UserError("the model's parameters are on several devices "
+                            f"({', '.join(sorted(map(str, devices)))}): a data-parallel "
+                            "replica lives on one; move the model with model.to(device)")
+        self.device: torch.device = devices.pop()
+        # Dropout on a GPU draws from that device's generator: forked and seeded too.
+        self._rng_devices = [self.device] if self.device.type == "cuda" else []
         self._grad_numel = sum(p.numel() for p in self._params.values())
         self.layout = Flat(self._grad_numel + sum(b.numel() for b in self._float_bufs.values()))
         self.steps = 0
@@ -86,9 +101,9 @@ class ModuleReplica:
         out = []
         try:
             for mb in micro:
-                batch = self.fetch(mb.rows)
+                batch = to_device(self.fetch(mb.rows), self.device)
                 # The same dropout masks whichever rank computes it (a rollback redoes it).
-                with torch.random.fork_rng(devices=[]):
+                with torch.random.fork_rng(devices=self._rng_devices):
                     torch.manual_seed(micro_seed(self.run_seed, step, mb.index))
                     loss = self.loss_fn(batch)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -113,6 +128,7 @@ class ModuleReplica:
         learning rate times ``lr_scale`` for this step), the buffers as they are."""
         if torch.isnan(flat).any():
             raise ValueError("refusing to apply a gradient with unreduced (NaN) buckets")
+        flat = flat.to(self.device)
         at = 0
         for p in self._params.values():
             n = p.numel()

@@ -38,6 +38,7 @@ class Replica(Protocol):
     rank_id: int
     steps: int
     label: str  # what checkpoints record as the model's name
+    device: torch.device  # where it computes; its state and gradients live there
 
     @property
     def layout(self) -> Numel: ...
@@ -72,6 +73,7 @@ class Rank:
         self.layout = FlatLayout(self.params)
         self.steps = 0  # optimizer steps this replica applied
         self.label = workload.name
+        self.device = torch.device("cpu")  # trainthrough's workloads compute on the CPU
 
     # -- training ---------------------------------------------------------------
     def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]:

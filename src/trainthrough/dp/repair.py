@@ -94,7 +94,7 @@ async def share_state(rank: Replica, coll: Collective, counters: list[int],
     donor = int(donors[0])
     blob = b""
     if me == donor:
-        state = rank.state()
+        state = {k: v.cpu() for k, v in rank.state().items()}  # bytes are host memory
         state["meta/counters"] = torch.tensor(counters, dtype=torch.int64)
         blob = safetensors.torch.save(state)
     size = torch.tensor([len(blob)], dtype=torch.int64)

@@ -64,8 +64,10 @@ class InFlight:
     committed: bool = False  # the last bucket, and with it the vote, completed
 
     @classmethod
-    def begin(cls, batch: StepBatch, logical: int, numel: int) -> InFlight:
-        return cls(batch, logical, torch.full((numel,), float("nan")))
+    def begin(cls, batch: StepBatch, logical: int, numel: int,
+              device: torch.device | None = None) -> InFlight:
+        """A fresh record; ``reduced`` lives on the replica's ``device`` (default CPU)."""
+        return cls(batch, logical, torch.full((numel,), float("nan"), device=device))
 
     def reduce_into(self, bucket: Bucket, total: torch.Tensor, count: int, mean: bool) -> None:
         """Store a bucket's sum (divided by the ``count`` micro-batches if ``mean``)."""

@@ -25,7 +25,7 @@ from trainthrough.ft.strategy import Strategy
 #: in its capabilities (``options``).
 ENGINE_SETTINGS = ("shards", "workers", "ranks", "elastic", "allreduce_buckets",
                    "micro_batches", "replace", "ray_address", "recovery_delay", "coordinator",
-                   "zookeeper_hosts", "wall_limit")
+                   "zookeeper_hosts", "wall_limit", "device", "collective")
 
 Scope = tuple[Callable[[str, Strategy], bool], str]  # (is it used?, what to say if not)
 _SSP: Scope = (lambda consistency, s: consistency == "ssp",

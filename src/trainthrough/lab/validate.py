@@ -47,6 +47,11 @@ def validate_run(cfg: RunConfig) -> None:
                             "--paradigm dp --engine ray (or gloo)")
     else:
         check_options(cfg.workload, cfg.workload_options)
+    if cfg.paradigm == "dp" and cfg.engine != "sim":  # the device and collective exist here
+        from trainthrough.dp.devices import cuda_count, plan_devices
+
+        plan_devices(cfg.device, cfg.collective, isinstance(factory, TrainingLoop), cfg.ranks,
+                     cuda_count())
     strategy = resolve(cfg.strategy)
     strategy.require(cfg.paradigm)
     specs = parse(cfg.failures)

@@ -50,13 +50,18 @@ def training_loop(fn: TrainFn | None = None, *, metric: str = "loss",
 class Loop:
     """A rank's handle on the run, given to ``train(loop)``.
 
-    Attributes read in a loss function or a print: :attr:`rank` (this rank's slot),
+    Attributes read in a loss function or a print: :attr:`device` (where to put the
+    model: ``model.to(loop.device)``), :attr:`rank` (this rank's slot),
     :attr:`ranks` (the group's size now), :attr:`step_index` (committed steps so far:
     the step being taken), :attr:`attempt` (the group incarnation), :attr:`epoch`.
     """
 
-    def __init__(self, attach: Callable[..., RankSession], slot: int) -> None:
+    def __init__(self, attach: Callable[..., RankSession], slot: int,
+                 device: torch.device | None = None) -> None:
         self._attach, self.rank = attach, slot
+        #: Where this rank's model belongs (``--device``; ``auto``: its own GPU when
+        #: CUDA is present, else the CPU): ``model.to(loop.device)`` before attach.
+        self.device = device if device is not None else torch.device("cpu")
         self._session: RankSession | None = None
         self._epochs: int | None = None
 
@@ -69,7 +74,10 @@ class Loop:
         The ``DataLoader`` gives the dataset (map-style: indexable, with a length), the
         per-rank ``batch_size`` and the ``collate_fn``; trainthrough decides which
         samples each rank takes at each step (its sampler and shuffling are not used:
-        the order is an epoch permutation seeded by the run's seed). ``evaluate``
+        the order is an epoch permutation seeded by the run's seed). What the
+        ``collate_fn`` returns is moved to the model's device (tensors nested in
+        tuples, lists and dicts), as ``DistributedDataParallel`` moves its inputs: a
+        ``collate_fn`` may also return device tensors itself. ``evaluate``
         (optional) scores the model, on the first rank, every ``eval_every`` steps.
 
         A restarted rank (checkpoint-restart) loads the checkpoint here; a joining one

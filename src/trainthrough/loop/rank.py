@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.dp.devices import cuda_count, resolve_device
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
 from trainthrough.engines.gloo.protocol import RankSpec, post
 from trainthrough.engines.gloo.session import RankSession
@@ -37,11 +38,16 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
     if not isinstance(marked, TrainingLoop):
         raise UserError(f"{spec['loop']} is not marked with @training_loop")
     slot = int(spec["slot"])
+    # torchrun's LOCAL_RANK convention: the rank's slot picks its GPU (modulo the GPUs).
+    device = resolve_device(cfg.device, slot, cuda_count())
 
     def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, fetch: Fetch,
                samples: int, batch_size: int,
                evaluate: Callable[[], float] | None) -> RankSession:
         replica = ModuleReplica(slot, model, opt, fetch, cfg.seed)
+        if cfg.device != "auto" and not _same(cfg.device, replica.device, device):
+            raise UserError(f"--device {cfg.device}, but rank {slot}'s model is on "
+                            f"{replica.device}: build it with .to(loop.device)")
         tr = Trainer(cfg, slot, store, spec["orders"], spec["t0"], spec["checkpoint_url"],
                      replica, samples, batch_size,
                      cfg.checkpoint_every or marked.checkpoint_every,
@@ -49,7 +55,7 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
         tr.evaluate_here = _metrics(marked, replica, evaluate)
         return RankSession(spec, store, tr)
 
-    loop = Loop(attach, slot)
+    loop = Loop(attach, slot, device)
     try:
         value = marked(loop)
     except Retired:
@@ -68,6 +74,11 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
             raise UserError("train(loop) must return a JSON value (numbers, strings, "
                             f"lists, dicts), not {type(value).__name__}") from None
         post(store, {"type": "returned", "slot": slot, "value": json.loads(text)})
+
+
+def _same(asked: str, actual: torch.device, resolved: torch.device) -> bool:
+    """Whether a model on ``actual`` is where ``--device asked`` put it (``cuda``: any GPU)."""
+    return actual.type == "cuda" if asked == "cuda" else actual == resolved
 
 
 def _metrics(marked: TrainingLoop, replica: ModuleReplica,

@@ -10,13 +10,15 @@ DESCRIPTION = ("data-parallel ranks as OS processes on a torch.distributed gloo 
                "(127.0.0.1); failures are real SIGKILL/SIGSTOP (alias: dist)")
 ENGINE = "trainthrough.engines.gloo.controller:GlooEngine"
 CAPABILITIES = {
-    # Checkpoints are written synchronously by rank 0 (no background persist).
-    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
+    # Checkpoints are written by rank 0: before its next step (sync) or on a
+    # background thread from a host copy (async).
+    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync", "async"),
                recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
                phases=("", "forward", "backward", "allreduce", "update"),
                modes=("crash", "hang"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
+                        "device", "collective",
                         "recovery_delay", "wall_limit")),
 }

@@ -14,8 +14,10 @@ the controller chooses the checkpoint, once, and every new process loads exactly
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from trainthrough.config import RunConfig
@@ -25,7 +27,8 @@ from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, Emit, SaveReport
 from trainthrough.ft.decisions import CheckpointDecision
-from trainthrough.ft.dp_checkpoint import ReplicaCheckpoint
+from trainthrough.ft.dp_checkpoint import Planned, ReplicaCheckpoint
+from trainthrough.ft.host_snapshot import HostSnapshot
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import Strategy
 
@@ -40,27 +43,65 @@ def _saver(cfg: RunConfig, strategy: Strategy, url: str,
 
 
 class RankSaves:
-    """A rank process's side: save when the policy says so, load what the controller chose."""
+    """A rank process's side: save when the policy says so, load what the controller chose.
+
+    A synchronous save (checkpoint-restart) copies and writes before the next step.
+    An asynchronous one (``persist=async``, checkpoint-async) copies the replica's
+    state (to pinned host memory for a GPU replica, :mod:`~trainthrough.ft.host_snapshot`)
+    and writes it on a background thread while training goes on; one write is in
+    flight at a time (the next save waits for it, and that wait counts as blocked).
+    Its ``saved`` report goes out from the training thread once the write finished
+    (the store's client is not shared between threads), at the next commit or at
+    :meth:`flush`.
+    """
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, replica: Replica,
                  every: int, post: Callable[[dict[str, Any]], None]) -> None:
         """``every``: the checkpoint interval (``cfg.checkpoint_every`` resolved)."""
         self.policy, self.post = strategy.checkpoint_policy(every), post
         self.saver = _saver(cfg, strategy, url, replica)
+        self.host = HostSnapshot()
+        self._writing: threading.Thread | None = None
+        self._done: dict[str, Any] | None = None  # the finished write's report
 
     def after_commit(self, rank: Replica, logical: int, cursor: Cursor, members: list[int]) -> None:
         """The first member committed ``logical``: save now if the policy asks, and report."""
-        if self.saver is None or self.policy.decide(logical) is None:
+        if self._writing is not None and not self._writing.is_alive():
+            self.flush()
+        d = None if self.saver is None else self.policy.decide(logical)
+        if self.saver is None or d is None:
             return
         t = time.perf_counter()
+        self.flush()  # one write in flight: the snapshot's buffers are reused
         p = self.saver.plan(rank, logical, cursor, members)
+        report = {"type": "saved", "iteration": logical, "payload": p.payload_bytes}
+        if not d.asynchronous:
+            self.post({**report, **self._write(p), "blocked_seconds": time.perf_counter() - t})
+            return
+        snap = self.host.take(p.tensors)
+        report["blocked_seconds"] = time.perf_counter() - t
+
+        def write() -> None:
+            self._done = {**report, **self._write(replace(p, tensors=snap.tensors()))}
+
+        self._writing = threading.Thread(target=write, name="checkpoint-write", daemon=True)
+        self._writing.start()
+
+    def flush(self) -> None:
+        """Wait for the write in flight, if any, and send its report."""
+        if self._writing is None:
+            return
+        self._writing.join()
+        self._writing, done, self._done = None, self._done, None
+        if done is not None:
+            self.post(done)
+
+    def _write(self, p: Planned) -> dict[str, Any]:
         try:
-            info = self.saver.write(p)
-            out: dict[str, Any] = {"bytes": info.nbytes, "name": info.name}
+            info = self.saver.write(p)  # type: ignore[union-attr]
+            return {"bytes": info.nbytes, "name": info.name}
         except CheckpointWriteFailed as e:  # the run goes on; the previous save stays valid
-            out = {"error": str(e)}
-        self.post({"type": "saved", "iteration": logical, "payload": p.payload_bytes,
-                   "blocked_seconds": time.perf_counter() - t, **out})
+            return {"error": str(e)}
 
     def load(self, step: int) -> tuple[Tensors, Cursor]:
         """Exactly the checkpoint of ``step``, which every peer loads too.

@@ -22,6 +22,7 @@ import safetensors.torch
 import torch
 
 from trainthrough.dp.batching import Cursor, SampleStream
+from trainthrough.dp.devices import cuda_count, plan_devices
 from trainthrough.dp.rank import Rank
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
@@ -63,6 +64,9 @@ class GlooEngine:
         # here, before any process starts.
         self.program = workload.rank_program()
         template = None if self.program is not None else self._check_workload()
+        # Decided once here (every rank forms its groups with the same backend).
+        self.devices = plan_devices(cfg.device, cfg.collective, self.program is not None,
+                                    cfg.ranks, cuda_count())
         schedule = ctx.schedule({"rank": cfg.ranks})
         check_specs(ctx.specs, cfg.allreduce_buckets)
         if cfg.cost.timeout_seconds <= 0:
@@ -115,7 +119,8 @@ class GlooEngine:
         store = serve(timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
         base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
-                "checkpoint_url": self.url, "loop": self.program}
+                "checkpoint_url": self.url, "loop": self.program,
+                "collective": self.devices.collective.backend}
         self.store, self.events = store, EventReader(store)
         self.evals = ControllerEvals(self)
         self.evals.start()
@@ -231,6 +236,7 @@ class GlooEngine:
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
         live = sorted(rec.members)
         hashes = [self.hashes.get(s) for s in live]
+        r.extras.update(self.devices.record())
         r.extras.update(
             paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=rec.smallest,
             reforms=rec.reforms, restarts=rec.restarts, ranks_joined=rec.joined,

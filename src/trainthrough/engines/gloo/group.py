@@ -14,15 +14,25 @@ instead of waiting for the timeout.
 Each incarnation rendezvouses on its own prefix ``attempt{n}`` of the controller's
 store: keys left by an earlier incarnation (its dead members' included) never mix
 with the new one's (torchrun restarts need the same per-attempt prefix to reconnect).
+
+The backend is the run's :class:`~trainthrough.dp.devices.CollectiveChoice`: gloo
+reduces host tensors (a CUDA replica's bucket is staged through host memory), NCCL
+device tensors (host tensors, such as the state-sharing flags, are staged onto the
+device). A gloo collective fails by itself when a peer dies (its sockets close) or at
+the group's timeout; an NCCL kernel waits for a dead peer forever, so an NCCL
+collective is waited for here, up to the same timeout, and the communicator aborted
+when it expires: every survivor then raises the same :class:`PeerLost` as on gloo.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -30,16 +40,31 @@ import torch.distributed as dist
 from trainthrough.dp.allreduce import Bucket, Contribution
 from trainthrough.dp.collective import PeerLost
 
+# NCCL's own watchdog gets this much longer than the project's timeout: it must never
+# act first (it would end the process instead of letting the group re-form).
+NCCL_WATCHDOG_GRACE = 60.0
+
+
+class Work(Protocol):
+    """What an asynchronous collective returns (``dist.Work``)."""
+
+    def is_completed(self) -> bool: ...
+    def wait(self) -> Any: ...
+
 
 class Group:
     """The live members of attempt ``n``; this process is ``members.index(slot)``."""
 
     def __init__(self, store: dist.Store, n: int, members: list[int], slot: int,
-                 timeout: float) -> None:
+                 timeout: float, backend: str = "gloo",
+                 device: torch.device | None = None) -> None:
         self.store, self.n, self.members, self.slot = store, n, list(members), slot
         self.rank = self.members.index(slot)
         self.size = len(self.members)
         self.timeout = timeout
+        self.backend = backend
+        # Where the backend reduces: host memory (gloo) or the replica's GPU (NCCL).
+        self.wire = device if backend == "nccl" and device is not None else torch.device("cpu")
         self.formed = False
 
     def form(self) -> None:
@@ -50,13 +75,22 @@ class Group:
         """
         # Bind gloo to loopback: the default picks the interface of the host name.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        timeout = self.timeout
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.wire)
+            # The project aborts a stalled communicator itself (:meth:`_wait`).
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+            timeout += NCCL_WATCHDOG_GRACE
         try:
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{self.n}", self.store),
+            dist.init_process_group(self.backend,
+                                    store=dist.PrefixStore(f"attempt{self.n}", self.store),
                                     rank=self.rank, world_size=self.size,
-                                    timeout=timedelta(seconds=self.timeout))
+                                    timeout=timedelta(seconds=timeout))
             self.formed = True
-            dist.all_reduce(torch.zeros(1))
-        except (RuntimeError, ValueError) as e:  # DistBackendError/DistStoreError are RuntimeErrors
+            probe = torch.zeros(1, device=self.wire)
+            self._wait(dist.all_reduce(probe, async_op=True))
+        except (RuntimeError, ValueError, TimeoutError) as e:
+            # DistBackendError/DistStoreError are RuntimeErrors
             message = f"forming group {self.n}: {e}"
         else:
             return
@@ -70,8 +104,7 @@ class Group:
         ring leaves its buffer half reduced.
         """
         out = _local_sum(parts, bucket, extra=0)
-        self._run(lambda: dist.all_reduce(out))
-        return out
+        return self._reduce(out)
 
     async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
                      ballot: float) -> tuple[torch.Tensor, float]:
@@ -83,19 +116,40 @@ class Group:
         """
         out = _local_sum(parts, bucket, extra=1)
         out[-1] = ballot
-        self._run(lambda: dist.all_reduce(out))
+        out = self._reduce(out)
         return out[:-1], float(out[-1])
 
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with those of member ``src``."""
         for x in tensors:
-            self._run(partial(dist.broadcast, x, src=src))
+            wire = x if x.device == self.wire else x.to(self.wire)
+            self._run(partial(dist.broadcast, wire, src=src, async_op=True))
+            if wire is not x:
+                x.copy_(wire)
 
-    def _run(self, op: Callable[[], object]) -> None:
-        try:
-            op()
+    def _reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """The sum over the group of ``out``, on ``out``'s device, reduced on the wire's."""
+        wire = out if out.device == self.wire else out.to(self.wire)
+        self._run(lambda: dist.all_reduce(wire, async_op=True))
+        return wire if wire is out else wire.to(out.device)
+
+    def _wait(self, work: Work | None) -> None:
+        """Wait for ``work``; on NCCL at most the timeout, then abort the communicator.
+
+        Raises:
+            TimeoutError: the NCCL collective did not complete in time.
+        """
+        if work is None:
             return
-        except RuntimeError as e:
+        if self.backend == "nccl":
+            wait_or_abort(work, self.timeout, _abort_nccl)
+        work.wait()
+
+    def _run(self, op: Callable[[], Work | None]) -> None:
+        try:
+            self._wait(op())
+            return
+        except (RuntimeError, TimeoutError) as e:
             message = str(e).splitlines()[0][:300]
         # Raised outside the handler: an exception raised inside keeps the gloo error as
         # its context, whose traceback holds torch's frames and with them the process
@@ -113,10 +167,37 @@ class Group:
         self.formed = False
 
 
+def wait_or_abort(work: Work, timeout: float, abort: Callable[[], None],
+                  poll: float = 0.0005) -> None:
+    """Return once ``work`` completed; after ``timeout`` seconds call ``abort`` and raise.
+
+    Raises:
+        TimeoutError: naming the timeout (the group is then unusable).
+    """
+    deadline = time.monotonic() + timeout
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            abort()
+            raise TimeoutError(f"collective timed out after {timeout:g} s: a peer is lost "
+                               "or hung (NCCL communicator aborted)")
+        time.sleep(poll)
+
+
+def _abort_nccl() -> None:
+    """Abort every NCCL communicator of this process, so its kernels stop waiting."""
+    from torch.distributed import distributed_c10d
+
+    abort = getattr(distributed_c10d, "_abort_process_group", None)
+    with contextlib.suppress(Exception):
+        if abort is not None:
+            abort()
+
+
 def _local_sum(parts: Sequence[Contribution], bucket: Bucket, extra: int) -> torch.Tensor:
     """This rank's ``parts`` summed over ``bucket`` in the order given, in a new tensor
-    with ``extra`` zero elements after it (the commit vote's)."""
-    out = torch.zeros(bucket.numel + extra)
+    (on the parts' device) with ``extra`` zero elements after it (the commit vote's)."""
+    device = parts[0][1].device if parts else torch.device("cpu")
+    out = torch.zeros(bucket.numel + extra, device=device)
     for _, g in parts:
         out[:bucket.numel].add_(g[bucket.start:bucket.stop])
     return out

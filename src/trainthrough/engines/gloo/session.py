@@ -36,6 +36,7 @@ from trainthrough.engines.gloo.protocol import (
     write_report,
 )
 from trainthrough.engines.gloo.trainer import Trainer
+from trainthrough.errors import UserError
 
 
 class RankSession:
@@ -47,6 +48,11 @@ class RankSession:
         self.g: Group | None = None
         self.over = False  # the run ended for this process (normally or retired)
         self.retired = False  # it ended because a plan left it out
+        # The controller's choice for every rank of the run (dp/devices.py).
+        self.backend = str(spec.get("collective", "gloo"))
+        if self.backend == "nccl" and trainer.replica.device.type != "cuda":
+            raise UserError(f"the run's collective is NCCL, but rank {self.slot}'s model is on "
+                            f"{trainer.replica.device}: move it to loop.device")
 
     def begin(self) -> None:
         """Restore, say ready, and take part in the first plan that includes us."""
@@ -72,7 +78,7 @@ class RankSession:
                 self.g, self.over, self.retired = None, True, True
                 return
             g = Group(self.store, self.n, plan.members, self.slot,
-                      self.tr.cfg.cost.timeout_seconds)
+                      self.tr.cfg.cost.timeout_seconds, self.backend, self.tr.replica.device)
             try:
                 g.form()
                 self.tr.recover(g, plan)
@@ -125,6 +131,7 @@ class RankSession:
         """Leave the group at the end of the run (``final``: the first member sends
         the final parameters or metrics)."""
         assert self.g is not None
+        self.tr.saves.flush()  # a background write's report before the last words
         if final and self.g.rank == 0:
             self.tr.post_params(final=True)
         self.g.close()

@@ -140,7 +140,9 @@ class Trainer:
 
     def post_before(self) -> None:
         """The group restarts: send the replica as it was before the interrupted step
-        (as it is: an uncommitted step never touched it), the restart's reference."""
+        (as it is: an uncommitted step never touched it), the restart's reference.
+        A checkpoint still being written is finished first: the restart may load it."""
+        self.saves.flush()
         post(self.store, {"type": "before"}, _blob(self.replica.params))
         self.evals.leave(restart=True)
 
@@ -177,7 +179,8 @@ class Trainer:
         d = self.elastic.decide(g.size)
         batch = plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale, g.members,
                            self.micro)
-        fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel)
+        fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel,
+                                          self.replica.device)
 
         def ballot() -> float:  # the first member shares the controller's counter
             return self._control() if g.rank == 0 else 0.0
@@ -232,13 +235,14 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """What every rank reports at the end: counters and a hash of its replica."""
+        self.saves.flush()
         h = hashlib.sha256()
         for n in sorted(self.replica.params):
-            h.update(self.replica.params[n].numpy().tobytes())
+            h.update(self.replica.params[n].cpu().numpy().tobytes())
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest()}
 
 
 def _blob(params: Tensors) -> bytes:
     """Parameters as safetensors bytes (nothing crosses processes pickled)."""
-    return safetensors.torch.save({n: v.contiguous() for n, v in params.items()})
+    return safetensors.torch.save({n: v.detach().cpu().contiguous() for n, v in params.items()})
