@@ -133,3 +133,16 @@ def test_a_cpu_snapshot_is_the_state_itself() -> None:
     state = {"params/w": torch.arange(4.0)}
     snap = HostSnapshot().take(state)
     assert snap.ready is None and snap.tensors()["params/w"] is state["params/w"]
+
+
+def test_gpu_check_refuses_bad_arguments_and_a_missing_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_check
+
+    assert gpu_check.main(["--ranks", "5"]) == 2
+    if not torch.cuda.is_available():
+        assert gpu_check.main([]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
