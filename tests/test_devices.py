@@ -146,3 +146,9 @@ def test_gpu_check_refuses_bad_arguments_and_a_missing_gpu(capsys: pytest.Captur
     if not torch.cuda.is_available():
         assert gpu_check.main([]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("ranks", "gpus", "share"), [(4, 8, 1.0), (4, 1, 0.25), (3, 2, 0.5)])
+def test_a_rank_asks_for_its_share_of_a_gpu(ranks: int, gpus: int, share: float) -> None:
+    assert plan_devices("cuda", "auto", True, ranks, gpus, nccl=True).gpus_per_rank == share
+    assert plan_devices("cpu", "auto", True, ranks, gpus).gpus_per_rank == 0.0

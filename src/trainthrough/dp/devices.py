@@ -135,6 +135,9 @@ class DevicePlan:
 
     device: str
     collective: CollectiveChoice
+    #: The share of a GPU each rank asks a scheduler for (Ray's ``num_gpus``): 0 on the
+    #: CPU, 1 with a GPU per rank, 1/k when k ranks share one.
+    gpus_per_rank: float = 0.0
 
     def record(self) -> dict[str, Any]:
         """What ``summary.json`` keeps of it."""
@@ -157,4 +160,5 @@ def plan_devices(device: str, collective: str, own_loop: bool, ranks: int,
                         "a device applies to your own loop (its model on that device); "
                         "drop --device or use cpu")
     kind = resolve_device(device, 0, gpus).type if own_loop else "cpu"
-    return DevicePlan(kind, choose_collective(collective, kind, ranks, gpus, nccl))
+    share = 0.0 if kind == "cpu" else 1.0 / -(-ranks // gpus)  # ceil(ranks / gpus) per GPU
+    return DevicePlan(kind, choose_collective(collective, kind, ranks, gpus, nccl), share)

@@ -120,7 +120,8 @@ class GlooEngine:
         cfg = replace(self.cfg, max_iterations=self.max_iter)
         base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
                 "checkpoint_url": self.url, "loop": self.program,
-                "collective": self.devices.collective.backend}
+                "collective": self.devices.collective.backend,
+                "gpus_per_rank": self.devices.gpus_per_rank}
         self.store, self.events = store, EventReader(store)
         self.evals = ControllerEvals(self)
         self.evals.start()

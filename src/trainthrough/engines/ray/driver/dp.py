@@ -10,7 +10,8 @@ or a user's loop imported by reference): nothing is pickled but Ray's own call.
 
 On a cluster it joined (``--ray-address``), a user's file travels with the actors
 (Ray's ``working_dir``, :func:`~trainthrough.engines.ray.runtime.shipped`).
-Collectives are gloo over TCP on CPU. The controller's store listens on 127.0.0.1
+Collectives are gloo over TCP (NCCL with a GPU per rank: dp/devices.py); a CUDA
+replica's actor asks Ray for its share of a GPU. The controller's store listens on 127.0.0.1
 (rank processes on other machines cannot reach it): this engine joins clusters whose
 nodes share this host, such as ``ray start`` nodes started here.
 """
@@ -54,8 +55,10 @@ class RayRank:
         # leave a node empty now and then); later ones may go anywhere their node is not.
         place = NodeAffinitySchedulingStrategy(_node_for(int(spec["slot"])),
                                                soft=spec["mode"] != "fresh")
+        # A CUDA replica asks Ray for its share of a GPU: Ray hides the GPUs from an
+        # actor that asks for none (CUDA_VISIBLE_DEVICES is emptied).
         self.actor = RankActor.options(  # type: ignore[attr-defined]
-            scheduling_strategy=place).remote()
+            scheduling_strategy=place, num_gpus=float(spec.get("gpus_per_rank", 0.0))).remote()
         self._who = self.actor.whoami.remote()
         self._done = self.actor.run.remote(json.dumps(spec))
         self.pid: int | None = None
