@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.dp.hooks import Hooks
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
+from trainthrough.dp.rank import micro_seed
 from trainthrough.engines.gloo.protocol import RankSpec, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
@@ -39,14 +41,17 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
     slot = int(spec["slot"])
 
     def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, fetch: Fetch,
-               samples: int, batch_size: int,
-               evaluate: Callable[[], float] | None) -> RankSession:
-        replica = ModuleReplica(slot, model, opt, fetch, cfg.seed)
+               samples: int, batch_size: int, evaluate: Callable[[], float] | None,
+               state: Mapping[str, Any] | None, hooks: Hooks) -> RankSession:
+        hooks.every = cfg.eval_every or marked.eval_every
+        replica = ModuleReplica(slot, model, opt, fetch, cfg.seed, state, hooks)
         tr = Trainer(cfg, slot, store, spec["orders"], spec["t0"], spec["checkpoint_url"],
                      replica, samples, batch_size,
                      cfg.checkpoint_every or marked.checkpoint_every,
                      joining=spec["mode"] == "join")
         tr.evaluate_here = _metrics(marked, replica, evaluate)
+        tr.before_step = lambda epoch, committed: hooks.before(
+            epoch, committed, micro_seed(cfg.seed, committed, -2))
         return RankSession(spec, store, tr)
 
     loop = Loop(attach, slot)
