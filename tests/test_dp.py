@@ -119,8 +119,10 @@ def test_flat_layout_roundtrip_and_rank_state() -> None:
     r = Rank(0, w, w.default_optimizer, x0, run_seed=0)
     joiner = Rank.joining(5, r)
     assert _same(joiner.params, r.params) and joiner.rank_id == 5
-    with pytest.raises(ValueError, match="NaN"):
-        r.apply(torch.full((lay.numel,), float("nan")))
+    # A NaN is a value, not a gap: which buckets were reduced is the step's bookkeeping
+    # (test_dp_step: InFlight.whole refuses an unreduced bucket).
+    r.apply(torch.full((lay.numel,), float("nan")))
+    assert all(torch.isnan(v).all() for v in r.params.values())
 
 
 # -- batching -------------------------------------------------------------------

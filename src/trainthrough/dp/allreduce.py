@@ -2,8 +2,10 @@
 
 The gradient is one flat vector (parameters concatenated in their order) cut into
 ``B`` contiguous buckets, reduced one after the other as DDP does. A failure may
-interrupt the reduction after ``k`` buckets: those hold the average and every other
-bucket is still NaN, so a partly reduced gradient can never be applied by mistake.
+interrupt the reduction after ``k`` buckets: those hold the average, and which buckets
+hold a result is counted apart from the values (:attr:`Reduced.counts`; the step's
+:class:`~trainthrough.dp.step.InFlight` keeps the same), so a partly reduced gradient
+is never applied by mistake and a user's NaN or inf is never taken for a gap.
 
 Contributions are micro-batch gradients tagged with their index in the global batch
 (see :mod:`trainthrough.dp.batching`), and every bucket is summed in index order,

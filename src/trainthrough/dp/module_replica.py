@@ -28,19 +28,23 @@ out on that device and loaded onto it from any device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from trainthrough.dp import user_state
 from trainthrough.dp.allreduce import Contribution
 from trainthrough.dp.batching import MicroBatch
 from trainthrough.dp.devices import to_device
+from trainthrough.dp.hooks import Hooks
 from trainthrough.dp.rank import Tensors, micro_seed
 from trainthrough.errors import UserError
 
 LossFn = Callable[[Any], torch.Tensor]
+Update = Callable[[], None]
 Fetch = Callable[[torch.Tensor], Any]
 _NUM = "#num"  # suffix of optimizer state entries that were plain numbers
 
@@ -62,10 +66,18 @@ class ModuleReplica:
     """
 
     def __init__(self, rank_id: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                 fetch: Fetch, run_seed: int) -> None:
+                 fetch: Fetch, run_seed: int, registered: Mapping[str, Any] | None = None,
+                 hooks: Hooks | None = None) -> None:
         self.rank_id, self.model, self.opt = rank_id, model, opt
         self.fetch, self.run_seed = fetch, run_seed
         self.loss_fn: LossFn | None = None
+        # The user's own step (clip, scaler, optimizer, EMA), run on the reduced
+        # gradients; None: ``opt.step()``. Set by the host before a step, as loss_fn.
+        self.update: Update | None = None
+        self.registered = user_state.check(registered or {})
+        self._scalers = [o for o in self.registered.values()
+                         if isinstance(o, torch.amp.GradScaler) and o.is_enabled()]
+        self.hooks = hooks or Hooks()
         self._params = dict(model.named_parameters())
         trained = [p for p in self._params.values() if p.requires_grad]
         in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
@@ -108,6 +120,11 @@ class ModuleReplica:
                     loss = self.loss_fn(batch)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise UserError("the loss function must return a scalar tensor")
+                value = float(loss.detach())
+                if not math.isfinite(value) and not self._scalers:
+                    # Under a GradScaler an overflow is routine: the scaler skips the step.
+                    raise UserError(f"rank {self.rank_id}: the loss is {value} at step {step} "
+                                    f"(micro-batch {mb.index}): training diverged")
                 grads = torch.autograd.grad(loss, [p for p in params if p.requires_grad],
                                             allow_unused=True)
                 it = iter(grads)
@@ -116,7 +133,9 @@ class ModuleReplica:
                          for g, p in zip(flat, params)]
                 parts += [b.detach().reshape(-1) for b in self._float_bufs.values()]
                 out.append((mb.index, torch.cat(parts).detach().to(torch.float32).clone()))
-                self.losses.append(float(loss.detach()))
+                # What the user's loss was: scaler.scale(loss) multiplied it by the scale.
+                self.losses.append(value / self._scalers[0].get_scale() if self._scalers
+                                   else value)
                 self._set(self._float_bufs, base)
         finally:
             self._set(self._float_bufs, base)
@@ -124,10 +143,22 @@ class ModuleReplica:
         return out
 
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
-        """Apply a fully reduced vector: the gradient through the user's optimizer (its
-        learning rate times ``lr_scale`` for this step), the buffers as they are."""
-        if torch.isnan(flat).any():
-            raise ValueError("refusing to apply a gradient with unreduced (NaN) buckets")
+        """Apply a fully reduced vector: the buffers as they are, the gradient through
+        the user's optimizer (:attr:`update` if set, else ``opt.step()``), the learning
+        rate times ``lr_scale`` for this step.
+
+        Raises:
+            UserError: the gradient is not finite and no GradScaler is registered to
+                skip the step (one line: the rank, the step, how many values).
+        """
+        if not self._scalers and not bool(torch.isfinite(flat).all()):
+            bad = int((~torch.isfinite(flat)).sum())
+            raise UserError(f"rank {self.rank_id}: the averaged gradient of step {self.steps} "
+                            f"holds {bad} non-finite values (inf or NaN): training diverged")
+        if self._scalers and self.update is None:
+            raise UserError("a GradScaler is registered: give your step to loop.step(loss_fn, "
+                            "update=...), which calls scaler.step(optimizer) and "
+                            "scaler.update()")
         flat = flat.to(self.device)
         at = 0
         for p in self._params.values():
@@ -145,10 +176,17 @@ class ModuleReplica:
         for g in self.opt.param_groups:
             g["lr"] = g["lr"] * lr_scale
         try:
-            self.opt.step()
+            if self.update is None:
+                self.opt.step()
+            else:  # the same draws on every rank, whatever the update samples
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(micro_seed(self.run_seed, self.steps, -1))
+                    self.update()
         finally:
             for g, lr in zip(self.opt.param_groups, saved):
-                g["lr"] = lr
+                # A scheduler stepped inside the update set a new rate from the scaled
+                # one (chainable schedulers): unscale it; an untouched rate goes back.
+                g["lr"] = lr if g["lr"] == lr * lr_scale else g["lr"] / lr_scale
             self.opt.zero_grad(set_to_none=True)
         self.steps += 1
 
@@ -184,6 +222,9 @@ class ModuleReplica:
                 if k != "params" and num is not None:
                     out[f"optim/group/{gi}/{k}"] = num
         out["meta/steps"] = torch.tensor([self.steps], dtype=torch.int64)
+        out.update(self.hooks.state())
+        for name, obj in self.registered.items():
+            out.update(user_state.encode(name, obj))
         return out
 
     def state_like(self) -> Tensors | None:
@@ -220,6 +261,8 @@ class ModuleReplica:
         self.opt.load_state_dict(sd)
         steps = tensors.get("meta/steps")
         self.steps = int(steps[0]) if steps is not None else 0
+        self.hooks.load(tensors)
+        user_state.load(self.registered, tensors)
 
     @property
     def state_bytes(self) -> int:

@@ -87,8 +87,6 @@ class Rank:
 
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
         """Apply a fully reduced gradient (``lr_scale`` multiplies the learning rate)."""
-        if torch.isnan(flat).any():
-            raise ValueError("refusing to apply a gradient with unreduced (NaN) buckets")
         optim.apply(self.spec, self.params, self.layout.unflatten(flat), self.opt, lr_scale)
         self.steps += 1
 

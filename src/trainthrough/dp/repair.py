@@ -59,7 +59,7 @@ async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec
             fl.buckets_done = b.index + 1
     except PeerLost as e:
         raise e.located(fl.phase, fl.buckets_done) from None
-    rank.apply(fl.reduced, fl.batch.lr_scale)
+    rank.apply(fl.whole(spec), fl.batch.lr_scale)
     fl.committed = True
     return dropped
 

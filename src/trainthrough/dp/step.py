@@ -57,7 +57,8 @@ class InFlight:
 
     batch: StepBatch
     logical: int
-    reduced: torch.Tensor  # NaN in every bucket not reduced yet
+    reduced: torch.Tensor  # the buckets' results; which hold one is ``done``, never the values
+    done: list[bool] = field(default_factory=list)  # per bucket: its result is in ``reduced``
     contribs: list[Contribution] = field(default_factory=list)
     phase: str = "boundary"  # the last point passed
     buckets_done: int = 0
@@ -67,11 +68,28 @@ class InFlight:
     def begin(cls, batch: StepBatch, logical: int, numel: int,
               device: torch.device | None = None) -> InFlight:
         """A fresh record; ``reduced`` lives on the replica's ``device`` (default CPU)."""
-        return cls(batch, logical, torch.full((numel,), float("nan"), device=device))
+        return cls(batch, logical, torch.zeros(numel, device=device))
 
     def reduce_into(self, bucket: Bucket, total: torch.Tensor, count: int, mean: bool) -> None:
         """Store a bucket's sum (divided by the ``count`` micro-batches if ``mean``)."""
         self.reduced[bucket.start:bucket.stop] = total / count if mean else total
+        self.done += [False] * (bucket.index + 1 - len(self.done))
+        self.done[bucket.index] = True
+
+    def whole(self, spec: StepSpec) -> torch.Tensor:
+        """The reduced vector, once every bucket of ``spec`` holds its result.
+
+        Which buckets are reduced is kept apart from the values: a user's NaN or inf
+        gradient is a value (a scaler skips that step), never a missing bucket.
+
+        Raises:
+            RuntimeError: a bucket was not reduced (a bug in the caller).
+        """
+        missing = [b.index for b in spec.buckets
+                   if b.index >= len(self.done) or not self.done[b.index]]
+        if missing:
+            raise RuntimeError(f"refusing to apply a gradient with unreduced buckets {missing}")
+        return self.reduced
 
 
 async def train_step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector,
@@ -123,7 +141,7 @@ async def _step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector, sp
     fl.buckets_done, fl.committed = last.index + 1, True
     fl.phase = "update"
     await inj.at("update", step)
-    rank.apply(fl.reduced, fl.batch.lr_scale)
+    rank.apply(fl.whole(spec), fl.batch.lr_scale)
     return tally
 
 

@@ -11,11 +11,13 @@ rank program (:data:`RANK_ENTRY`), which the engines start by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from trainthrough.dp.hooks import Hooks
+from trainthrough.dp.rank import micro_seed
 from trainthrough.errors import Retired, UserError
 from trainthrough.workloads.user_loop import TrainFn, TrainingLoop
 
@@ -64,11 +66,16 @@ class Loop:
         self.device = device if device is not None else torch.device("cpu")
         self._session: RankSession | None = None
         self._epochs: int | None = None
+        self._hooks = Hooks()
+        self._size = 0  # the group's size at the last step (when the epochs are over)
 
     # -- set-up -------------------------------------------------------------------
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                loader: torch.utils.data.DataLoader,  # type: ignore[type-arg]
-               evaluate: Callable[[], float] | None = None) -> None:
+               evaluate: Callable[[], float] | None = None, *,
+               state: Mapping[str, Any] | None = None,
+               on_epoch_end: Callable[[int], object] | None = None,
+               on_eval: Callable[[int], object] | None = None) -> None:
         """Hand the model, the optimizer and the data over; joins the run.
 
         The ``DataLoader`` gives the dataset (map-style: indexable, with a length), the
@@ -80,11 +87,23 @@ class Loop:
         ``collate_fn`` may also return device tensors itself. ``evaluate``
         (optional) scores the model, on the first rank, every ``eval_every`` steps.
 
+        ``state``: every other object the run must carry, by name (an LR scheduler, a
+        ``GradScaler``, an EMA model, a second optimizer, your own counters): anything
+        with ``state_dict()`` and ``load_state_dict()`` whose state is tensors, numbers,
+        strings, lists, tuples and dicts. It is saved in every checkpoint, restored in a
+        restarted rank and sent to a joining one with the model, as tensors and JSON.
+
+        ``on_epoch_end(epoch)``: after the last step of each epoch; ``on_eval(step)``:
+        after every ``eval_every``-th committed step. Both run on every rank, once per
+        committed epoch or step (never again after a rollback; a restarted rank replays
+        those after its checkpoint), at the start of the next step or at the end.
+
         A restarted rank (checkpoint-restart) loads the checkpoint here; a joining one
         receives a live peer's state at its first step.
 
         Raises:
-            UserError: called twice, a dataset without a length, no batch size.
+            UserError: called twice, a dataset without a length, no batch size, a
+                ``state`` object that cannot be saved without pickle.
         """
         if self._session is not None:
             raise UserError("loop.attach was called twice")
@@ -99,8 +118,9 @@ class Loop:
         def fetch(rows: torch.Tensor) -> Any:
             return collate([ds[i] for i in rows.tolist()])
 
+        self._hooks = Hooks(on_epoch_end, on_eval)
         self._session = self._attach(model, optimizer, fetch, len(ds), loader.batch_size,
-                                     evaluate)
+                                     evaluate, state, self._hooks)
         self._session.begin()
 
     # -- the loop -----------------------------------------------------------------
@@ -115,30 +135,58 @@ class Loop:
             s.tr.limit_epochs = epochs
         elif epochs != self._epochs:
             raise UserError("loop.running was given a different number of epochs")
+        if s.g is not None:
+            self._size = s.g.size
         if not s.over and s.g is not None and s.tr.finished(s.g.size):
+            self._last_callbacks()
             s.close(final=True)
         return not s.over
 
-    def step(self, loss_fn: Callable[[Any], torch.Tensor]) -> float:
+    def step(self, loss_fn: Callable[[Any], torch.Tensor],
+             update: Callable[[], object] | None = None) -> float:
         """Take one global step: ``loss_fn(batch)`` on each of this rank's micro-batches
         (``batch`` is what the ``collate_fn`` made of them), the gradients averaged over
-        the group, your optimizer applied. A lost rank is recovered inside the call.
+        the group, then the update. A lost rank is recovered inside the call.
+
+        ``update``: your own step, run once the group committed the gradients, with
+        every parameter's ``.grad`` set to the gradient averaged over the global batch
+        (the same on every rank): clip it, ``scaler.step(optimizer)``, step a
+        scheduler, update an EMA, as after ``loss.backward()`` in a plain loop
+        (docs/own-loop.md says what may go there). Without it, ``optimizer.step()``.
+        Gradients are zeroed after it.
 
         Returns:
             The mean of this rank's micro-batch losses in the committed step (NaN if
-            the run ended before it could commit one).
+            the run ended before it could commit one; divided by the scale when a
+            ``GradScaler`` is registered, whose ``scale`` the loss function applies).
+
+        Raises:
+            UserError: the loss or the averaged gradient is not finite with no
+                ``GradScaler`` registered (it names the rank, the step and the value).
         """
         s = self._need()
         replica = s.tr.replica
         replica.loss_fn = loss_fn  # type: ignore[attr-defined]
+        replica.update = update  # type: ignore[attr-defined]
         replica.losses.clear()  # type: ignore[attr-defined]
+        if s.g is not None:
+            self._size = s.g.size
         if not s.step():
             if s.retired:
                 raise Retired()
+            self._last_callbacks()
             return float("nan")
         # A rolled-back step computes its micro-batches again: the last attempt's count.
         done = replica.losses[-len(s.tr.last_share):] if s.tr.last_share else []  # type: ignore[attr-defined]
         return sum(done) / len(done) if done else float("nan")
+
+    def _last_callbacks(self) -> None:
+        """The loop's epochs are done: the callbacks of the last epoch and step run (a
+        run stopped early, by its target or wall limit, ends no epoch)."""
+        s = self._need()
+        if self._size and not s.retired and s.tr.epochs_over(self._size):
+            self._hooks.before(s.tr.limit_epochs or 0, s.tr.logical,
+                               micro_seed(s.tr.cfg.seed, s.tr.logical, -2))
 
     # -- what a loop may read -------------------------------------------------------
     @property

@@ -102,7 +102,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            replace: bool = True, recovery_delay: float = 2.0,
            checkpoint_every: int | None = None, timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
-           overwrite: bool = False, progress: bool = True) -> LoopResult:
+           overwrite: bool = False, progress: bool = True,
+           micro_batches: int = 1) -> LoopResult:
     """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
@@ -116,6 +117,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         replace: start a replacement for a lost rank ``recovery_delay`` seconds later; it
             joins with a live peer's state (the group shrinks, then grows back).
         timeout: the collective timeout in seconds (how long a hung rank can stall).
+        micro_batches: gradient accumulation: each rank's batch (the ``DataLoader``'s
+            ``batch_size``) is cut into this many micro-batches, each a forward and
+            backward of its own, and one update follows their averaged gradient.
         out: the run folder (default ``runs/loop-<time>``); one that holds a run is
             refused unless ``overwrite`` (only the files a run writes are replaced).
 
@@ -130,7 +134,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
     cfg = RunConfig(workload=ref, paradigm="dp", engine=engine, ranks=ranks, strategy=strategy,
                     failures=failures, seed=seed, ray_address=ray_address, replace=replace,
                     recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
-                    elastic=elastic, wall_limit=wall_limit,
+                    elastic=elastic, wall_limit=wall_limit, micro_batches=micro_batches,
                     cost=CostModel(timeout_seconds=timeout))
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
     summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -21,7 +21,9 @@ import torch.distributed as dist
 
 from trainthrough.config import RunConfig
 from trainthrough.dp.devices import cuda_count, resolve_device
+from trainthrough.dp.hooks import Hooks
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
+from trainthrough.dp.rank import micro_seed
 from trainthrough.engines.gloo.protocol import RankSpec, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
@@ -42,9 +44,10 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
     device = resolve_device(cfg.device, slot, cuda_count())
 
     def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, fetch: Fetch,
-               samples: int, batch_size: int,
-               evaluate: Callable[[], float] | None) -> RankSession:
-        replica = ModuleReplica(slot, model, opt, fetch, cfg.seed)
+               samples: int, batch_size: int, evaluate: Callable[[], float] | None,
+               state: Mapping[str, Any] | None, hooks: Hooks) -> RankSession:
+        hooks.every = cfg.eval_every or marked.eval_every
+        replica = ModuleReplica(slot, model, opt, fetch, cfg.seed, state, hooks)
         if cfg.device != "auto" and not _same(cfg.device, replica.device, device):
             raise UserError(f"--device {cfg.device}, but rank {slot}'s model is on "
                             f"{replica.device}: build it with .to(loop.device)")
@@ -53,6 +56,8 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
                      cfg.checkpoint_every or marked.checkpoint_every,
                      joining=spec["mode"] == "join")
         tr.evaluate_here = _metrics(marked, replica, evaluate)
+        tr.before_step = lambda epoch, committed: hooks.before(
+            epoch, committed, micro_seed(cfg.seed, committed, -2))
         return RankSession(spec, store, tr)
 
     loop = Loop(attach, slot, device)

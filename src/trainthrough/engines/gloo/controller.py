@@ -111,6 +111,7 @@ class GlooEngine:
         """Start the ranks, supervise them to the end, return the result.
 
         Raises:
+            UserError: a rank's user code refused to go on (a diverged loss), in one line.
             RuntimeError: a rank hit a bug (its traceback is in the message), or the
                 run stopped making progress.
         """
@@ -179,6 +180,8 @@ class GlooEngine:
     # -- what the ranks tell us ---------------------------------------------------
     def _on_event(self, event: dict[str, Any], blob: bytes | None) -> None:
         kind = event.get("type")
+        if kind == "error" and "user" in event:  # ends the run in one line (exit code 2)
+            raise UserError(str(event["user"]))
         if kind == "error":
             raise RuntimeError(f"dist engine: rank {event['slot']} failed with a bug:\n"
                                f"{event['traceback']}")

@@ -49,6 +49,9 @@ def main(spec: RankSpec) -> int:
             loop_program(spec["loop"])(spec, store)
         else:
             _run(spec, store)
+    except UserError as e:  # the user's to fix (a diverged loss): one line, no traceback
+        post(store, {"type": "error", "slot": spec["slot"], "user": str(e)})
+        return 1
     except Exception:  # a bug: tell the controller rather than leave peers waiting
         post(store, {"type": "error", "slot": spec["slot"], "traceback": traceback.format_exc()})
         return 1

@@ -81,6 +81,9 @@ class Trainer:
         self.history: list[tuple[int, int, list[int]]] = []  # (logical, attempt, members)
         self.attempt = -1  # the group incarnation this process is in
         self.evaluate_here: Callable[[], dict[str, float]] | None = None
+        # A user's loop: called with (the epoch of the batch, committed steps) before
+        # each step's first micro-batch, on every member (its epoch and eval callbacks).
+        self.before_step: Callable[[int, int], None] | None = None
         self._bell: Doorbell | None = None  # the controller's requests, once we lead
         self.evals = RankEvals(cfg.eval_every or 1, store)  # as the first member
 
@@ -160,12 +163,17 @@ class Trainer:
         """The run's budget is spent: attempts (``max_iterations``) or, for a user's
         loop, epochs: the next global batch of a group of ``size`` would begin epoch
         ``limit_epochs`` (the cursor is the same on every member: all stop together)."""
-        if self.limit_epochs is not None:
-            c, batch = self.cursor, self.elastic.decide(size).global_batch
-            epoch = c.epoch + (c.offset + batch > self.stream.n)
-            if epoch >= self.limit_epochs:
-                return True
+        if self.epochs_over(size):
+            return True
         return self.executed >= (self.cfg.max_iterations or 0)
+
+    def epochs_over(self, size: int) -> bool:
+        """A user's loop: the next global batch of a group of ``size`` would begin
+        epoch ``limit_epochs``."""
+        if self.limit_epochs is None:
+            return False
+        c, batch = self.cursor, self.elastic.decide(size).global_batch
+        return c.epoch + (c.offset + batch > self.stream.n) >= self.limit_epochs
 
     def step(self, g: Group) -> float:
         """Run and commit one step on ``g``; the commit vote's control counter.
@@ -179,6 +187,8 @@ class Trainer:
         d = self.elastic.decide(g.size)
         batch = plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale, g.members,
                            self.micro)
+        if self.before_step is not None:
+            self.before_step(batch.next_cursor.epoch, self.logical)
         fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel,
                                           self.replica.device)
 
