@@ -10,9 +10,14 @@ or a user's loop imported by reference): nothing is pickled but Ray's own call.
 
 On a cluster it joined (``--ray-address``), a user's file travels with the actors
 (Ray's ``working_dir``, :func:`~trainthrough.engines.ray.runtime.shipped`).
-Collectives are gloo over TCP on CPU. The controller's store listens on 127.0.0.1
-(rank processes on other machines cannot reach it): this engine joins clusters whose
-nodes share this host, such as ``ray start`` nodes started here.
+Collectives are gloo over TCP on CPU. Addresses (gloo/net.py): on a local Ray,
+everything is on 127.0.0.1; on a joined cluster the controller's store listens on this
+driver's Ray address (or ``--bind-address``) and each rank's gloo on the interface that
+holds its own node's Ray address, which the actor reads where it runs.
+
+Placement: the first ranks go round the live nodes by slot; a replacement goes to the
+live node that hosts the fewest of this run's live ranks, preferring one where none of
+them died (a node that joined after a host was lost gets the group back).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import replace
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.controller import GlooEngine
 from trainthrough.engines.gloo.protocol import RankSpec
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
@@ -43,17 +49,21 @@ class RankActor:
     def run(self, spec_json: str) -> int:
         from trainthrough.engines.gloo.rank_main import main
 
-        return main(json.loads(spec_json))
+        spec = json.loads(spec_json)
+        if spec.get("net") is not None and spec["net"].get("cluster"):
+            # This node's address on the cluster: gloo binds to the interface holding it.
+            spec["net"]["node_ip"] = ray.util.get_node_ip_address()
+        return main(spec)
 
 
 class RayRank:
-    """A rank started as a :class:`RankActor`, on the node :func:`_node_for` picks."""
+    """A rank started as a :class:`RankActor` on node ``target`` (:meth:`RayDataParallel.place`)."""
 
-    def __init__(self, spec: RankSpec) -> None:
+    def __init__(self, spec: RankSpec, target: str) -> None:
         # The first ranks go exactly where they are put (soft affinity was measured to
         # leave a node empty now and then); later ones may go anywhere their node is not.
-        place = NodeAffinitySchedulingStrategy(_node_for(int(spec["slot"])),
-                                               soft=spec["mode"] != "fresh")
+        self.target = target
+        place = NodeAffinitySchedulingStrategy(target, soft=spec["mode"] != "fresh")
         self.actor = RankActor.options(  # type: ignore[attr-defined]
             scheduling_strategy=place).remote()
         self._who = self.actor.whoami.remote()
@@ -115,20 +125,45 @@ def _first_line(e: Exception) -> str:
     return lines[0][:300] if lines else type(e).__name__
 
 
-def _node_for(slot: int) -> str:
-    """Ranks go round the live nodes by slot (slot i on node i mod n, nodes in id
-    order): every node gets ranks, which Ray's best-effort SPREAD did not always do."""
-    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-    return nodes[slot % len(nodes)]
+def _live_nodes() -> list[str]:
+    return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
 
 
 class RayDataParallel(GlooEngine):
     """``--engine ray --paradigm dp``: the gloo controller with ranks on Ray actors."""
 
-    launch = RayRank
+    def __init__(self, ctx: RunContext) -> None:
+        self.launch = self.start_rank_actor
+        super().__init__(ctx)
+
+    def start_rank_actor(self, spec: RankSpec) -> RayRank:
+        return RayRank(spec, self.place(int(spec["slot"]), spec["mode"]))
+
+    def place(self, slot: int, mode: str) -> str:
+        """The node for a rank: the first ones round the live nodes by slot (slot i on
+        node i mod n, in id order: every node gets ranks, which Ray's best-effort SPREAD
+        did not always do); a later one on the live node with the fewest of this run's
+        live ranks, one where none died first, then id order."""
+        nodes = _live_nodes()
+        if mode == "fresh":
+            return nodes[slot % len(nodes)]
+        live: dict[str, int] = dict.fromkeys(nodes, 0)
+        died: set[str] = set()
+        for p in self.procs.started:
+            target = str(getattr(p.process, "target", ""))
+            if p.exitcode is None and target in live:
+                live[target] += 1
+            elif p.exitcode is not None and p.exitcode < 0:
+                died.add(target)
+        return min(nodes, key=lambda n: (live[n], n in died, nodes.index(n)))
+
+    def cluster_ip(self) -> str | None:
+        """This driver's Ray address on a cluster it joined (None on a local Ray)."""
+        return ray.util.get_node_ip_address() if self.cfg.ray_address else None
 
     def run(self) -> RunResult:
-        started, ref = ensure_ray_for(self.program or self.cfg.workload, self.cfg.ray_address)
+        started, ref = ensure_ray_for(self.program or self.cfg.workload, self.cfg.ray_address,
+                                      node_ip=self.cfg.bind_address)
         if self.program is not None:  # as the actors see it (a cluster we join: shipped)
             self.program = ref
         else:
