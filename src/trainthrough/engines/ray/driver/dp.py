@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -36,6 +39,10 @@ from trainthrough.engines.gloo.protocol import RankSpec
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
+
+#: A replacement on a cluster is placed this long before it may join: time to start its
+#: actor and import torch (2-5 s measured on a loaded 2-core machine), so it joins warm.
+PLACE_LEAD = 3.0
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -57,26 +64,40 @@ class RankActor:
 
 
 class RayRank:
-    """A rank started as a :class:`RankActor` on node ``target`` (:meth:`RayDataParallel.place`)."""
+    """A rank started as a :class:`RankActor` on the node ``place()`` names, at
+    ``start_at`` (now, or later for a replacement on a cluster: see
+    :meth:`RayDataParallel.start_rank_actor`). Until then it is a process not yet
+    started: not ended, nothing to signal."""
 
-    def __init__(self, spec: RankSpec, target: str) -> None:
-        # The first ranks go exactly where they are put (soft affinity was measured to
-        # leave a node empty now and then); later ones may go anywhere their node is not.
-        self.target = target
-        place = NodeAffinitySchedulingStrategy(target, soft=spec["mode"] != "fresh")
-        self.actor = RankActor.options(  # type: ignore[attr-defined]
-            scheduling_strategy=place).remote()
-        self._who = self.actor.whoami.remote()
-        self._done = self.actor.run.remote(json.dumps(spec))
+    def __init__(self, spec: RankSpec, place: Callable[[], str], start_at: float = 0.0) -> None:
+        self.spec, self._place, self.start_at = spec, place, start_at
+        self.target: str | None = None
+        self.actor: Any = None
         self.pid: int | None = None
         self.node: str | None = None
         self.ident: ProcessIdentity | None = None
         self._code: int | None = None
         self.why = ""  # Ray's word on why it ended, if it did not end normally
+        self._started()
+
+    def _started(self) -> bool:
+        """Start the actor if it is time (once); whether it has started."""
+        if self.actor is None and self._code is None and time.time() >= self.start_at:
+            # The first ranks go exactly where they are put (soft affinity was measured
+            # to leave a node empty now and then); later ones may go anywhere their node
+            # is not.
+            self.target = self._place()
+            place = NodeAffinitySchedulingStrategy(self.target,
+                                                   soft=self.spec["mode"] != "fresh")
+            self.actor = RankActor.options(  # type: ignore[attr-defined]
+                scheduling_strategy=place).remote()
+            self._who = self.actor.whoami.remote()
+            self._done = self.actor.run.remote(json.dumps(self.spec))
+        return self.actor is not None
 
     @property
     def exitcode(self) -> int | None:
-        if self._code is None:
+        if self._code is None and self._started():
             ready, _ = ray.wait([self._done], timeout=0)
             if ready:
                 try:
@@ -88,11 +109,12 @@ class RayRank:
         return self._code
 
     def join(self, timeout: float | None = None) -> None:
-        ray.wait([self._done], timeout=timeout)
+        if self.actor is not None:
+            ray.wait([self._done], timeout=timeout)
 
     def _identify(self) -> None:
         """Learn the actor's pid once it answered; identify it if it is on this node."""
-        if self.pid is not None:
+        if self.pid is not None or self.actor is None:
             return
         ready, _ = ray.wait([self._who], timeout=0)
         if ready:
@@ -103,12 +125,18 @@ class RayRank:
 
     def close(self) -> None:
         """The rank program ended: free its actor (it would idle on a cluster we joined)."""
+        if self.actor is None:
+            return
         self._identify()  # where it ran, for the result
         with contextlib.suppress(Exception):  # already dead is fine
             ray.kill(self.actor, no_restart=True)
 
     def kill(self) -> None:
-        """SIGKILL of the identified process on this node, else ``ray.kill`` of the actor."""
+        """SIGKILL of the identified process on this node, else ``ray.kill`` of the actor
+        (one not started yet never will be)."""
+        if self.actor is None:
+            self._code = -9
+            return
         if self.exitcode is not None:
             return
         self._identify()
@@ -137,7 +165,14 @@ class RayDataParallel(GlooEngine):
         super().__init__(ctx)
 
     def start_rank_actor(self, spec: RankSpec) -> RayRank:
-        return RayRank(spec, self.place(int(spec["slot"]), spec["mode"]))
+        """A rank actor; a replacement on a cluster is placed :data:`PLACE_LEAD` seconds
+        before it may join (``recovery_delay`` after the failure), not at once: a node
+        that joined meanwhile (a lost host's successor) can then get it."""
+        slot, mode = int(spec["slot"]), str(spec["mode"])
+        delay = 0.0
+        if mode == "join" and self.cfg.ray_address:
+            delay = max(0.0, self.cfg.recovery_delay - PLACE_LEAD)
+        return RayRank(spec, lambda: self.place(slot, mode), time.time() + delay)
 
     def place(self, slot: int, mode: str) -> str:
         """The node for a rank: the first ones round the live nodes by slot (slot i on
@@ -150,7 +185,9 @@ class RayDataParallel(GlooEngine):
         live: dict[str, int] = dict.fromkeys(nodes, 0)
         died: set[str] = set()
         for p in self.procs.started:
-            target = str(getattr(p.process, "target", ""))
+            if not isinstance(p.process, RayRank) or p.process.actor is None:
+                continue  # not placed yet (asking it would start it, placing it here)
+            target = str(p.process.target)
             if p.exitcode is None and target in live:
                 live[target] += 1
             elif p.exitcode is not None and p.exitcode < 0:
