@@ -36,7 +36,7 @@ def _until(cond: Any, seconds: float = 5.0) -> bool:
 
 
 def test_the_doorbell_counts_requests_without_polling_and_closes() -> None:
-    store = serve(timeout=5)
+    store = serve("127.0.0.1", timeout=5)
     request(store)  # made before the member listens: still heard
     bell = Doorbell(store, "ctl", 1)
     assert _until(lambda: bell.rung == 1)
@@ -48,7 +48,7 @@ def test_the_doorbell_counts_requests_without_polling_and_closes() -> None:
 
 
 def test_the_controller_sleeps_until_an_event_and_drains_each_once() -> None:
-    store = serve(timeout=5)
+    store = serve("127.0.0.1", timeout=5)
     reader = EventReader(store)
     t0 = time.monotonic()
     reader.bell.wait(0.2)  # nothing posted: the full timeout

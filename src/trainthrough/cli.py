@@ -55,6 +55,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--engine", help="engine: sim, ray or dist (dp only)")
     p.add_argument("--ray-address", dest="ray_address",
                    help="join this Ray cluster (default: start one on 127.0.0.1)")
+    p.add_argument("--bind-address", dest="bind_address", metavar="IP",
+                   help="dp: the address of this machine the run's store and local ranks "
+                        "listen on (default 127.0.0.1; with --ray-address, this machine's "
+                        "address on the cluster)")
     p.add_argument("--keep-warm", type=_float, dest="keep_warm", metavar="SECONDS",
                    help="with --ray-address: leave this run's actors on the cluster for "
                         "later runs (they start training in a fraction of a second), each "
@@ -105,6 +109,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--checkpoint-rule", dest="checkpoint_rule",
                    choices=field_choices("checkpoint_rule"))
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="path or fsspec URL")
+    p.add_argument("--checkpoint-shared", action="store_true", default=None,
+                   dest="checkpoint_shared",
+                   help="with --ray-address: --checkpoint-dir is a folder every host of the "
+                        "cluster mounts (a checkpoint-restart restores from it on any host)")
     p.add_argument("--max-iterations", type=_int, dest="max_iterations")
     p.add_argument("--eval-every", type=_int, dest="eval_every",
                    help="evaluate every N executed iterations (the curve), plus the "

@@ -23,7 +23,9 @@ Validation comes in two parts:
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -52,9 +54,9 @@ FLAG_FIELDS = (
     "workload", "strategy", "engine", "paradigm", "ranks", "elastic", "shards", "workers",
     "consistency", "staleness", "seed", "checkpoint_every", "checkpoint_keep", "checkpoint_dir",
     "checkpoint_fraction", "checkpoint_rule", "max_iterations", "eval_every", "target", "lr",
-    "baseline", "ray_address", "keep_warm", "recovery_delay", "replicas", "coordinator", "zookeeper_hosts",
-    "merge_rule", "merge_threshold", "wall_limit", "allreduce_buckets", "micro_batches",
-    "device", "collective")
+    "baseline", "ray_address", "bind_address", "checkpoint_shared", "keep_warm", "recovery_delay",
+    "replicas", "coordinator", "zookeeper_hosts", "merge_rule", "merge_threshold", "wall_limit",
+    "allreduce_buckets", "micro_batches", "device", "collective")
 
 
 def flag_label(name: str) -> str:
@@ -139,12 +141,18 @@ class RunConfig:
     checkpoint_rule: str = bounded("largest-change",
                               choices=("largest-change", "random", "round-robin"))
     checkpoint_dir: str | None = None  #: path or fsspec URL (default: <out>/checkpoints)
+    #: with --ray-address: --checkpoint-dir is a folder every host of the cluster mounts
+    #: (a shared filesystem), so a checkpoint-restart may restore from it on any host
+    checkpoint_shared: bool = False
     lr: float | None = bounded(gt=0)  #: override the workload's server step size
     baseline: bool = False  #: also run failure-free with the same seed for rework cost
     #: passed to the workload (checked against its signature: workloads/options.py)
     workload_options: dict[str, Any] = field(default_factory=dict)
     # -- real engines (ray) ---------------------------------------------------------
     ray_address: str | None = None  #: join this Ray cluster instead of starting one
+    #: data parallel: the address of this machine the controller's store (and local
+    #: ranks' gloo) listen on (default: 127.0.0.1; on a joined cluster its Ray address)
+    bind_address: str | None = None
     #: with ray_address: leave this run's clean actors on the cluster, warm, for later
     #: runs, each ended after this many idle seconds (``trainthrough release`` ends them)
     keep_warm: float | None = bounded(gt=0)
@@ -191,6 +199,12 @@ class RunConfig:
                             "(and --paradigm ps)")
         if not DEVICE_NAME.match(self.device):
             raise UserError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        if self.checkpoint_shared and not (self.ray_address and self.checkpoint_dir):
+            raise UserError("--checkpoint-shared declares that --checkpoint-dir is a folder "
+                            "every host of a cluster mounts: it needs --ray-address and "
+                            "--checkpoint-dir")
+        if self.bind_address is not None:
+            _check_bind_address(self.bind_address)
         if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
             raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
         _check_storage_url(self.checkpoint_dir)
@@ -285,6 +299,29 @@ def _check_storage_url(url: str | None) -> None:
     except ImportError as e:
         raise UserError(f"--checkpoint-dir {url!r}: protocol {protocol!r} needs a package "
                         f"that is not installed ({e})") from None
+
+
+def _check_bind_address(text: str) -> str:
+    """``--bind-address``: one IPv4 address that this machine holds (not 0.0.0.0).
+
+    Raises:
+        UserError: one line saying what is wrong and what to pass.
+    """
+    try:
+        ip = ipaddress.IPv4Address(text)
+    except ValueError:
+        raise UserError(f"--bind-address {text!r} is not an IPv4 address "
+                        "(e.g. 10.0.0.5: an address of this machine)") from None
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise UserError(f"--bind-address {text}: name one address of this machine "
+                        "(listening on every interface is never done)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((str(ip), 0))
+        except OSError as e:
+            raise UserError(f"--bind-address {text} is not an address of this machine "
+                            f"({e.strerror or e}); `ip -4 addr` lists them") from None
+    return str(ip)
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -46,12 +47,15 @@ def train(loop: Loop) -> dict[str, object]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = DataLoader(Indexed(), batch_size=16)
     log = open(os.path.join(os.environ["TT_LEDGER"], f"{os.getpid()}.txt"), "a")  # noqa: SIM115
+    pause = float(os.environ.get("TT_STEP_SLEEP", "0"))  # a slower step (the two-host test)
 
     def loss_of(batch: list[torch.Tensor]) -> torch.Tensor:
         x, y, idx = batch
         log.write(f"{loop.step_index} {loop.attempt} {loop.rank} "
                   f"{' '.join(str(int(i)) for i in idx)}\n")
         log.flush()
+        if pause:
+            time.sleep(pause)
         return F.cross_entropy(model(x), y)
 
     loop.attach(model, opt, loader)

@@ -24,8 +24,9 @@ from trainthrough.ft.strategy import Strategy
 #: Settings only some engines read (per paradigm): each engine lists those it reads
 #: in its capabilities (``options``).
 ENGINE_SETTINGS = ("shards", "workers", "ranks", "elastic", "allreduce_buckets",
-                   "micro_batches", "replace", "ray_address", "recovery_delay", "coordinator",
-                   "zookeeper_hosts", "wall_limit", "device", "collective")
+                   "micro_batches", "replace", "ray_address", "bind_address",
+                   "checkpoint_shared", "recovery_delay", "coordinator", "zookeeper_hosts",
+                   "wall_limit", "device", "collective")
 
 Scope = tuple[Callable[[str, Strategy], bool], str]  # (is it used?, what to say if not)
 _SSP: Scope = (lambda consistency, s: consistency == "ssp",

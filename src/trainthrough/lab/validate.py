@@ -60,3 +60,30 @@ def validate_run(cfg: RunConfig) -> None:
     # A setting the run would not read is refused, never dropped (engines/options.py).
     check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy, cfg.changed_fields())
     cfg.check_relations()
+    _check_checkpoints_reach_every_host(cfg, strategy.recovery == "rollback-all")
+
+
+#: fsspec protocols whose files only the machine that wrote them can read.
+_HOST_LOCAL = ("file", "local", "memory")
+
+
+def _check_checkpoints_reach_every_host(cfg: RunConfig, restores: bool) -> None:
+    """A data-parallel checkpoint-restart on a cluster it joins (``--ray-address``: ranks
+    may run, and restart, on any host) must restore from storage every host reaches: an
+    fsspec URL of shared storage, or a folder the user declares shared. A local path is
+    refused rather than restored from a folder another host cannot see.
+
+    Raises:
+        UserError: one line naming what to pass.
+    """
+    if not (restores and cfg.paradigm == "dp" and cfg.engine == "ray" and cfg.ray_address):
+        return
+    where = cfg.checkpoint_dir
+    protocol = where.split("://", 1)[0] if where and "://" in where else "file"
+    if protocol not in _HOST_LOCAL or (cfg.checkpoint_shared and where):
+        return
+    raise UserError(f"checkpoint-restart on a Ray cluster restores on any host, so its "
+                    f"checkpoints must be where every host reaches them, not "
+                    f"{where or 'the run folder'} on this machine: pass --checkpoint-dir "
+                    f"with an fsspec URL of shared storage (e.g. s3://bucket/run), or a folder "
+                    f"every host mounts with --checkpoint-shared")

@@ -100,7 +100,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            fail: str | Sequence[str] = (), seed: int = 0, engine: str = "ray",
            ray_address: str | None = None, out: str | Path | None = None,
            replace: bool = True, recovery_delay: float = 2.0,
-           checkpoint_every: int | None = None, timeout: float = 5.0,
+           checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
+           checkpoint_shared: bool = False, bind_address: str | None = None,
+           timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
            overwrite: bool = False, progress: bool = True,
            micro_batches: int = 1) -> LoopResult:
@@ -120,6 +122,12 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         micro_batches: gradient accumulation: each rank's batch (the ``DataLoader``'s
             ``batch_size``) is cut into this many micro-batches, each a forward and
             backward of its own, and one update follows their averaged gradient.
+        checkpoint_dir: where checkpoints go (a path or an fsspec URL); a
+            ``checkpoint-restart`` on a cluster (``ray_address``) needs one every host
+            reaches: a URL of shared storage, or a folder every host mounts with
+            ``checkpoint_shared=True``.
+        bind_address: the address of this machine the run's store listens on (default
+            127.0.0.1; with ``ray_address``, this machine's address on the cluster).
         out: the run folder (default ``runs/loop-<time>``); one that holds a run is
             refused unless ``overwrite`` (only the files a run writes are replaced).
 
@@ -134,7 +142,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
     cfg = RunConfig(workload=ref, paradigm="dp", engine=engine, ranks=ranks, strategy=strategy,
                     failures=failures, seed=seed, ray_address=ray_address, replace=replace,
                     recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
-                    elastic=elastic, wall_limit=wall_limit, micro_batches=micro_batches,
+                    checkpoint_dir=checkpoint_dir, checkpoint_shared=checkpoint_shared,
+                    bind_address=bind_address, micro_batches=micro_batches,
+                    elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout))
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
     summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite)

@@ -1,5 +1,5 @@
 """The ``gloo`` engine (``--engine dist`` is its older alias): data-parallel ranks as OS
-processes on a torch.distributed gloo group (127.0.0.1), started and supervised by a
+processes on a torch.distributed gloo group (127.0.0.1, or ``--bind-address``), started and supervised by a
 controller that owns the store. This module declares what the engine runs; importing
 it does not import torch.distributed.
 """
@@ -20,5 +20,5 @@ CAPABILITIES = {
                modes=("crash", "hang"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "device", "collective",
-                        "recovery_delay", "wall_limit")),
+                        "recovery_delay", "wall_limit", "bind_address")),
 }

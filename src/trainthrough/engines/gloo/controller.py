@@ -1,7 +1,8 @@
 """The ``dist`` engine's controller: data-parallel training on real gloo processes.
 
-The controller is the parent of every rank. It owns the ``TCPStore`` (on 127.0.0.1,
-a free port) that outlives the ranks, starts them, and, woken by every event a rank
+The controller is the parent of every rank. It owns the ``TCPStore`` (a free port on
+127.0.0.1, or on the address :mod:`.net` chooses for a run that spans hosts or names
+one) that outlives the ranks, starts them, and, woken by every event a rank
 posts and at least every :data:`TICK` seconds: drains their events (failures they
 inflict on themselves, checkpoints, parameters to evaluate), notices processes that
 ended, and watches for reports (a group broke, or the ranks
@@ -28,6 +29,7 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
+from trainthrough.engines.gloo.net import rank_net, store_host
 from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
@@ -117,10 +119,13 @@ class GlooEngine:
         """
         self.t0 = time.time()  # ranks measure @time triggers from here (wall clock)
         self.ctx.start_clock()
-        store = serve(timeout=30)
+        cluster_ip = self.cluster_ip()
+        self.host = store_host(self.cfg.bind_address, cluster_ip)
+        store = serve(self.host, timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
-        base = {"config": cfg.to_dict(), "port": store.port, "t0": self.t0,
+        base = {"config": cfg.to_dict(), "host": self.host, "port": store.port, "t0": self.t0,
                 "checkpoint_url": self.url, "loop": self.program,
+                "net": rank_net(self.cfg.bind_address, cluster=cluster_ip is not None),
                 "collective": self.devices.collective.backend,
                 "gpus_per_rank": self.devices.gpus_per_rank}
         self.store, self.events = store, EventReader(store)
@@ -140,6 +145,10 @@ class GlooEngine:
         self.events.bell.close()
         self.evals.close()  # an evaluation still waiting for copies: score it with what came
         return self._finish()
+
+    def cluster_ip(self) -> str | None:
+        """This machine's address on the cluster the run spans (None: one machine)."""
+        return None
 
     def _loop(self) -> None:
         idle_since = time.time()
@@ -248,6 +257,7 @@ class GlooEngine:
             detection_seconds=rec.detections, reform_seconds=rec.reform_times,
             restart_seconds=rec.restart_times,
             replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
+            store_address=f"{self.host}:{self.store.port}",
             time_to_target=r.sim_seconds_to_target)
         if self.program is not None:
             r.extras.update(returned=self.returned.get(min(self.returned, default=0)),

@@ -73,7 +73,8 @@ class Group:
         Raises:
             PeerLost: a member never arrived (within the timeout) or died meanwhile.
         """
-        # Bind gloo to loopback: the default picks the interface of the host name.
+        # The interface was chosen by rank_main (net.py); without one, gloo would pick
+        # the interface of the host name: loopback then.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         timeout = self.timeout
         if self.backend == "nccl":

@@ -1,6 +1,7 @@
 """What the controller and its rank processes say to each other, through the store.
 
-The controller owns a ``TCPStore`` on 127.0.0.1 and outlives every rank, so the
+The controller owns a ``TCPStore`` (on 127.0.0.1 unless the run spans a cluster or
+the user named an address: :mod:`.net`) and outlives every rank, so the
 store is where ranks that lost their group still meet. Values are JSON text, plus
 safetensors bytes for parameters (nothing is pickled). Call order for one run:
 
@@ -87,20 +88,20 @@ class Report:
     error: str = ""
 
 
-def serve(timeout: float) -> dist.TCPStore:
-    """The controller's store, listening on 127.0.0.1 only.
+def serve(host: str, timeout: float) -> dist.TCPStore:
+    """The controller's store, listening on ``host`` only (:func:`.net.store_host`).
 
     ``TCPStore`` binds its server to every interface when it opens the port itself,
-    unauthenticated; so the socket is bound to loopback here and handed over. The store
+    unauthenticated; so the socket is bound to ``host`` here and handed over. The store
     takes ownership of the descriptor (it closes it when it goes away), so the Python
     socket lets go of it: closing it here too would close whatever file later reuses
     that number (another library's socket, say).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         sock.listen(128)
-        store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
+        store = dist.TCPStore(host, sock.getsockname()[1], is_master=True,
                               wait_for_workers=False, timeout=timedelta(seconds=timeout),
                               master_listen_fd=sock.fileno())
     except BaseException:
@@ -110,9 +111,9 @@ def serve(timeout: float) -> dist.TCPStore:
     return store
 
 
-def connect(port: int, timeout: float) -> dist.TCPStore:
-    """A client of the controller's store (ranks call this first)."""
-    return dist.TCPStore("127.0.0.1", port, is_master=False,
+def connect(host: str, port: int, timeout: float) -> dist.TCPStore:
+    """A client of the controller's store at ``host:port`` (ranks call this first)."""
+    return dist.TCPStore(host, port, is_master=False,
                          timeout=timedelta(seconds=timeout))
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.net import IFNAME_ENV, LOOPBACK, gloo_interface
 from trainthrough.engines.gloo.protocol import PLAN_WAIT_SECONDS, RankSpec, connect, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
@@ -40,11 +41,14 @@ RankProgram = Callable[[RankSpec, dist.TCPStore], None]
 
 def main(spec: RankSpec) -> int:
     """Run one rank process to its end; its exit code (1: a bug, posted with its traceback)."""
-    # Ranks share a few cores: one intra-op thread each, and gloo on loopback only.
+    # Ranks share a few cores: one intra-op thread each.
     torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    store = connect(spec["port"], timeout=PLAN_WAIT_SECONDS)
+    store = connect(spec.get("host", LOOPBACK), spec["port"], timeout=PLAN_WAIT_SECONDS)
     try:
+        # Gloo binds to the interface net.py chooses (loopback for a local run), set
+        # before any group is formed.
+        os.environ[IFNAME_ENV] = _SET[IFNAME_ENV] = gloo_interface(spec.get("net"),
+                                                                   _user_ifname())
         if spec.get("loop"):  # a user's own training loop drives the session
             loop_program(spec["loop"])(spec, store)
         else:
@@ -56,6 +60,16 @@ def main(spec: RankSpec) -> int:
         post(store, {"type": "error", "slot": spec["slot"], "traceback": traceback.format_exc()})
         return 1
     return 0
+
+
+def _user_ifname() -> str | None:
+    """``GLOO_SOCKET_IFNAME`` as the user set it where this process runs (a value this
+    module set in an earlier rank of the same process does not count)."""
+    own = os.environ.get(IFNAME_ENV)
+    return None if own is None or own == _SET.get(IFNAME_ENV) else own
+
+
+_SET: dict[str, str] = {}
 
 
 def loop_program(ref: str) -> RankProgram:

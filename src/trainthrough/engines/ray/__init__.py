@@ -57,7 +57,8 @@ CAPABILITIES = {
     # Data parallel is the gloo engine's controller with ranks on actors: its claims,
     # and the cluster to join.
     "dp": replace(GLOO_CAPABILITIES["dp"],
-                  options=GLOO_CAPABILITIES["dp"].options | {"ray_address"}),
+                  options=GLOO_CAPABILITIES["dp"].options | {"ray_address",
+                                                             "checkpoint_shared"}),
 }
 
 

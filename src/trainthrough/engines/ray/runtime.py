@@ -93,11 +93,31 @@ def _loopback_even_if_imported() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def address_toward(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent: a UDP
+    socket's connect only picks the route); a loopback ``host`` is its own answer."""
+    if host.startswith("127."):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+        except OSError as e:
+            raise UserError(f"no route from this machine to the Ray cluster at {host}: "
+                            f"{e.strerror or e}") from None
+        return str(s.getsockname()[0])
+
+
 def ensure_ray(address: str | None = None,
-               runtime_env: dict[str, Any] | None = None) -> bool:
+               runtime_env: dict[str, Any] | None = None,
+               node_ip: str | None = None) -> bool:
     """Start a local Ray on 127.0.0.1 (or join ``address``) unless one is already up.
 
     ``runtime_env``: the job's, when joining (what :func:`shipped` says travels).
+    ``node_ip``: this driver's address on the cluster it joins (``--bind-address``);
+    by default the address of this machine on the route to the cluster's head
+    (:func:`address_toward`), never 127.0.0.1 for a cluster on other machines: Ray's
+    loopback setting (``LOOPBACK_ENV``) would otherwise make the driver 127.0.0.1,
+    where the other nodes cannot reach it.
 
     Returns:
         True if this call started Ray (and so should shut it down).
@@ -131,12 +151,14 @@ def ensure_ray(address: str | None = None,
     try:
         if address:
             check_address(address)
-            # A cluster of nodes on loopback addresses (127.0.0.2, ...: several nodes on
-            # one host): this driver is on its head's address, not the external one.
-            # Every driver of ours on a cluster shares one namespace: actors a driver
+            # This driver's node address: a cluster of nodes on loopback addresses
+            # (127.0.0.2, ...: several nodes on one host) gets its head's address; one on
+            # other machines the address that routes there (or --bind-address). A Ray
+            # client (ray://) or "auto" picks its own. Every driver of ours on a cluster shares one namespace: actors a driver
             # keeps warm (warm.py) look the next driver's actors up by name.
             ray.init(address=address, log_to_driver=False, configure_logging=False,
-                     _node_ip_address=host if host.startswith("127.") else None,
+                     _node_ip_address=None if address == "auto" or "://" in address
+                     else node_ip or address_toward(host),
                      runtime_env=runtime_env, namespace=NAMESPACE)
         else:
             logging.getLogger("ray._private.authentication.authentication_token_setup"
@@ -246,7 +268,8 @@ def shipped(reference: str, address: str | None) -> tuple[dict[str, Any] | None,
             f"{path.name}:{name}")
 
 
-def ensure_ray_for(reference: str, address: str | None) -> tuple[bool, str]:
+def ensure_ray_for(reference: str, address: str | None,
+                   node_ip: str | None = None) -> tuple[bool, str]:
     """:func:`ensure_ray` for a run of ``reference``, shipping a user's file to a cluster
     it joins (:func:`shipped`).
 
@@ -254,5 +277,5 @@ def ensure_ray_for(reference: str, address: str | None) -> tuple[bool, str]:
         Whether this call started Ray, and the reference the run's actors import.
     """
     env, ref = shipped(reference, address)
-    started = ensure_ray(address, runtime_env=env)
+    started = ensure_ray(address, runtime_env=env, node_ip=node_ip)
     return started, (ref if env is not None and started else reference)

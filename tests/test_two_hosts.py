@@ -1,0 +1,76 @@
+"""Data parallel across two hosts that are really two: network namespaces on a veth pair.
+
+The run (tests/loops/two_hosts.py) puts ranks on both hosts, loses one host whole (every
+process of its namespace SIGKILLed at a committed step), recovers by rollback and grows
+back onto a new Ray node on that host. Where namespaces cannot be made (not root), the
+test is skipped with the reason; CI runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.loops import two_hosts
+from tests.netns import ADDRESSES, why_not
+from tests.test_loop import _check_exactly_once
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 5.0  # the collective timeout two_hosts.py's run uses
+_WHY_NOT = why_not()
+
+
+def _wildcard(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0]
+    return host in ("0.0.0.0", "[0000:0000:0000:0000:0000:0000:0000:0000]")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(_WHY_NOT is not None, reason=f"two network namespaces: {_WHY_NOT}")
+def test_two_hosts_ranks_on_both_a_host_lost_and_the_group_grows_back(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(Path(two_hosts.__file__)), str(tmp_path)],
+                         capture_output=True, text=True, timeout=380, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    s, listeners = result["summary"], result["listeners"]
+    print("listeners (address -> process), per host:", json.dumps(listeners, indent=1))
+    print("store:", s["store_address"], "wall:", round(result["wall_seconds"], 1), "s")
+    print({k: result[k] for k in ("node_killed_after_step", "processes_killed",
+                                  "cluster_up_seconds", "new_node_up_seconds",
+                                  "nodes_before", "nodes_after")}, s)
+
+    # Where things listened: the store on the driver's cluster address; gloo (the ranks'
+    # own sockets, outside Ray's worker port range) on each host's veth address; none of
+    # ours on loopback or every interface (Ray's own servers are Ray's: README, Trust).
+    assert s["store_address"].startswith(f"{ADDRESSES[0]}:"), s["store_address"]
+    assert s["store_address"] in listeners["a"]
+    low, high = two_hosts.WORKER_PORTS
+    for side, ip in zip("ab", ADDRESSES, strict=True):
+        ours = {a: c for a, c in listeners[side].items()
+                if c.startswith(("ray::RankActor", "python"))
+                and not low <= int(a.rsplit(":", 1)[1]) <= high}
+        assert ours, f"no rank or store listener seen on host {side}"
+        assert all(a.startswith(f"{ip}:") for a in ours), (side, ours)
+        assert not any(_wildcard(a) or a.startswith("127.") for a in ours), ours
+
+    # A host lost: its ranks' failure detected within the collective timeout + 2 s, the
+    # survivors rolled back, the replacement placed on the node that joined later.
+    first = {n["ip"]: n["id"] for n in result["nodes_before"]}
+    new = {n["id"] for n in result["nodes_after"] if n["alive"]} - set(first.values())
+    assert len(new) == 1, result["nodes_after"]
+    lost_slots = [k for k, ns in s["rank_nodes"].items() if ns[0] == first[ADDRESSES[1]]]
+    assert lost_slots and len(lost_slots) < 3, s["rank_nodes"]  # ranks on both hosts
+    assert result["processes_killed"] >= 3  # the raylet, its workers, the node's parent
+    assert s["recoveries"] and s["recoveries"][0]["action"] == "mini-batch-rollback", s
+    assert max(s["detection_seconds"]) <= TIMEOUT + 2.0, s["detection_seconds"]
+    grown = [k for k in lost_slots if s["rank_nodes"][k][-1] in new]
+    assert grown, f"no replacement on the new node: {s['rank_nodes']}"
+    assert s["ranks_joined"] >= 1 and s["ranks_final"] == 3, s
+    assert s["replicas_identical"]
+    _check_exactly_once(result, tmp_path / "ledger")
