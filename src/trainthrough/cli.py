@@ -81,6 +81,12 @@ def _add_run(sub: Any) -> None:
                         "failures strike before bucket K)")
     p.add_argument("--micro-batches", type=_int, dest="micro_batches",
                    help="dp: micro-batches per rank, one gradient call each (default 1)")
+    p.add_argument("--sync-every", type=_int, dest="sync_every", metavar="H",
+                   help="dp, localsgd/diloco/streaming-diloco: inner steps between two outer "
+                        "steps (default 10)")
+    p.add_argument("--sync-fragments", type=_int, dest="sync_fragments", metavar="F",
+                   help="streaming-diloco: fragments, each synchronized on its own "
+                        "staggered schedule (default 2)")
     p.add_argument("--shards", type=_int, help="parameter-server shards K")
     p.add_argument("--workers", type=_int, help="workers N")
     p.add_argument("--consistency", choices=field_choices("consistency"),
