@@ -125,6 +125,10 @@ class RelaxedReplica:
     def label(self) -> str:
         return self.inner.label
 
+    @label.setter
+    def label(self, value: str) -> None:
+        self.inner.label = value
+
     @property
     def layout(self) -> Numel:
         return self.inner.layout

@@ -16,7 +16,7 @@ from trainthrough.engines.options import ENGINE_SETTINGS
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.ft.strategy import Strategy
 
-MECHANISMS = ("checkpoint", "persist", "recovery", "replication", "outage", "sync")
+MECHANISMS = ("sync", "checkpoint", "persist", "recovery", "replication", "outage")
 # The injection points of each data-parallel step routine that exist in only one of
 # them: dp/step.py's POINTS (every-step sync) and dp/relaxed.py's (LocalSGD, DiLoCo);
 # kept here as names so that validation imports no torch (tests/test_relaxed.py checks).
@@ -96,7 +96,8 @@ def unmet(c: Capabilities, consistency: str, strategy: Strategy,
         if key not in c.phases:
             out.append(("failure phase", s.phase or ""))
         elif key in (SYNC_STEP_PHASES if strategy.relaxed else RELAXED_STEP_PHASES):
-            out.append((f"failure phase (with sync {strategy.sync})", s.phase or ""))
+            points = "inner, outer" if strategy.relaxed else "forward, backward, allreduce:K, update"
+            out.append((f"failure phase (a {strategy.sync} step has {points})", s.phase or ""))
         if s.mode not in c.modes:
             out.append(("failure mode", s.mode))
         if s.replica is not None and (not c.replica_position

@@ -27,12 +27,12 @@ from dataclasses import replace
 
 import torch
 
+from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import Bucket, ring_seconds
 from trainthrough.dp.batching import StepBatch
 from trainthrough.dp.relaxed import SyncSpec
 from trainthrough.dp.simulated import LockStep, SimInjector, Strike
 from trainthrough.dp.step import InFlight, StepSpec, check_points, train_step
-from trainthrough.config import RunConfig
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.sim import CAPABILITIES

@@ -121,17 +121,21 @@ class SimRelaxed:
         wait = self.costs.m.timeout_seconds if hit.hang else self.costs.detection
         lost.found_at = max(lost.found_at, self.clock.now + wait)
         for s in hit.ids:
-            r = self.g.ranks[s]
-            assert isinstance(r, RelaxedReplica)
-            local = r.flat.flatten(r.params)
-            lost.norm = float(torch.linalg.vector_norm(
-                torch.stack([torch.tensor(lost.norm),
-                             torch.linalg.vector_norm(local - r.global_) / n])))
-            self.local_steps_lost.append(r.since_sync)
-            self.result.updates_lost += r.since_sync
-            self.rec.samples_dropped += len(share.get(s, ())) * self.g.micro
-            self.g.kill(s)
+            lost.norm = float(torch.hypot(torch.tensor(lost.norm),
+                                          torch.tensor(self._drop(s, share, n))))
             lost.ids.append(s)
+
+    def _drop(self, slot: int, share: dict[int, list], members: int) -> float:  # type: ignore[type-arg]
+        """Replica ``slot`` is gone with its local steps and its share of this step;
+        returns its share of the outer average, ``||local - global|| / members``."""
+        r = self.g.ranks[slot]
+        assert isinstance(r, RelaxedReplica)
+        norm = float(torch.linalg.vector_norm(r.flat.flatten(r.params) - r.global_)) / members
+        self.local_steps_lost.append(r.since_sync)
+        self.result.updates_lost += r.since_sync
+        self.rec.samples_dropped += len(share.get(slot, ())) * self.g.micro
+        self.g.kill(slot)
+        return norm
 
     def _outer(self, fragment: int) -> None:
         """Run fragment ``fragment``'s outer step until it completes on the survivors."""
@@ -160,8 +164,10 @@ class SimRelaxed:
         failed = list(lost.ids)
         self.emit(Detection(iteration=self.executed, failed=[f"rank{i}" for i in failed]))
         while more := self.rec.strike("recovery", self.executed):  # during the detection
+            n = len(self.g.ranks)
             for s in more.ids:
-                self.g.kill(s)
+                lost.norm = float(torch.hypot(torch.tensor(lost.norm),
+                                              torch.tensor(self._drop(s, {}, n))))
             failed += more.ids
             self.clock.advance(self.costs.m.timeout_seconds if more.hang else self.costs.detection)
         phase: Phase = "outer" if lost.phase == "outer" else "inner"
