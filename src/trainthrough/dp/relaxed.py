@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import Bucket, Contribution, FlatLayout, make_buckets
 from trainthrough.dp.batching import MicroBatch
 from trainthrough.dp.collective import Collective, Injector, PeerLost
@@ -86,6 +87,15 @@ class SyncSpec:
         """The fragments as contiguous slices of the flat parameter vector."""
         return make_buckets(numel, self.fragments)
 
+    @classmethod
+    def of(cls, cfg: RunConfig, sync: str) -> SyncSpec | None:
+        """The run's relaxed sync for a strategy's ``sync`` (None: ``every-step``)."""
+        if sync == "every-step":
+            return None
+        return cls("localsgd" if sync == "localsgd" else "diloco", cfg.sync_every,
+                   cfg.sync_fragments if sync == "streaming-diloco" else 1,
+                   cfg.outer_lr, cfg.outer_momentum)
+
 
 class RelaxedReplica:
     """A replica (:class:`~trainthrough.dp.rank.Replica`) plus the outer state.
@@ -105,6 +115,21 @@ class RelaxedReplica:
         self.since_sync = 0  # inner steps applied since this replica's last outer step
 
     # -- the Replica protocol, delegated ------------------------------------------
+    def __getattr__(self, name: str) -> object:
+        # Whatever else the wrapped replica offers its host (a user's loop reads a
+        # ModuleReplica's ``losses``); only called for names not found here.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def loss_fn(self) -> object:
+        return getattr(self.inner, "loss_fn", None)
+
+    @loss_fn.setter
+    def loss_fn(self, fn: object) -> None:  # a user's loop sets it before each step
+        self.inner.loss_fn = fn  # type: ignore[attr-defined]
+
     @property
     def rank_id(self) -> int:
         return self.inner.rank_id

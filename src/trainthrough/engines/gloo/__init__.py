@@ -12,11 +12,12 @@ ENGINE = "trainthrough.engines.gloo.controller:GlooEngine"
 CAPABILITIES = {
     # Checkpoints are written synchronously by rank 0 (no background persist).
     "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
-               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
+               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward", "drop-local"),
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
-               phases=("", "forward", "backward", "allreduce", "update"),
+               phases=("", "forward", "backward", "allreduce", "update", "inner", "outer"),
                modes=("crash", "hang"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
-                        "recovery_delay", "wall_limit")),
+                        "recovery_delay", "wall_limit"),
+               sync=("every-step", "localsgd", "diloco", "streaming-diloco")),
 }

@@ -27,7 +27,6 @@ from dataclasses import replace
 
 import torch
 
-from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import Bucket, ring_seconds
 from trainthrough.dp.batching import StepBatch
 from trainthrough.dp.relaxed import SyncSpec
@@ -64,7 +63,7 @@ class SimDPEngine:
             spec = replace(spec, lr=cfg.lr)
         x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
-        sync = sync_spec(cfg, self.strategy.sync)
+        sync = SyncSpec.of(cfg, self.strategy.sync)
         self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic,
                           cfg.micro_batches, SimRelaxed.wrap(sync) if sync else None)
         self.schedule = schedule = ctx.schedule({"rank": cfg.ranks})
@@ -220,11 +219,3 @@ class SimDPEngine:
                             outer_bytes=x.outer_bytes)
         return r
 
-
-def sync_spec(cfg: RunConfig, sync: str) -> SyncSpec | None:
-    """The run's relaxed sync (None: a gradient allreduce every step)."""
-    if sync == "every-step":
-        return None
-    method = "localsgd" if sync == "localsgd" else "diloco"
-    return SyncSpec(method, cfg.sync_every, cfg.sync_fragments if sync == "streaming-diloco"
-                    else 1, cfg.outer_lr, cfg.outer_momentum)
