@@ -90,6 +90,12 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--collective", choices=field_choices("collective"),
                    help="dp: auto (NCCL when each rank of a host has its own GPU, else "
                         "gloo), gloo or nccl")
+    p.add_argument("--sync-every", type=_int, dest="sync_every", metavar="H",
+                   help="dp, localsgd/diloco/streaming-diloco: inner steps between two outer "
+                        "steps (default 10)")
+    p.add_argument("--sync-fragments", type=_int, dest="sync_fragments", metavar="F",
+                   help="streaming-diloco: fragments, each synchronized on its own "
+                        "staggered schedule (default 2)")
     p.add_argument("--shards", type=_int, help="parameter-server shards K")
     p.add_argument("--workers", type=_int, help="workers N")
     p.add_argument("--consistency", choices=field_choices("consistency"),

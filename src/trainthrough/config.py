@@ -56,7 +56,7 @@ FLAG_FIELDS = (
     "checkpoint_fraction", "checkpoint_rule", "max_iterations", "eval_every", "target", "lr",
     "baseline", "ray_address", "bind_address", "checkpoint_shared", "keep_warm", "recovery_delay",
     "replicas", "coordinator", "zookeeper_hosts", "merge_rule", "merge_threshold", "wall_limit",
-    "allreduce_buckets", "micro_batches", "device", "collective")
+    "allreduce_buckets", "micro_batches", "device", "collective", "sync_every", "sync_fragments")
 
 
 def flag_label(name: str) -> str:
@@ -123,6 +123,16 @@ class RunConfig:
     #: else gloo), gloo or nccl
     collective: str = bounded("auto", choices=("auto", "gloo", "nccl"))
     replace: bool = True  #: dp: failed ranks are replaced after cost.replace_seconds
+    #: dp, relaxed sync (localsgd, diloco, streaming-diloco): H, inner steps between two
+    #: outer steps (of each fragment)
+    sync_every: int = bounded(10, ge=1)
+    #: streaming-diloco: F, fragments of the model, each with its own staggered outer
+    #: step (at most sync_every)
+    sync_fragments: int = bounded(2, ge=1)
+    #: diloco: the outer optimizer's learning rate (SGD with Nesterov momentum)
+    outer_lr: float = bounded(0.7, gt=0)
+    #: diloco: the outer optimizer's momentum (0: plain SGD)
+    outer_momentum: float = bounded(0.9, ge=0, le=0.999)
     failures: list[str] = field(default_factory=list)  #: failure specs
     seed: int = bounded(0, ge=0, le=SEED_MAX)  #: one seed for everything random in the run
     max_iterations: int | None = bounded(ge=1)  #: stop after this many executed iterations
@@ -207,6 +217,10 @@ class RunConfig:
             _check_bind_address(self.bind_address)
         if self.coordinator == "zookeeper" and not self.zookeeper_hosts:
             raise UserError("coordinator zookeeper needs --zookeeper-hosts host:port")
+        if self.sync_fragments > self.sync_every:
+            raise UserError(f"--sync-fragments ({self.sync_fragments}) cannot exceed "
+                            f"--sync-every ({self.sync_every}): each fragment needs its own "
+                            "inner step for its outer step")
         _check_storage_url(self.checkpoint_dir)
 
     def changed_fields(self) -> dict[str, Any]:

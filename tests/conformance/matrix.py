@@ -112,3 +112,15 @@ def check(c: Cell, s: dict[str, Any], events: list[dict[str, Any]],
     # 7. Data parallel: the surviving replicas agree bit for bit.
     if c.paradigm == "dp" and "replicas_identical" in s:
         assert s["replicas_identical"]
+    # 8. Relaxed sync: replicas identical after each outer step (7, checked by the host
+    #    at every outer step), outer steps went on without the lost replicas, nobody
+    #    rolled back, and a lost replica took at most its H local steps along.
+    if strategy.relaxed:
+        assert s["replicas_identical"] is True
+        assert {r["action"] for r in s["recoveries"]} <= {"drop-local"}
+        assert all(r["restored_from"] is None for r in s["recoveries"])
+    if strategy.relaxed and c.engine == "sim":  # the host's own counters
+        assert s["outer_steps"] >= config(c).max_iterations // config(c).sync_every // 2
+        assert len(s["local_steps_lost"]) == c.form.count
+        assert all(0 <= n <= config(c).sync_every for n in s["local_steps_lost"])
+        assert s["ranks_min"] <= 3 - c.form.count

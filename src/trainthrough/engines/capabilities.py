@@ -16,7 +16,12 @@ from trainthrough.engines.options import ENGINE_SETTINGS
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.ft.strategy import Strategy
 
-MECHANISMS = ("checkpoint", "persist", "recovery", "replication", "outage")
+MECHANISMS = ("sync", "checkpoint", "persist", "recovery", "replication", "outage")
+# The injection points of each data-parallel step routine that exist in only one of
+# them: dp/step.py's POINTS (every-step sync) and dp/relaxed.py's (LocalSGD, DiLoCo);
+# kept here as names so that validation imports no torch (tests/test_relaxed.py checks).
+SYNC_STEP_PHASES = frozenset({"forward", "backward", "allreduce", "update"})
+RELAXED_STEP_PHASES = frozenset({"inner", "outer"})
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Capabilities:
     # The engine settings it reads (engines/options.py: ENGINE_SETTINGS); any other one
     # set away from its default is refused before the run.
     options: frozenset[str] = frozenset()
+    # How often data-parallel replicas synchronize (ft/strategy.py SYNCS).
+    sync: frozenset[str] = frozenset({"every-step"})
 
 
 def caps(replica_position: bool = False, resume: bool = False,
@@ -85,8 +92,12 @@ def unmet(c: Capabilities, consistency: str, strategy: Strategy,
             out.append(("failure target", s.kind))
         if _trigger(s) not in c.triggers:
             out.append(("failure trigger", _trigger(s)))
-        if _phase_key(s.phase) not in c.phases:
+        key = _phase_key(s.phase)
+        if key not in c.phases:
             out.append(("failure phase", s.phase or ""))
+        elif key in (SYNC_STEP_PHASES if strategy.relaxed else RELAXED_STEP_PHASES):
+            points = "inner, outer" if strategy.relaxed else "forward, backward, allreduce:K, update"
+            out.append((f"failure phase (a {strategy.sync} step has {points})", s.phase or ""))
         if s.mode not in c.modes:
             out.append(("failure mode", s.mode))
         if s.replica is not None and (not c.replica_position

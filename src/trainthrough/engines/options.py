@@ -39,12 +39,20 @@ _STATELESS: Scope = (lambda consistency, s: s.outage == "buffer",
                      "only the stateless outage (outage=buffer) buffers and merges a backlog")
 _PRIORITIZED: Scope = (lambda consistency, s: s.checkpoint == "prioritized",
                        "only prioritized checkpoints save a chosen fraction of rows")
+_RELAXED: Scope = (lambda consistency, s: s.relaxed,
+                   "only a relaxed sync (localsgd, diloco, streaming-diloco) has outer steps")
+_OUTER_OPT: Scope = (lambda consistency, s: s.sync in ("diloco", "streaming-diloco"),
+                     "only diloco and streaming-diloco have an outer optimizer")
+_STREAMING: Scope = (lambda consistency, s: s.sync == "streaming-diloco",
+                     "only streaming-diloco cuts the model into fragments")
 
 #: Settings that tune one mechanism, and when it is there.
 MECHANISM_SETTINGS: dict[str, Scope] = {
     "staleness": _SSP, "replicas": _CHAIN, "max_lag": _ASYNC_CHAIN,
     "merge_rule": _STATELESS, "merge_threshold": _STATELESS, "backlog": _STATELESS,
     "checkpoint_fraction": _PRIORITIZED, "checkpoint_rule": _PRIORITIZED,
+    "sync_every": _RELAXED, "sync_fragments": _STREAMING, "outer_lr": _OUTER_OPT,
+    "outer_momentum": _OUTER_OPT,
 }
 
 

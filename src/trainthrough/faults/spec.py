@@ -34,7 +34,7 @@ _KINDS: dict[str, Kind] = {"shard": "shard", "shards": "shard", "worker": "worke
                            "replica": "replica", "replicas": "replica"}
 # ASCII digits only ([0-9], not \d or str.isdigit(): those take "²" and "٣", which int()
 # then refuses or reads as another number).
-_PHASE = re.compile(r"(forward|backward|update|recovery|persist|allreduce:[0-9]+)")
+_PHASE = re.compile(r"(forward|backward|update|inner|outer|recovery|persist|allreduce:[0-9]+)")
 _INT = re.compile(r"[0-9]+")
 _TIME = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min)?")
 _MTBF = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min|iter)")
@@ -135,7 +135,7 @@ def _option(raw: str, opt: str, fields: dict[str, object]) -> None:
     if k == "phase":
         if not _PHASE.fullmatch(v):
             raise _bad(raw, f"unknown phase {v!r}; use forward, backward, allreduce:K, "
-                            "update, persist or recovery")
+                            "update, inner, outer, persist or recovery")
         fields[name] = v
     elif k == "mode":
         if v not in ("crash", "hang"):

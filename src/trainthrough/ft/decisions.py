@@ -25,6 +25,9 @@ class RecoveryAction(enum.Enum):
     # Data parallel (every rank holds a full replica; see ft/dp_policies.py):
     MINI_BATCH_ROLLBACK = "mini-batch-rollback"  # undo the step, redo it on survivors
     LOSSY_FORWARD = "lossy-forward"  # keep what was applied, average what arrived
+    # Relaxed sync (dp/relaxed.py): the lost replica's local steps are dropped, the
+    # survivors keep theirs and run the next (or the interrupted) outer step without it.
+    DROP_LOCAL = "drop-local"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from trainthrough.ft.decisions import (
     ReplacementDecision,
 )
 
-Phase = Literal["boundary", "forward", "backward", "allreduce", "update"]
+Phase = Literal["boundary", "forward", "backward", "allreduce", "update", "inner", "outer"]
 ELASTIC = ("keep-global", "keep-local")
 
 
@@ -102,6 +102,23 @@ class LossyForward:
                                      complete_step=failure.phase != "boundary")
 
 
+class DropLocal:
+    """Relaxed sync (LocalSGD, DiLoCo): the lost replicas' local steps since their last
+    outer step are dropped; the survivors keep theirs, nobody rolls back.
+
+    Lost during inner steps (``boundary``, ``inner``): the survivors re-form at the
+    next outer step, which averages without the lost replicas. Lost at ``outer``: no
+    member applied the outer step before its collective completed, so it is run again
+    on the survivors (``redo_step``). With no survivor: a restart.
+    """
+
+    def decide(self, failure: GroupFailure) -> GroupRecoveryDecision:
+        if failure.survivors == 0:
+            return _restart(failure)
+        return GroupRecoveryDecision(RecoveryAction.DROP_LOCAL, failure.failed, reform=True,
+                                     redo_step=failure.phase == "outer")
+
+
 def group_recovery_policy(recovery: str) -> GroupRecoveryPolicy:
     """The policy for a strategy's ``recovery`` choice.
 
@@ -110,7 +127,7 @@ def group_recovery_policy(recovery: str) -> GroupRecoveryPolicy:
     """
     policies: dict[str, type] = {"rollback-all": CheckpointRestart,
                                  "mini-batch-rollback": MiniBatchRollback,
-                                 "lossy-forward": LossyForward}
+                                 "lossy-forward": LossyForward, "drop-local": DropLocal}
     if recovery not in policies:
         raise UserError(f"recovery {recovery!r} is for the parameter server; data-parallel "
                         f"runs use one of: {', '.join(policies)}")

@@ -32,7 +32,10 @@ class Strategy:
     ``failover`` (promote a chain replica), ``mini-batch-rollback`` or ``lossy-forward``
     (data parallel; ``rollback-all`` is checkpoint-restart in both); ``replication``:
     ``none``, ``chain-sync`` or ``chain-async``; ``outage`` (what workers do while a
-    shard is down): ``wait`` or ``buffer``. :attr:`paradigms` says where the strategy
+    shard is down): ``wait`` or ``buffer``; ``sync`` (data parallel: how often replicas
+    synchronize): ``every-step`` (a gradient allreduce each step), ``localsgd``,
+    ``diloco`` or ``streaming-diloco`` (every ``sync_every`` inner steps, dp/relaxed.py),
+    which go with ``recovery=drop-local``. :attr:`paradigms` says where the strategy
     applies; which engines run it is for the engines to declare (engines/registry.py).
     """
 
@@ -43,6 +46,12 @@ class Strategy:
     recovery: str = "reinit"
     replication: str = "none"
     outage: str = "wait"
+    sync: str = "every-step"
+
+    @property
+    def relaxed(self) -> bool:
+        """Replicas synchronize every ``sync_every`` inner steps, not every step."""
+        return self.sync != "every-step"
 
     def checkpoint_policy(self, every: int, fraction: float | None = None,
                           rule: str = "largest-change") -> CheckpointPolicy:
@@ -144,14 +153,29 @@ PRESETS: dict[str, Strategy] = {
         Strategy("lossy-forward",
                  "data parallel: keep what was applied, drop the failed ranks' share of "
                  "the step, carry on with the survivors", recovery="lossy-forward"),
+        Strategy("localsgd",
+                 "data parallel, relaxed: each replica takes sync_every local steps, then "
+                 "the parameters are averaged; a lost replica's local steps are dropped, "
+                 "nobody rolls back", recovery="drop-local", sync="localsgd"),
+        Strategy("diloco",
+                 "data parallel, relaxed (DiLoCo): every sync_every inner steps the "
+                 "pseudo-gradient (global - local) is averaged and applied by an outer "
+                 "Nesterov SGD; a lost replica's inner steps are dropped, nobody rolls back",
+                 recovery="drop-local", sync="diloco"),
+        Strategy("streaming-diloco",
+                 "DiLoCo with the model in sync_fragments fragments, each with its own "
+                 "outer step on a staggered schedule", recovery="drop-local",
+                 sync="streaming-diloco"),
     ]
 }
 
-_DP_ONLY = ("mini-batch-rollback", "lossy-forward")
+_DP_ONLY = ("mini-batch-rollback", "lossy-forward", "drop-local")
+SYNCS = ("every-step", "localsgd", "diloco", "streaming-diloco")
 _CHOICES = {"checkpoint": ("none", "full", "prioritized"), "persist": ("sync", "async"),
             "recovery": ("reinit", "rollback-all", "restore-lost", "failover", "worker-copy",
                          *_DP_ONLY),
-            "replication": ("none", "chain-sync", "chain-async"), "outage": ("wait", "buffer")}
+            "replication": ("none", "chain-sync", "chain-async"), "outage": ("wait", "buffer"),
+            "sync": SYNCS}
 
 
 def resolve(text: str) -> Strategy:
@@ -187,6 +211,12 @@ def resolve(text: str) -> Strategy:
             raise UserError(f"strategy: unknown key {key!r}; use base, "
                             f"{', '.join(_CHOICES)}")
     out = replace(base, name=text, description="custom composition", **fields)  # type: ignore[arg-type]
+    if out.relaxed != (out.recovery == "drop-local"):
+        raise UserError("strategy: a relaxed sync (sync=localsgd, diloco or streaming-diloco) "
+                        "goes with recovery=drop-local, and drop-local with a relaxed sync")
+    if out.relaxed and out.checkpoint != "none":
+        raise UserError("strategy: a relaxed sync recovers from the survivors' replicas, "
+                        "without checkpoints: drop checkpoint=")
     if (out.recovery == "failover") != (out.replication != "none"):
         raise UserError("strategy: recovery=failover goes with a chain replication "
                         "(replication=chain-sync or chain-async), and a chain with failover")

@@ -13,12 +13,13 @@ CAPABILITIES = {
     # Checkpoints are written by rank 0: before its next step (sync) or on a
     # background thread from a host copy (async).
     "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync", "async"),
-               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
+               recovery=("rollback-all", "mini-batch-rollback", "lossy-forward", "drop-local"),
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
-               phases=("", "forward", "backward", "allreduce", "update"),
+               phases=("", "forward", "backward", "allreduce", "update", "inner", "outer"),
                modes=("crash", "hang"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "device", "collective",
-                        "recovery_delay", "wall_limit", "bind_address")),
+                        "recovery_delay", "wall_limit", "bind_address"),
+               sync=("every-step", "localsgd", "diloco", "streaming-diloco")),
 }

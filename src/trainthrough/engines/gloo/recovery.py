@@ -131,7 +131,13 @@ class DistRecovery:
             self._maybe_grow()
             return False
         reports = read_reports(self.e.store, self.n, self.members)
-        if (reports or dead) and self.first_sign is None:
+        # With a relaxed sync the survivors find a loss only at their next outer step,
+        # after up to H inner steps: a death starts the wait for their reports only if
+        # nobody is left to report (a hung member is found by their collective timeout).
+        relaxed = self.e.ctx.strategy.relaxed
+        sign = reports or (dead and (not relaxed or not any(self.e.procs.alive(s)
+                                                            for s in self.members)))
+        if sign and self.first_sign is None:
             self.first_sign = now
         if self.first_sign is not None:
             expected = [s for s in self.members if self.e.procs.alive(s)]
@@ -258,7 +264,9 @@ class DistRecovery:
         self.members = survivors
         write_plan(self.e.store, Plan(self.n, survivors, action,
                                       complete=d.complete_step and not behind,
-                                      buckets_done=done, uncount=phase == "boundary",
+                                      buckets_done=done,
+                                      # relaxed: the survivors went on with inner steps
+                                      uncount=phase == "boundary" and not self.e.ctx.strategy.relaxed,
                                       sync=behind, logical=logical))
         self.reforms += 1
         self.smallest = min(self.smallest, len(survivors))

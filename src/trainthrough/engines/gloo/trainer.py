@@ -34,6 +34,7 @@ from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, micro_siz
 from trainthrough.dp.collective import run_blocking
 from trainthrough.dp.rank import Rank, Replica, Tensors
 from trainthrough.dp.reference import failure_free
+from trainthrough.dp.relaxed import RelaxedReplica, SyncSpec, inner_step, outer_step
 from trainthrough.dp.repair import complete, share_state
 from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.gloo.checkpoints import RankSaves
@@ -62,13 +63,17 @@ class Trainer:
                  mean: bool = True, joining: bool = False) -> None:
         self.cfg, self.slot, self.store = cfg, slot, store
         self.inj = Injector(orders, store, t0, logical=lambda: self.logical)
-        self.replica = replica
+        strategy = resolve(cfg.strategy)
+        # Relaxed sync: the replica carries the outer state (dp/relaxed.py); the outer
+        # steps due after the last inner step, run (again, after a loss) before the next.
+        self.sync = SyncSpec.of(cfg, strategy.sync)
+        self.replica: Replica = RelaxedReplica(replica, self.sync) if self.sync else replica
+        self.pending_outer: list[int] = []
         self.stream = SampleStream(samples, cfg.seed)
         self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
-        strategy = resolve(cfg.strategy)
         self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets), mean)
-        self.saves = RankSaves(cfg, strategy, checkpoint_url, replica, checkpoint_every,
+        self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica, checkpoint_every,
                                lambda event: post(store, event))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
         self.limit_epochs: int | None = None  # a user's loop ends after so many epochs
@@ -157,6 +162,7 @@ class Trainer:
         m = run_blocking(share_state(self.replica, g, mine, holder=holder))
         self.executed, self.logical, self.cursor = m[0], m[1], Cursor(m[2], m[3])
         self.ctl_seen, self.applied, self.joining = float(m[4]), m[5], False
+        self.pending_outer = []  # taken at an outer boundary: none is due
 
     # -- the step -----------------------------------------------------------------
     def finished(self, size: int) -> bool:
@@ -181,6 +187,8 @@ class Trainer:
         Raises:
             PeerLost: the group broke (the step stays in :attr:`flight`).
         """
+        if self.sync is not None:
+            return self._relaxed_step(g)
         # Failure triggers count attempts made *before* this one, as sim does.
         before = self.executed
         self.executed += 1
@@ -198,6 +206,43 @@ class Trainer:
         ctl = run_blocking(train_step(self.replica, fl, g, self.inj, self.spec, before, ballot))
         self._commit(g, fl)
         return ctl
+
+    def _relaxed_step(self, g: Group) -> float:
+        """An inner step (unless outer steps are outstanding: a loss interrupted them),
+        then the outer steps due; the control counter of the last outer step (the
+        controller's requests are agreed on there), else the one seen already.
+
+        Raises:
+            PeerLost: the group broke at an outer step (it stays outstanding).
+        """
+        assert self.sync is not None and isinstance(self.replica, RelaxedReplica)
+        if not self.pending_outer:
+            before = self.executed
+            self.executed += 1
+            d = self.elastic.decide(g.size)
+            batch = plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale,
+                               g.members, self.micro)
+            fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel)
+            run_blocking(inner_step(self.replica, fl, self.inj, self.spec, before))
+            self.pending_outer = self.sync.due(self.logical + 1)
+            self._commit(g, fl)
+
+        def ballot() -> float:
+            return self._control() if g.rank == 0 else 0.0
+
+        ctl = self.ctl_seen
+        while self.pending_outer:
+            ctl = run_blocking(outer_step(self.replica, g, self.inj, self.pending_outer[0],
+                                          self.executed - 1, ballot))
+            self.pending_outer.pop(0)
+        return ctl
+
+    def shown(self) -> Tensors:
+        """The parameters evaluated and compared: the replica's (with a relaxed sync,
+        those of the last outer step, which every member holds)."""
+        if isinstance(self.replica, RelaxedReplica):
+            return self.replica.synced_params()
+        return self.replica.params
 
     def _control(self) -> float:
         """The controller's counter, as this process's :class:`~.protocol.Doorbell` has
@@ -225,7 +270,7 @@ class Trainer:
         recovered, self.resumed = self.resumed, False
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
         if self.evals.after_commit(self.executed, self.logical, self.applied,
-                                   self.replica.params, recovered,
+                                   self.shown(), recovered,
                                    keep=self.evaluate_here is None):
             self.post_params()
 
@@ -241,14 +286,15 @@ class Trainer:
                               "applied": self.applied, **self.evaluate_here()})
             return
         post(self.store, {"type": "params", "iteration": self.executed, "logical": self.logical,
-                          "final": final, "applied": self.applied}, _blob(self.replica.params))
+                          "final": final, "applied": self.applied}, _blob(self.shown()))
 
     def finish(self) -> dict[str, Any]:
         """What every rank reports at the end: counters and a hash of its replica."""
         self.saves.flush()
         h = hashlib.sha256()
-        for n in sorted(self.replica.params):
-            h.update(self.replica.params[n].cpu().numpy().tobytes())
+        shown = self.shown()
+        for n in sorted(shown):
+            h.update(shown[n].cpu().numpy().tobytes())
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest()}
 

@@ -29,6 +29,7 @@ import torch
 
 from trainthrough.dp.allreduce import Bucket, ring_seconds
 from trainthrough.dp.batching import StepBatch
+from trainthrough.dp.relaxed import SyncSpec
 from trainthrough.dp.simulated import LockStep, SimInjector, Strike
 from trainthrough.dp.step import InFlight, StepSpec, check_points, train_step
 from trainthrough.engines.base import RunContext
@@ -38,6 +39,7 @@ from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.dp_recovery import Hit, SimDPRecovery
+from trainthrough.engines.sim.dp_relaxed import SimRelaxed
 from trainthrough.events import CheckpointCorrupt, Event
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.dp_policies import ElasticPolicy, ReplacementPolicy, group_recovery_policy
@@ -61,8 +63,9 @@ class SimDPEngine:
             spec = replace(spec, lr=cfg.lr)
         x0 = workload.init_params(torch.Generator().manual_seed(cfg.seed))
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)
+        sync = SyncSpec.of(cfg, self.strategy.sync)
         self.g = SimGroup(workload, spec, x0, cfg.ranks, cfg.seed, cfg.allreduce_buckets, elastic,
-                          cfg.micro_batches)
+                          cfg.micro_batches, SimRelaxed.wrap(sync) if sync else None)
         self.schedule = schedule = ctx.schedule({"rank": cfg.ranks})
         check_points(ctx.specs, len(self.g.buckets), CAPABILITIES["dp"].phases, "sim")
         self.clock = VirtualClock()
@@ -81,6 +84,10 @@ class SimDPEngine:
             self.g, schedule, self.policy,
             ReplacementPolicy(cfg.replace, cfg.cost.replace_seconds), self.ckpt, self.clock,
             self.costs, self.result, self._emit, (self.lockstep, self.spec))
+        self.relaxed = None if sync is None else SimRelaxed(
+            self.g, sync, self.spec, self.recovery, self.policy, self.clock, self.costs,
+            self.result, self._emit, self._reduced, self.ctx.disruption)
+        self._params = self.relaxed.params if self.relaxed else self.g.params
         self.executed = self.logical = 0
         # The attempt under way: its batch, and the failure that struck it (if any).
         self._batch: StepBatch | None = None
@@ -92,11 +99,12 @@ class SimDPEngine:
         self.ctx.emit(event, sim_seconds=self.clock.now)
 
     def params(self) -> Params:
-        """The parameters of the lowest live rank (every live replica is identical)."""
-        return self.g.params()
+        """The parameters of the lowest live rank (every live replica is identical; with
+        a relaxed sync, those of the last outer step)."""
+        return self._params()
 
     def _evaluate(self) -> bool:
-        return self.ctx.evaluate(self.g.params(), self.executed, sim_seconds=self.clock.now,
+        return self.ctx.evaluate(self._params(), self.executed, sim_seconds=self.clock.now,
                                  logical_iteration=self.logical, ranks=len(self.g.ranks))
 
     # -- the loop ---------------------------------------------------------------
@@ -107,8 +115,12 @@ class SimDPEngine:
         done = self._evaluate()
         while not done and self.executed < self.max_iter:
             self.ckpt.persist.flush_due()
-            self.recovery.join_due()
-            committed = self._attempt()
+            if self.relaxed is not None:  # joins at outer boundaries, inside the step
+                self.logical = self.relaxed.attempt(self.executed, self.logical)
+                committed: bool | None = True
+            else:
+                self.recovery.join_due()
+                committed = self._attempt()
             if committed is None:  # struck between steps: recovered, look again
                 continue
             # An interrupted attempt counts as executed: it cost a step of work.
@@ -116,7 +128,7 @@ class SimDPEngine:
             if committed:
                 self.ckpt.after_step(self.logical)
             self.cb.after_step(self.executed, self.clock.now)
-            done = self.ctx.observe(self.executed, self.g.params, sim_seconds=self.clock.now,
+            done = self.ctx.observe(self.executed, self._params, sim_seconds=self.clock.now,
                                     logical_iteration=self.logical, ranks=len(self.g.ranks))
         if not done and not self.ctx.evaluated(self.executed):
             self._evaluate()
@@ -198,4 +210,12 @@ class SimDPEngine:
         r.extras.update(paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(self.g.ranks),
                         ranks_min=rec.smallest, reforms=rec.reforms, ranks_joined=rec.joined,
                         samples_dropped=rec.samples_dropped, logical_iterations=self.logical)
+        if self.relaxed is not None:
+            x = self.relaxed
+            r.extras.update(sync=self.strategy.sync, sync_every=self.cfg.sync_every,
+                            outer_steps=x.outer_steps, outer_retries=x.outer_retries,
+                            replicas_identical=x.identical,
+                            local_steps_lost=x.local_steps_lost,
+                            outer_bytes=x.outer_bytes)
         return r
+

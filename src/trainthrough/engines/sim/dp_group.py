@@ -17,7 +17,7 @@ import torch
 
 from trainthrough.dp.allreduce import FlatLayout, make_buckets
 from trainthrough.dp.batching import Cursor, SampleStream, StepBatch, micro_size, plan_batch
-from trainthrough.dp.rank import Rank
+from trainthrough.dp.rank import Rank, Replica
 from trainthrough.dp.repair import share_state
 from trainthrough.dp.simulated import LockStep, Outcome, SimCollective
 from trainthrough.errors import UserError
@@ -25,14 +25,16 @@ from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import OptimizerSpec, Params, Workload
 
 Tensors = dict[str, torch.Tensor]
-RankTask = Callable[[Rank, SimCollective], Coroutine[Any, Any, Any]]
+RankTask = Callable[[Any, SimCollective], Coroutine[Any, Any, Any]]
+Wrap = Callable[[Rank], Replica]
 
 
 class SimGroup:
     """Rank slots ``0..size-1`` of one run, the live ranks and the sample cursor."""
 
     def __init__(self, workload: Workload, spec: OptimizerSpec, x0: Params, size: int,
-                 seed: int, buckets: int, elastic: ElasticPolicy, micro_batches: int = 1) -> None:
+                 seed: int, buckets: int, elastic: ElasticPolicy, micro_batches: int = 1,
+                 wrap: Wrap | None = None) -> None:
         n = workload.sample_count()
         if n is None:
             raise UserError(f"workload {workload.name} does not support data-parallel training "
@@ -40,7 +42,9 @@ class SimGroup:
                             "or a TorchWorkload")
         self.w, self.spec, self.seed, self.size = workload, spec, seed, size
         self.x0 = {k: v.clone() for k, v in x0.items()}
-        self.ranks: dict[int, Rank] = {i: Rank(i, workload, spec, x0, seed) for i in range(size)}
+        # What a slot holds: a Rank, or a Rank wrapped with relaxed sync's outer state.
+        self._wrap: Wrap = wrap or (lambda r: r)
+        self.ranks: dict[int, Replica] = {i: self._new(i) for i in range(size)}
         self.layout = FlatLayout(x0)
         if not 1 <= buckets <= self.layout.numel:
             raise UserError(f"allreduce-buckets must be between 1 and the {self.layout.numel} "
@@ -53,17 +57,20 @@ class SimGroup:
         # Fail now, not at the first step, on a global batch larger than the data.
         self.stream.take(self.cursor, elastic.decide(size).global_batch)
 
+    def _new(self, slot: int) -> Replica:
+        return self._wrap(Rank(slot, self.w, self.spec, self.x0, self.seed))
+
     # -- membership -------------------------------------------------------------
     @property
     def live(self) -> list[int]:
         """Live slots in rank order (the order the ring and the update follow)."""
         return sorted(self.ranks)
 
-    def first(self) -> Rank:
+    def first(self) -> Replica:
         """The lowest live rank: donor for joiners, writer of checkpoints."""
         return self.ranks[self.live[0]]
 
-    def kill(self, slot: int) -> Rank:
+    def kill(self, slot: int) -> Replica:
         """Slot ``slot`` fails: its replica is gone (returned for measurement only)."""
         return self.ranks.pop(slot)
 
@@ -72,14 +79,14 @@ class SimGroup:
         (a live rank's replica is broadcast). Returns the bytes sent to the joiners."""
         nbytes = self.first().state_bytes * len(slots)
         for s in slots:
-            self.ranks[s] = Rank(s, self.w, self.spec, self.x0, self.seed)
+            self.ranks[s] = self._new(s)
         quiet = LockStep(on_point=lambda _: None, on_reduce=lambda _b, _n: None)
         self.drive(quiet, lambda r, c: share_state(r, c, [], holder=r.rank_id not in slots))
         return nbytes
 
     def reset(self, tensors: Tensors | None, cursor: Cursor) -> None:
         """Every slot restarts from ``tensors`` (a checkpoint) or the initial parameters."""
-        self.ranks = {i: Rank(i, self.w, self.spec, self.x0, self.seed) for i in range(self.size)}
+        self.ranks = {i: self._new(i) for i in range(self.size)}
         if tensors is not None:
             for r in self.ranks.values():
                 r.load(tensors)
