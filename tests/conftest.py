@@ -49,9 +49,12 @@ SLOW_TESTS = {
     "test_scar_partial_never_worse_than_checkpoint_restart",
     "test_issue_command_converges_with_rework_and_is_deterministic",
 }
-#: Modules whose tests run in order on one shared state (a clone that earlier commands
-#: leave runs in): one xdist worker runs each of them whole.
+#: Modules of documented commands, run in a clone that earlier commands leave runs in.
+#: Commands that name the same run folder (``--out runs/demo``, then ``--config
+#: runs/demo/config.toml``) form a chain that runs whole, in order, on one xdist
+#: worker; every other command is a group of its own, so they spread over the workers.
 IN_ORDER = {"test_readme_commands", "test_examples"}
+_RUN_FOLDER = re.compile(r"\bruns/([\w.-]+)")
 #: Fixtures that start a process (or a whole Ray) for the test that uses them.
 PROCESS_FIXTURES = {"ray_session", "zk_server", "clone"}
 #: A test id naming an engine that runs real processes (a parameter or the test's name).
@@ -66,6 +69,16 @@ def _starts_processes(item: pytest.Item) -> bool:
             or bool(REAL_ENGINE.search(item.name)))
 
 
+def _chain(item: pytest.Item) -> str:
+    """A documented command's chain: its file and the run folder it names, or itself."""
+    spec = getattr(item, "callspec", None)
+    params = spec.params if spec is not None else {}
+    source = params.get("source", params.get("path"))
+    text = str(getattr(params.get("command"), "text", ""))
+    folder = _RUN_FOLDER.search(text)
+    return f"{Path(str(source)).stem}:{folder.group(1) if folder else item.name}"
+
+
 # tryfirst: xdist reads the groups in its own hook of the same name, on each worker
 # (pytest < 9: xdist 3.8 marks a group in the node id, which pytest 9 no longer takes).
 @pytest.hookimpl(tryfirst=True)
@@ -75,8 +88,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if "ray_session" in item.fixturenames:  # the session's one Ray, on one worker
             item.add_marker(pytest.mark.xdist_group("ray"))
-        elif Path(str(item.fspath)).stem in IN_ORDER:  # one clone, commands in order
-            item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
+        elif (module := Path(str(item.fspath)).stem) in IN_ORDER:  # chains in order
+            item.add_marker(pytest.mark.xdist_group(f"{module}:{_chain(item)}"))
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,11 @@ core suite (about 3 minutes), whose quick form the README's ``compare --suite co
 --quick`` runs below. A command written exactly as in an example's docstring (the
 ``examples/my_model.py`` ones) is run by tests/test_examples.py instead, once.
 
-The commands run one at a time, in one clone: the README's in order first (``runs/demo``
-from the first is re-run by a later one), then each ``docs/*.md`` file's in order, the
-files by name, so a page may rely on what the README made. Each command starts its own
+Commands run in a clone per xdist worker. Those that name the same run folder form a
+chain that runs in order on one worker (``runs/demo`` from the first is re-run by a
+later one; ``runs/long`` is stopped, resumed, started over); every other command is
+independent of the rest and may run on any worker, beside the others
+(tests/conftest.py). A command that needs another's output must name its folder. Each command starts its own
 Ray, gloo ranks or ZooKeeper server when it needs one. Commands on real processes (Ray,
 gloo) are the long ones (15-45 s each on an idle 2-core machine), marked
 ``timeout(300)``; together the commands take a few minutes there, mostly Ray starting
