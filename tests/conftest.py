@@ -86,8 +86,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _starts_processes(item):
             item.add_marker(pytest.mark.slow)
-        if "ray_session" in item.fixturenames:  # the session's one Ray, on one worker
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        if "ray_session" in item.fixturenames:
+            # A worker's Ray serves a whole group: the conformance cells on one, the
+            # other Ray tests on another (two Rays, not one per test or per worker).
+            cells = Path(str(item.fspath)).parent.name == "conformance"
+            item.add_marker(pytest.mark.xdist_group("ray:cells" if cells else "ray"))
         elif (module := Path(str(item.fspath)).stem) in IN_ORDER:  # chains in order
             item.add_marker(pytest.mark.xdist_group(f"{module}:{_chain(item)}"))
 
@@ -148,7 +151,8 @@ def zk_server() -> Iterator[ZooKeeperServer]:
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """One local Ray for the whole test session (starting one costs ~3 s)."""
+    """One local Ray for the worker's whole session (starting one costs ~3 s); the Ray
+    tests come in two groups (conftest hook), each on one worker."""
     from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 
     started = ensure_ray()
