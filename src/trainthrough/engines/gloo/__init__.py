@@ -11,7 +11,8 @@ DESCRIPTION = ("data-parallel ranks as OS processes on a torch.distributed gloo 
 ENGINE = "trainthrough.engines.gloo.controller:GlooEngine"
 CAPABILITIES = {
     # Checkpoints are written synchronously by rank 0 (no background persist).
-    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
+    # --resume: every rank starts from the run's newest checkpoint, as a restart does.
+    "dp": caps(resume=True, consistency=("bsp",), checkpoint=("none", "full"), persist=("sync",),
                recovery=("rollback-all", "mini-batch-rollback", "lossy-forward"),
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
