@@ -2,8 +2,8 @@
 (on_epoch_end), a counter of its own, momentum SGD. ``TT_DIE_AT=N`` makes rank 0 raise
 after committing step N (a bug ends the whole job: nothing survives to recover).
 
-Run as a script: ``python resume_loop.py OUT [resume]``; it prints the result as one
-JSON line (or exits 1 with the traceback when it dies).
+Run as a script: ``python resume_loop.py OUT [resume]`` (``TT_ENGINE``: gloo, or ray);
+it prints the result as one JSON line (or exits 1 with the traceback when it dies).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def train(loop: Loop) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    r = launch(train, ranks=2, engine="gloo", strategy="checkpoint-restart", out=sys.argv[1],
+    r = launch(train, ranks=2, engine=os.environ.get("TT_ENGINE", "gloo"),
+               strategy="checkpoint-restart", out=sys.argv[1],
                progress=False, resume=sys.argv[2:] == ["resume"])
     print(json.dumps({"returned": r.returned, "resumed_from": r.summary.get("resumed_from"),
                       "identical": r.summary.get("replicas_identical")}))
