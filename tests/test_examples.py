@@ -61,3 +61,14 @@ def test_example_command(path: Path, command: Command, clone: Path) -> None:
         assert all(row["failures"] == "1" and float(row["iterations_to_target"]) > 0
                    and row["rework_iterations"] != "" for row in rows), rows
         assert "my-model" in (folder / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["mnist_port.py", "char_gpt.py"])
+def test_a_port_states_the_lines_it_added_or_changed(name: str) -> None:
+    """The count in the docstring is the count of marked lines, and stays near 12."""
+    text = (ROOT / "examples" / name).read_text()
+    stated = re.search(r"\*\*(\d+) lines added or changed\*\*", text)
+    assert stated, f"{name} does not state its lines added or changed"
+    marked = [line for line in text.splitlines() if re.search(r"  # [+~]( |$)", line)]
+    assert len(marked) == int(stated[1]) <= 13, (name, len(marked))
+    assert "from trainthrough.loop import" in "\n".join(marked)

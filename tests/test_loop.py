@@ -180,3 +180,38 @@ def test_two_local_nodes_ranks_on_both_and_a_whole_node_lost(tmp_path: Path) -> 
                                                           "ledger_loop.py").resolve()
     assert s["recoveries"], "the lost node's ranks were never recovered"
     _check_exactly_once(result, tmp_path / "ledger")
+
+
+def test_a_job_that_died_whole_resumes_with_every_registered_state(tmp_path: Path) -> None:
+    """launch(resume=True): the run continues from its last checkpoint with the model,
+    the optimizer, the data position, a per-epoch StepLR and a user's counter, and ends
+    where the run that never died ends."""
+    loop = ROOT / "tests" / "loops" / "resume_loop.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    def go(out: str, *extra: str, die: str = "-1") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(loop), str(tmp_path / out), *extra],
+                              capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                              env={**env, "TT_DIE_AT": die})
+
+    clean = go("clean")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    died = go("died", die="25")
+    assert died.returncode != 0 and "planned death after step 25" in died.stderr
+    assert json.loads((tmp_path / "died" / "status.json").read_text())["state"] == "failed"
+    # A resume that would train differently is refused in one line, before any process.
+    from tests.loops.resume_loop import train as resume_train
+    from trainthrough.loop import launch
+
+    with pytest.raises(UserError, match=r"^launch\(resume=True\): the run in .* trained with "
+                                        r"seed = 0, not 1; resume it with the same arguments"):
+        launch(resume_train, ranks=2, engine="gloo", strategy="checkpoint-restart", seed=1,
+               out=tmp_path / "died", progress=False, resume=True)
+    resumed = go("died", "resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = json.loads(clean.stdout.strip().splitlines()[-1])
+    b = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert b["resumed_from"] == 20 and b["identical"]  # checkpoint_every=10
+    assert b["returned"]["updates"] == a["returned"]["updates"] == 36
+    assert b["returned"]["lr"] == a["returned"]["lr"] == 0.1 * 0.5**3
+    assert abs(a["returned"]["sum"] - b["returned"]["sum"]) <= 1e-6 * max(1.0, abs(a["returned"]["sum"]))

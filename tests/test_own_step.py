@@ -326,3 +326,27 @@ def test_epoch_and_eval_callbacks_run_once_per_committed_epoch_and_step() -> Non
     h.load(saved.state())
     h.before(1, 4, seed=0)
     assert seen == [("eval", 4)]  # epoch 0 had ended before the checkpoint: not again
+
+
+def test_a_scaled_step_gives_the_update_the_scaled_rate_and_keeps_the_schedule() -> None:
+    """keep-local scales the rate for one step; a chainable scheduler stepped in the
+    update goes on from the unscaled one, an untouched rate comes back as it was."""
+    s = Script(0, kinds=())
+    lr0 = s.opt.param_groups[0]["lr"]
+    sched = torch.optim.lr_scheduler.StepLR(s.opt, step_size=1, gamma=0.5)
+    seen: list[float] = []
+
+    def update(step_sched: bool) -> None:
+        seen.append(s.opt.param_groups[0]["lr"])
+        s.opt.step()
+        if step_sched:
+            sched.step()
+
+    flat = torch.zeros(s.replica.layout.numel)
+    s.replica.update = lambda: update(False)
+    s.replica.apply(flat, lr_scale=0.25)
+    assert seen == [lr0 * 0.25] and s.opt.param_groups[0]["lr"] == lr0
+    s.replica.update = lambda: update(True)
+    s.replica.apply(flat, lr_scale=0.25)
+    assert seen[1] == lr0 * 0.25
+    assert s.opt.param_groups[0]["lr"] == pytest.approx(lr0 * 0.5, rel=1e-12)

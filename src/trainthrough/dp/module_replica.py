@@ -16,8 +16,17 @@ batch statistics; integer counters advance by one per step). So replicas stay
 identical, and a rollback or a joining rank finds the buffers of the committed step.
 
 State travels as flat tensors (``params/``, ``buffers/``, ``optim/state/<i>/<key>``,
-``optim/group/<g>/<key>``, ``meta/steps``): safetensors on disk and over the network,
-never a pickle.
+``optim/group/<g>/<key>``, ``meta/steps``; the user's registered objects under
+``user/<name>/`` (:mod:`~trainthrough.dp.user_state`) and the callbacks' counts,
+``meta/epochs_ended`` and ``meta/evals_done`` (:mod:`~trainthrough.dp.hooks`)):
+safetensors on disk and over the network, never a pickle.
+
+The update is the user's optimizer step, or their own step (:attr:`ModuleReplica.update`:
+clipping, a GradScaler, schedulers) on the averaged gradient, run only once the group
+committed it. Which buckets were reduced is the step's bookkeeping
+(:class:`~trainthrough.dp.step.InFlight`), never read from the values: a NaN or inf is
+the user's, skipped by their registered GradScaler or, without one, the end of the run
+in one line.
 
 The replica computes where the model lives (:attr:`ModuleReplica.device`, its
 parameters' device): each batch the ``collate_fn`` made is moved there

@@ -1,8 +1,11 @@
 """What a user's loop sees: the :func:`training_loop` marker and the :class:`Loop` handle.
 
 Call order inside ``train(loop)`` (on every rank): build the model, optimizer and
-``DataLoader``; :meth:`Loop.attach` once; then ``while loop.running(epochs=E):
-loop.step(loss_fn)``; return a JSON-able value (the first rank's is reported).
+``DataLoader`` (and schedulers, scalers, an EMA: registered with ``state=``);
+:meth:`Loop.attach` once; then ``while loop.running(epochs=E): loop.step(loss_fn)``,
+or ``loop.step(loss_fn, update)`` to keep your own step (clipping, a ``GradScaler``,
+a scheduler) on the averaged gradients; return a JSON-able value (the first rank's is
+reported). docs/own-loop.md says what may go in ``loss_fn`` and ``update``.
 
 The marker type, :class:`~trainthrough.workloads.user_loop.TrainingLoop`, describes a
 workload and lives in that layer; :func:`training_loop` fills it in with this layer's

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,33 @@ def reference_of(train: TrainingLoop) -> str:
     return f"{Path(path).resolve()}:{fn.__name__}"
 
 
+#: What a resumed run may change: its own failures and wall limit (the checkpoint
+#: folder is the recorded one).
+_FREE_ON_RESUME = ("failures", "wall_limit", "checkpoint_dir")
+
+
+def _as_recorded(cfg: RunConfig, folder: Path) -> RunConfig:
+    """The recorded configuration of the run in ``folder``, with ``cfg``'s failures and
+    wall limit.
+
+    Raises:
+        UserError: nothing to resume there, or ``cfg`` trains differently (one line
+            naming the first setting that differs).
+    """
+    from trainthrough.lab.run_folder import resume_point
+    from trainthrough.lab.runner import resolve_defaults
+
+    recorded = resume_point(folder).config
+    asked = resolve_defaults(replace(cfg, checkpoint_dir=recorded.checkpoint_dir))[0]
+    mine, theirs = asked.to_dict(), recorded.to_dict()
+    for k in sorted(set(mine) | set(theirs)):
+        if k not in _FREE_ON_RESUME and mine.get(k) != theirs.get(k):
+            raise UserError(f"launch(resume=True): the run in {folder} trained with {k} = "
+                            f"{theirs.get(k)!r}, not {mine.get(k)!r}; resume it with the same "
+                            "arguments, or start a new run (overwrite=True)")
+    return replace(recorded, failures=cfg.failures, wall_limit=cfg.wall_limit)
+
+
 def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            fail: str | Sequence[str] = (), seed: int = 0, engine: str = "ray",
            ray_address: str | None = None, out: str | Path | None = None,
@@ -105,7 +132,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
            overwrite: bool = False, progress: bool = True,
-           micro_batches: int = 1) -> LoopResult:
+           micro_batches: int = 1, resume: bool = False) -> LoopResult:
     """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
@@ -130,6 +157,12 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             127.0.0.1; with ``ray_address``, this machine's address on the cluster).
         out: the run folder (default ``runs/loop-<time>``); one that holds a run is
             refused unless ``overwrite`` (only the files a run writes are replaced).
+        resume: continue the run in ``out`` that died whole (no summary) from its
+            newest checkpoint: the model, optimizer, data position and every registered
+            state, on every rank. The other arguments must be those it ran with
+            (``fail`` and ``wall_limit`` may differ: the failures are the resumed run's
+            own, those due at or before the checkpoint are skipped). Needs a strategy
+            that keeps checkpoints (``checkpoint-restart``).
 
     Raises:
         UserError: a bad argument (one line says which).
@@ -146,7 +179,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     bind_address=bind_address, micro_batches=micro_batches,
                     elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout))
+    if resume:
+        cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
-    summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite)
+    summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite, resume=resume)
     extras = summary.get("extras", summary)
     return LoopResult(extras.get("returned"), summary, folder, list(extras.get("committed", [])))

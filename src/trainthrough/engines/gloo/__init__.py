@@ -12,7 +12,9 @@ ENGINE = "trainthrough.engines.gloo.controller:GlooEngine"
 CAPABILITIES = {
     # Checkpoints are written by rank 0: before its next step (sync) or on a
     # background thread from a host copy (async).
-    "dp": caps(consistency=("bsp",), checkpoint=("none", "full"), persist=("sync", "async"),
+    # --resume: every rank starts from the run's newest checkpoint, as a restart does.
+    "dp": caps(resume=True, consistency=("bsp",), checkpoint=("none", "full"),
+               persist=("sync", "async"),
                recovery=("rollback-all", "mini-batch-rollback", "lossy-forward", "drop-local"),
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),

@@ -35,7 +35,7 @@ from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
-from trainthrough.events import Event
+from trainthrough.events import CheckpointCorrupt, Event
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
 
@@ -73,7 +73,7 @@ class GlooEngine:
         check_specs(ctx.specs, cfg.allreduce_buckets)
         if cfg.cost.timeout_seconds <= 0:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
-        self.orders = resolve_orders(schedule)
+        self.schedule, self.orders = schedule, resolve_orders(schedule)
         self.max_iter = ctx.limits.max_iterations
         self.result = ctx.result
         self.stopping = False
@@ -135,7 +135,10 @@ class GlooEngine:
         self.rec = DistRecovery(self, order_dicts(self.orders))
         try:
             self.cb.before_run(self.cfg.to_dict())
-            self.rec.start(range(self.cfg.ranks), "fresh", attempt=0, executed=0)
+            restore = self._resume() if self.ctx.resume else None
+            # Resumed: every rank starts as a checkpoint-restart's do, from that save.
+            self.rec.start(range(self.cfg.ranks), "fresh" if restore is None else "restart",
+                           attempt=0, executed=restore or 0, restore=restore)
             self._loop()
         finally:
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
@@ -149,6 +152,23 @@ class GlooEngine:
     def cluster_ip(self) -> str | None:
         """This machine's address on the cluster the run spans (None: one machine)."""
         return None
+
+    def _resume(self) -> int:
+        """``--resume``: the run's newest valid checkpoint, chosen here once for every
+        rank (as a restart's); the failures delivered before it are dropped.
+
+        Raises:
+            UserError: no valid checkpoint (:meth:`RunContext.resumed`).
+        """
+        saver = self.saves.saver
+        r = (saver.latest(lambda msg: self.emit(CheckpointCorrupt(message=msg)))
+             if saver is not None else None)
+        step = self.ctx.resumed(r.step if r is not None else None, self.schedule,
+                                self.saves.checkpointer)
+        self.orders = resolve_orders(self.schedule)
+        self.rec.orders = order_dicts(self.orders)
+        self.logical = self.iteration = step
+        return step
 
     def _loop(self) -> None:
         idle_since = time.time()
