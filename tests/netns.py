@@ -45,8 +45,10 @@ def why_not() -> str | None:
 class Hosts:
     """Namespaces ``a`` and ``b`` (their names in :attr:`ns`) and the pair between them."""
 
-    def __init__(self) -> None:
-        tag = f"tt{os.getpid()}"
+    def __init__(self, tag: str | None = None) -> None:
+        """``tag``: the names' prefix (default ``tt<pid>``; another process names the
+        same pair by passing the creator's :attr:`tag`)."""
+        self.tag = tag = tag or f"tt{os.getpid()}"
         self.ns = {"a": f"{tag}a", "b": f"{tag}b"}
         self.veth = {"a": f"{tag}va", "b": f"{tag}vb"}
         self.ip = dict(zip("ab", ADDRESSES, strict=True))

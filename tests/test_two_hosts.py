@@ -74,3 +74,32 @@ def test_two_hosts_ranks_on_both_a_host_lost_and_the_group_grows_back(tmp_path: 
     assert s["ranks_joined"] >= 1 and s["ranks_final"] == 3, s
     assert s["replicas_identical"]
     _check_exactly_once(result, tmp_path / "ledger")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(_WHY_NOT is not None, reason=f"two network namespaces: {_WHY_NOT}")
+def test_two_hosts_a_chain_loses_its_heads_host_and_no_acknowledged_update(
+        tmp_path: Path) -> None:
+    script = Path(two_hosts.__file__).with_name("two_hosts_ps.py")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=280, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    print("listeners (address -> process), per host:", json.dumps(r["listeners"], indent=1))
+    print({k: v for k, v in r.items() if k != "listeners"})
+    # The head was on the lost host (chains go round the nodes, the driver's last), the
+    # tail on the driver's survived it and took over: a failover, nothing reinitialised.
+    assert "ray::ShardActor" in r["killed"], r["killed"]
+    assert r["gone_in_a"] == [], r["gone_in_a"]
+    actions = [x["action"] for x in r["recoveries"]]
+    assert "failover" in actions and "reinit" not in actions, r["recoveries"]
+    assert r["acknowledged_lost"] == 0 and r["updates_lost"] == 0, r
+    # The chain's forwarding sockets bind to their node's address (none on loopback or
+    # every interface); the tail, on a, has one (a head has no predecessor to serve).
+    low, high = two_hosts.WORKER_PORTS
+    for side, ip in zip("ab", ADDRESSES, strict=True):
+        shard = [a for a, c in r["listeners"][side].items() if c.startswith("ray::ShardActor")
+                 and not low <= int(a.rsplit(":", 1)[1]) <= high]
+        assert all(a.startswith(f"{ip}:") for a in shard), (side, shard)
+        assert shard or side == "b", r["listeners"][side]

@@ -52,6 +52,11 @@ ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_
        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 
 
+#: The driver's: what a user's shell has (Ray's cluster switch is the nodes' business, set
+#: by whoever runs ``ray start``; the driver must work without it).
+DRIVER_ENV = {k: v for k, v in ENV.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+
+
 def node(hosts: Hosts, side: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(hosts.cmd(side, [RAY, "start", "--block",
                                              f"--node-ip-address={hosts.ip[side]}",
@@ -128,7 +133,8 @@ def main(out: Path) -> int:
         up = time.time() - t0
         run = subprocess.Popen(hosts.cmd("a", [sys.executable, __file__, "--driver", str(out / "run"),
                                                f"{hosts.ip['a']}:{PORT}"]),
-                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env=DRIVER_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         deadline = time.time() + 120

@@ -74,6 +74,9 @@ class RayCluster:
         self.cfg, self.strategy, self.layout, self.spec = cfg, strategy, layout, spec
         self.x0_parts = layout.split(x0)
         self.prefix = f"tt-{uuid.uuid4().hex[:8]}"
+        # On a cluster we joined, the nodes chains are spread over (the driver's last);
+        # None on a local Ray (one node: Ray places everything).
+        self.nodes = _spread_nodes() if cfg.ray_address else None
         self.coord = self._registry()
         self.mode = {"chain-sync": "sync", "chain-async": "async"}.get(strategy.replication, "none")
         self.replicas = cfg.replicas if self.mode != "none" else 1
@@ -114,7 +117,7 @@ class RayCluster:
         """The run's registry: a pooled one, emptied, or a new one."""
         def create(options: dict[str, Any]) -> tuple[str, Any]:
             name = f"{self.prefix}-registry"
-            return name, RayCoordinator(name, options=options).handle()
+            return name, RayCoordinator(name, options={**options, **self._on_driver()}).handle()
 
         name, h, reset = POOL.get(("registry",), create, lambda n, h: h.reset.remote())
         if reset is not None:
@@ -122,14 +125,19 @@ class RayCluster:
         return RayCoordinator(name, handle=h)
 
     def _new_shard_actor(self, shard: int, what: str,
-                         state: MemberState = MemberState.STARTING) -> Member:
+                         state: MemberState = MemberState.STARTING,
+                         hard: bool = True) -> Member:
         args = (shard, self.layout.shards[shard], self.spec,
                 {n: v.clone() for n, v in self.x0_parts[shard].items()})
+
+        position = len(self.chains[shard].members) if state is MemberState.STARTING \
+            and hasattr(self, "chains") else None
 
         def create(options: dict[str, Any]) -> tuple[str, Any]:
             name = self._name(what)
             return name, self._shard_cls.options(  # type: ignore[attr-defined]
-                name=name, **options).remote(*args, name, self.cfg.max_lag)
+                name=name, **options, **self._spread(position, hard)).remote(
+                    *args, name, self.cfg.max_lag)
 
         name, h, reset = POOL.get(("shard",), create,
                                   lambda n, h: h.reset.remote(*args, n, self.cfg.max_lag))
@@ -138,6 +146,30 @@ class RayCluster:
             # calls that follow (``set_successor``) must come after the reset.
             ray.get(reset)
         return _armed(Member("shard", shard, name, h, state, pool_key=("shard",)))
+
+    def _on_driver(self) -> dict[str, Any]:
+        """Actor options that keep an actor on the driver's node (on a cluster we
+        joined): what the run cannot lose with another host (the registry)."""
+        if self.nodes is None:
+            return {}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False)}
+
+    def _spread(self, position: int | None, hard: bool) -> dict[str, Any]:
+        """Actor options for the chain member at ``position`` (0: the head): the nodes in
+        turn, the driver's last, so a chain of R >= 2 spans hosts and its head is not
+        on the driver's host; spares (None) on the driver's node. ``hard`` for the first
+        chains and spares (soft affinity was seen to put a tail on the head's host: both
+        were lost with it); soft for a replacement, whose node may be gone meanwhile."""
+        if self.nodes is None:
+            return {}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = (self.nodes[-1] if position is None
+                else self.nodes[position % len(self.nodes)])
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=not hard)}
 
     def add_replica(self, shard: int, join: bool, since: float | None = None) -> Member:
         """A replica of ``shard`` (joined to the chain now or later).
@@ -148,7 +180,7 @@ class RayCluster:
         the failure this replaces struck, for :meth:`refilled`; now if not given).
         """
         if join or not self.spares:
-            m = self._new_shard_actor(shard, f"s{shard}")
+            m = self._new_shard_actor(shard, f"s{shard}", hard=join)
         else:
             m = self.spares.pop(0)
             # Not waited for here: activation waits until ``become`` has finished.
@@ -369,6 +401,13 @@ class RayCluster:
         POOL.give_back(back)
         if self.zk is not None:
             self.zk.close()
+
+
+def _spread_nodes() -> list[str]:
+    """The live nodes in id order, the driver's moved last."""
+    own = ray.get_runtime_context().get_node_id()
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    return [n for n in nodes if n != own] + [n for n in nodes if n == own]
 
 
 def _armed(m: Member) -> Member:

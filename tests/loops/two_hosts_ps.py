@@ -1,0 +1,109 @@
+"""A parameter-server chain across two "hosts" (network namespaces), its head's host lost.
+
+Usage: ``python two_hosts_ps.py OUT`` as root. The namespaces, Ray nodes and driver as in
+two_hosts.py; the run: mlr, chain-sync, 1 shard, a chain of 2 (its head on the worker
+node's host ``b``: on a cluster the driver joined, chains go round the nodes, the
+driver's last), 2 workers, asynchronous. Once training is under way (the run has
+written evaluations), every process of ``b`` is SIGKILLed; the replica in ``a`` takes
+over. Prints one JSON line: the run's summary, what was killed (process names), Ray
+processes of ``a`` that ended within 2 s of the kill (none should), and the listeners
+seen on each host.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))
+from tests.loops.two_hosts import DRIVER_ENV, PORT, alive_nodes, node  # noqa: E402
+from tests.netns import Hosts  # noqa: E402
+
+SERVE_BEFORE_KILL = 2.0  # seconds of training before b is lost (after 3 evaluations)
+
+
+def driver(out: Path, address: str) -> None:
+    from trainthrough.config import RunConfig
+    from trainthrough.lab import runner
+
+    cfg = RunConfig(workload="mlr", engine="ray", consistency="async", shards=1, workers=2,
+                    strategy="chain-sync", replicas=2, ray_address=address, wall_limit=15,
+                    recovery_delay=1.0, max_iterations=100000, stop_at_target=False)
+    s = runner.run(cfg, out)
+    print(json.dumps({k: s.get(k, s.get("extras", {}).get(k)) for k in
+                      ("failures", "recoveries", "acknowledged_lost", "updates_lost",
+                       "iterations", "updates_applied")}))
+
+
+def _names(hosts: Hosts, side: str) -> dict[int, str]:
+    out = {}
+    for pid in hosts.pids(side):
+        try:
+            out[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+    return out
+
+
+def main(out: Path) -> int:
+    temp = tempfile.mkdtemp(prefix="tt2p-", dir="/tmp")
+    hosts = Hosts().create()
+    seen: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for side in "ab":
+                for addr, (_, comm) in hosts.listeners(side).items():
+                    seen[side][addr] = comm
+            time.sleep(0.3)
+
+    try:
+        node(hosts, "a", "--head", f"--port={PORT}", "--include-dashboard=false",
+             f"--temp-dir={temp}")
+        node(hosts, "b", f"--address={hosts.ip['a']}:{PORT}")
+        alive_nodes(hosts, 2)
+        run = subprocess.Popen(hosts.cmd("a", [sys.executable, __file__, "--driver",
+                                               str(out / "run"), f"{hosts.ip['a']}:{PORT}"]),
+                               env=DRIVER_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        threading.Thread(target=sample, daemon=True).start()
+        deadline = time.time() + 120
+        metrics = out / "run" / "metrics.jsonl"  # evaluations: training is under way
+        while time.time() < deadline and run.poll() is None and not (
+                metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.2)
+        time.sleep(SERVE_BEFORE_KILL)
+        killed = sorted(set(_names(hosts, "b").values()))
+        in_a = {p: n for p, n in _names(hosts, "a").items() if n.startswith("ray::")}
+        hosts.kill_all("b")
+        time.sleep(2)
+        now_a = _names(hosts, "a")
+        gone_in_a = sorted(n for p, n in in_a.items() if p not in now_a)
+        stdout, stderr = run.communicate(timeout=180)
+        done.set()
+        if run.returncode != 0:
+            print(stderr[-3000:], file=sys.stderr)
+            return 1
+        result = json.loads(stdout.strip().splitlines()[-1])
+        result.update(killed=killed, gone_in_a=gone_in_a, listeners=seen)
+        print(json.dumps(result))
+        return 0
+    finally:
+        done.set()
+        hosts.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--driver":
+        driver(Path(sys.argv[2]), sys.argv[3])
+        sys.exit(0)
+    sys.exit(main(Path(sys.argv[1])))
