@@ -168,3 +168,13 @@ def test_compositions_pair_relaxed_sync_with_drop_local() -> None:
             resolve(bad)
     with pytest.raises(UserError, match="data-parallel"):
         resolve("diloco").require("ps")
+
+
+def test_launch_refuses_sync_every_without_a_relaxed_strategy(tmp_path: Any) -> None:
+    from tests.loops.ledger_loop import train
+    from trainthrough.loop import launch
+
+    with pytest.raises(UserError, match="sync_every applies to localsgd"):
+        launch(train, engine="gloo", strategy="rollback", sync_every=4, out=tmp_path / "o",
+               progress=False)
+    assert not (tmp_path / "o").exists()

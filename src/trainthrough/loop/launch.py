@@ -102,13 +102,16 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            replace: bool = True, recovery_delay: float = 2.0,
            checkpoint_every: int | None = None, timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
-           overwrite: bool = False, progress: bool = True) -> LoopResult:
+           sync_every: int | None = None, overwrite: bool = False,
+           progress: bool = True) -> LoopResult:
     """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
         ranks: data-parallel ranks (each a Ray actor, or a process with ``engine="gloo"``).
         strategy: how a lost rank is recovered: ``rollback`` (redo the step on the
-            survivors), ``lossy-forward``, ``checkpoint-restart`` (``trainthrough list``).
+            survivors), ``lossy-forward``, ``checkpoint-restart``; or relaxed: ``localsgd``,
+            ``diloco``, ``streaming-diloco``, where your optimizer is the inner one and a
+            lost rank takes only its local steps along (``trainthrough list``).
         fail: failures to inject, in the spec language of ``trainthrough run --fail``
             (``rank=1@iter=30``: rank 1 is SIGKILLed at its 30th step); one spec may be
             given as a plain string.
@@ -116,6 +119,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         replace: start a replacement for a lost rank ``recovery_delay`` seconds later; it
             joins with a live peer's state (the group shrinks, then grows back).
         timeout: the collective timeout in seconds (how long a hung rank can stall).
+        sync_every: relaxed strategies: H, your steps between two outer steps
+            (default 10); refused with any other strategy.
         out: the run folder (default ``runs/loop-<time>``); one that holds a run is
             refused unless ``overwrite`` (only the files a run writes are replaced).
 
@@ -124,6 +129,11 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
     """
     from trainthrough.lab import runner
 
+    from trainthrough.ft.strategy import resolve
+
+    if sync_every is not None and not resolve(strategy).relaxed:
+        raise UserError(f"sync_every applies to localsgd, diloco and streaming-diloco, not "
+                        f"strategy {strategy!r}: drop it")
     ref = reference_of(train)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("loop-%Y%m%d-%H%M%S")
     failures = [fail] if isinstance(fail, str) else list(fail)
@@ -131,7 +141,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     failures=failures, seed=seed, ray_address=ray_address, replace=replace,
                     recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
                     elastic=elastic, wall_limit=wall_limit,
-                    cost=CostModel(timeout_seconds=timeout))
+                    cost=CostModel(timeout_seconds=timeout),
+                    **({} if sync_every is None else {"sync_every": sync_every}))
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
     summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite)
     extras = summary.get("extras", summary)
