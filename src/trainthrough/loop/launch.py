@@ -127,9 +127,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
     Raises:
         UserError: a bad argument (one line says which).
     """
-    from trainthrough.lab import runner
-
     from trainthrough.ft.strategy import resolve
+    from trainthrough.lab import runner
 
     if sync_every is not None and not resolve(strategy).relaxed:
         raise UserError(f"sync_every applies to localsgd, diloco and streaming-diloco, not "
@@ -141,8 +140,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     failures=failures, seed=seed, ray_address=ray_address, replace=replace,
                     recovery_delay=recovery_delay, checkpoint_every=checkpoint_every,
                     elastic=elastic, wall_limit=wall_limit,
-                    cost=CostModel(timeout_seconds=timeout),
-                    **({} if sync_every is None else {"sync_every": sync_every}))
+                    cost=CostModel(timeout_seconds=timeout))
+    if sync_every is not None:
+        cfg.sync_every = sync_every
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
     summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite)
     extras = summary.get("extras", summary)
