@@ -16,6 +16,7 @@ from trainthrough.dp.collective import NoFailures, PeerLost, run_blocking
 from trainthrough.dp.rank import Rank
 from trainthrough.dp.repair import complete, share_state
 from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector, Strike
+from trainthrough.dp.relaxed import POINTS as RELAXED_POINTS
 from trainthrough.dp.step import POINTS, InFlight, StepSpec, check_points, train_step
 from trainthrough.engines import gloo, sim
 from trainthrough.engines.callbacks import Callback
@@ -141,14 +142,14 @@ def test_a_joiner_with_the_lowest_slot_receives_it_does_not_send() -> None:
 
 def test_phases_are_checked_once_for_both_hosts() -> None:
     for caps in (sim.CAPABILITIES["dp"], gloo.CAPABILITIES["dp"]):
-        assert set(caps.phases) <= {"", *POINTS, "recovery"}
+        assert set(caps.phases) <= {"", *POINTS, *RELAXED_POINTS, "recovery"}
     check_points(parse(["rank=0@iter=1,phase=allreduce:3"]), 4, sim.CAPABILITIES["dp"].phases,
                  "sim")
     with pytest.raises(UserError, match="allreduce:K goes from 0 to 3"):
         check_points(parse(["rank=0@iter=1,phase=allreduce:4"]), 4, gloo.CAPABILITIES["dp"].phases,
                      "gloo")
     with pytest.raises(UserError, match="phase recovery .* gloo engine; use forward, backward, "
-                                        "allreduce:K, update$"):
+                                        "allreduce:K, update, inner, outer$"):
         check_points(parse(["rank=0@iter=1,phase=recovery"]), 4, gloo.CAPABILITIES["dp"].phases,
                      "gloo")
 

@@ -153,7 +153,8 @@ def test_capability_phase_names_match_the_step_routines() -> None:
     (dict(strategy="diloco", sync_fragments=4), "--sync-fragments has no effect"),
     (dict(strategy="localsgd", outer_lr=0.5), "outer optimizer"),
     (dict(strategy="streaming-diloco", sync_every=2, sync_fragments=3), "cannot exceed"),
-    (dict(strategy="diloco", engine="gloo"), "sync 'diloco'"),
+    (dict(strategy="diloco", failures=["rank=1@iter=3,phase=recovery"], engine="gloo"),
+     "phase 'recovery'"),
 ])
 def test_relaxed_settings_are_validated(cfg: dict[str, Any], words: str) -> None:
     with pytest.raises(UserError, match=words):

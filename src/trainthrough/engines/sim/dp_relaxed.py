@@ -73,6 +73,10 @@ class SimRelaxed:
         self.identical = True
         self.local_steps_lost: list[int] = []
         self.outer_bytes = 0
+        # Samples each live replica trained on since its last outer step: committed to
+        # the model once that step is over, lost with the replica before it.
+        self.pending: dict[int, int] = {}
+        self.committed = 0
 
     @staticmethod
     def wrap(sync: SyncSpec) -> Callable[[Replica], Replica]:
@@ -100,6 +104,8 @@ class SimRelaxed:
             self._lose(hit, point, batch.share)
         applied = len(g.live)
         self.result.updates_applied += applied
+        for s in g.live:
+            self.pending[s] = self.pending.get(s, 0) + len(batch.share.get(s, ())) * g.micro
         g.cursor = batch.next_cursor
         logical += 1
         if not g.ranks:  # nobody left to carry the model: a restart, as the policy says
@@ -134,6 +140,7 @@ class SimRelaxed:
         self.local_steps_lost.append(r.since_sync)
         self.result.updates_lost += r.since_sync
         self.rec.samples_dropped += len(share.get(slot, ())) * self.g.micro
+        self.pending.pop(slot, None)
         self.g.kill(slot)
         return norm
 
@@ -154,6 +161,9 @@ class SimRelaxed:
             self.outer_retries += 1
         self.outer_steps += 1
         self._check_identical(fragment)
+        if fragment == self.sync.fragments - 1:  # every fragment synchronized once more
+            self.committed += sum(self.pending.values())
+            self.pending = {s: 0 for s in self.g.live}
 
     def _reform(self) -> None:
         """The survivors found the loss at the outer collective: wait out its detection,
@@ -193,8 +203,14 @@ class SimRelaxed:
         self.clock.advance(self.costs.restart)
         self.g.reset(None, Cursor())
         self.lost = _Lost()
+        self.committed, self.pending = 0, {}
         self.rec.joins.clear()
         return 0
+
+    def samples_committed(self) -> int:
+        """Samples in the model: synchronized, or held by a live replica (the next outer
+        step takes them in)."""
+        return self.committed + sum(self.pending.values())
 
     def _check_identical(self, fragment: int) -> None:
         reps = [r for r in self.g.ranks.values() if isinstance(r, RelaxedReplica)]
