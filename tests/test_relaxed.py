@@ -179,3 +179,20 @@ def test_launch_refuses_sync_every_without_a_relaxed_strategy(tmp_path: Any) -> 
         launch(train, engine="gloo", strategy="rollback", sync_every=4, out=tmp_path / "o",
                progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_the_diloco_benchmark_strikes_both_systems_at_the_same_steps() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import vs_torchft_diloco as bench
+
+    ours = bench.ours_config("diloco", 300, [60, 120], 10, seed=1)
+    assert ours.failures == ["rank=1@iter=60,phase=inner", "rank=1@iter=120,phase=inner"]
+    assert ours.sync_every == 10 and ours.elastic == "keep-local"
+    sync = bench.ours_config("rollback", 300, [60, 120], 10, seed=1)
+    # rollback executes the interrupted step twice: the second trigger moves by one
+    assert sync.failures == ["rank=1@iter=60,phase=allreduce:0",
+                             "rank=1@iter=121,phase=allreduce:0"]
+    assert sync.max_iterations == 302
