@@ -196,3 +196,11 @@ def test_the_diloco_benchmark_strikes_both_systems_at_the_same_steps() -> None:
     assert sync.failures == ["rank=1@iter=60,phase=allreduce:0",
                              "rank=1@iter=121,phase=allreduce:0"]
     assert sync.max_iterations == 302
+
+
+def test_every_replica_lost_restarts_the_group_from_the_start() -> None:
+    """The last survivor struck while the group re-forms: nobody to carry the model."""
+    r = _engine("diloco", ranks=2, max_iterations=30, sync_every=5, replace=False,
+                failures=["rank=1@iter=7,phase=inner", "rank=0@iter=7,phase=recovery"]).run()
+    assert r.failures == 2 and r.extras["ranks_final"] == 2
+    assert r.extras["logical_iterations"] < 30 and r.extras["replicas_identical"]

@@ -113,6 +113,8 @@ class SimRelaxed:
         due = self.sync.due(logical)
         for f in due:
             self._outer(f)
+            if not g.ranks:  # the last ones were lost while it re-formed
+                return self._restart()
         if due:
             self.rec.join_due()  # replacements join at an outer boundary only
         return logical
