@@ -256,9 +256,11 @@ class Trainer:
             post(self.store, {"type": "resumed", "iteration": self.executed})
         recovered, self.resumed = self.resumed, False
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
+        # Relaxed sync: the parameters evaluated change only at outer steps, so one
+        # look-back copy per outer step (the step it follows) is all there is to keep.
+        keep = self.evaluate_here is None and (self.sync is None or bool(self.pending_outer))
         if self.evals.after_commit(self.executed, self.logical, self.applied,
-                                   self.shown(), recovered,
-                                   keep=self.evaluate_here is None):
+                                   self.shown(), recovered, keep=keep):
             self.post_params()
 
     def post_params(self, final: bool = False) -> None:
