@@ -14,9 +14,9 @@ from trainthrough.dp.allreduce import Bucket, Contribution, FlatLayout, make_buc
 from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import NoFailures, PeerLost, run_blocking
 from trainthrough.dp.rank import Rank
+from trainthrough.dp.relaxed import POINTS as RELAXED_POINTS
 from trainthrough.dp.repair import complete, share_state
 from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector, Strike
-from trainthrough.dp.relaxed import POINTS as RELAXED_POINTS
 from trainthrough.dp.step import POINTS, InFlight, StepSpec, check_points, train_step
 from trainthrough.engines import gloo, sim
 from trainthrough.engines.callbacks import Callback
