@@ -22,8 +22,11 @@ The kills: replica 1 SIGKILLs itself at the inner steps ``--kills`` (or every
 Reported per system, median [min-max] over ``--repeats``, each system run failure-free
 and with the kills, in alternating order every repetition:
 - free steps/s: inner steps committed per second, failure-free run, from step 10;
-- steps/s with kills, and goodput: that over the same system's free steps/s (torchft:
-  an outer step counts H steps once committed; a discarded one counts nothing);
+- steps/s with kills (torchft: an outer step counts H steps once committed; a discarded
+  one counts nothing), and goodput: samples/s with kills over the same system's free
+  samples/s, samples/s being steps/s times the mean share of the N replicas in a
+  committed step (a replica alone trains half the samples of a step, and on 2 cores
+  faster: steps/s alone would flatter every system);
 - accuracy on the held-out digits at the end, failure-free and with kills.
 Steps/s come from commit times: torchft's at each outer step, trainthrough's at its
 evaluations (every ``EVAL_EVERY`` steps, a multiple of H).
@@ -61,6 +64,13 @@ class Figures:
     steps_per_s: float | None
     accuracy: float | None
     note: str = ""
+    share: float | None = None  #: mean replicas in a committed step over N (samples carried)
+
+    @property
+    def samples_rate(self) -> float | None:
+        """Steps/s times the share of replicas in them: samples per second, relative."""
+        return None if self.steps_per_s is None or self.share is None \
+            else self.steps_per_s * self.share
 
 
 def torchft_run(steps: int, kills: list[int], h: int, heartbeat_ms: int, folder: Path,
@@ -73,10 +83,15 @@ def torchft_run(steps: int, kills: list[int], h: int, heartbeat_ms: int, folder:
                         extra={"sync_every": h, "outer_lr": OUTER_LR,
                                "outer_momentum": OUTER_MOMENTUM})
     try:
-        m = base.torchft_measure(run(s, folder), steps, kills)
+        recs = run(s, folder)
+        m = base.torchft_measure(recs, steps, kills)
     except RuntimeError as e:
         return Figures(None, None, base._why(str(e)))
-    return Figures(m.steps_per_s, m.accuracy, m.note)
+    # Each committed outer step carries H steps of the replicas in it (once per step:
+    # every replica logs the same commit).
+    ns = {r["step"]: r["n"] for r in recs if "step" in r}
+    share = statistics.fmean(ns.values()) / base.REPLICAS if ns else None
+    return Figures(m.steps_per_s, m.accuracy, m.note, share)
 
 
 def ours_config(strategy: str, steps: int, kills: list[int], h: int, seed: int) -> RunConfig:
@@ -100,7 +115,8 @@ def ours_run(strategy: str, steps: int, kills: list[int], h: int, seed: int) -> 
     s = run_silent(ours_config(strategy, steps, kills, h, seed), w)
     done = int(s["logical_iterations"])
     note = "" if done == steps else f"committed {done} steps, not {steps}"
-    return Figures(base._rate(w.times, done), s["final_metric"], note)
+    share = int(s["updates_applied"]) / (done * base.REPLICAS) if done else None
+    return Figures(base._rate(w.times, done), s["final_metric"], note, share)
 
 
 @dataclass(frozen=True)
@@ -174,22 +190,25 @@ def main(argv: list[str] | None = None) -> None:
                     f = _one(sy, a.steps, kills if hit else [], a, tmp, seed=rep)
                     runs.setdefault((sy.label, hit), []).append(f)
                     print(f"[{rep}] {sy.label:<30} {'kills' if hit else 'free ':<6} "
-                          f"{f.steps_per_s or 0:7.1f} steps/s, acc {f.accuracy or 0:.4f}"
+                          f"{f.steps_per_s or 0:7.1f} steps/s, {f.share or 0:.1%} of the "
+                          f"replicas, acc {f.accuracy or 0:.4f}"
                           + (f"  ({f.note})" if f.note else ""), flush=True)
-    print(f"\n{'system':<30}{'free steps/s':>22}{'steps/s w/ kills':>22}{'goodput':>20}"
-          f"{'accuracy free':>24}{'accuracy w/ kills':>24}")
+    print(f"\n{'system':<30}{'free steps/s':>22}{'steps/s w/ kills':>22}{'by all N':>20}"
+          f"{'goodput':>20}{'accuracy free':>24}{'accuracy w/ kills':>24}")
     med: dict[str, dict[str, float]] = {}
     for sy in systems:
         free, hit = runs.get((sy.label, False), []), runs.get((sy.label, True), [])
         fs = [f.steps_per_s for f in free if f.steps_per_s]
         hs = [f.steps_per_s for f in hit if f.steps_per_s]
-        good = [h / f for h, f in zip((x.steps_per_s for x in hit), (x.steps_per_s for x in free))
-                if h and f]
+        good = [h / f for h, f in zip((x.samples_rate for x in hit),
+                                      (x.samples_rate for x in free)) if h and f]
+        shares = [f.share for f in hit if f.share is not None]
         fa = [f.accuracy for f in free if f.accuracy is not None]
         ha = [f.accuracy for f in hit if f.accuracy is not None]
         med[sy.label] = {k: statistics.median(v) for k, v in
                          (("free", fs), ("hit", hs), ("good", good), ("fa", fa), ("ha", ha)) if v}
         print(f"{sy.label:<30}{_spread(fs, '{:.1f}'):>22}{_spread(hs, '{:.1f}'):>22}"
+              f"{_spread(shares, '{:.1%}'):>20}"
               f"{_spread(good, '{:.1%}'):>20}{_spread(fa, '{:.4f}'):>24}"
               f"{_spread(ha, '{:.4f}'):>24}")
         for note in dict.fromkeys(f.note for f in free + hit if f.note):
