@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainthrough.dp.batching import Cursor
+from trainthrough.dp.batching import Cursor, MicroBatch
 from trainthrough.dp.collective import PeerLost
 from trainthrough.dp.rank import Replica
 from trainthrough.dp.relaxed import RelaxedReplica, SyncSpec, inner_step, outer_step
@@ -119,7 +119,7 @@ class SimRelaxed:
             self.rec.join_due()  # replacements join at an outer boundary only
         return logical
 
-    def _lose(self, hit: Hit, point: str, share: dict[int, list]) -> None:  # type: ignore[type-arg]
+    def _lose(self, hit: Hit, point: str, share: dict[int, list[MicroBatch]]) -> None:
         """Take the struck replicas down; the survivors will find out at the next collective."""
         self.disruption(self.executed)
         n = len(self.g.ranks)
@@ -133,7 +133,7 @@ class SimRelaxed:
                                           torch.tensor(self._drop(s, share, n))))
             lost.ids.append(s)
 
-    def _drop(self, slot: int, share: dict[int, list], members: int) -> float:  # type: ignore[type-arg]
+    def _drop(self, slot: int, share: dict[int, list[MicroBatch]], members: int) -> float:
         """Replica ``slot`` is gone with its local steps and its share of this step;
         returns its share of the outer average, ``||local - global|| / members``."""
         r = self.g.ranks[slot]
