@@ -31,12 +31,12 @@ and with the kills, in alternating order every repetition:
 Steps/s come from commit times: torchft's at each outer step, trainthrough's at its
 evaluations (every ``EVAL_EVERY`` steps, a multiple of H).
 
-Known problem (2026-11-26, short runs): torchft's restarted replica formed quorums of its
-own (``n`` = 1 in its log, from its first outer step) and never healed from or rejoined
-the survivor, which also went on alone: its "with kills" column is then two replicas
-training apart, not a recovery. Whether that is this harness (the quorum settings
-of the lighthouse or the manager for DiLoCo's synchronous quorum) or torchft is not
-settled; the "by all N" column shows it.
+A killed torchft replica comes back as a new process (2-3 s here: Python, torch,
+torchft), while trainthrough's replacement is forked warm (0.1-0.4 s); in a short run the
+survivor trains alone meanwhile, or to the end (the "by all N" column), and a restarted
+replica that finds nobody left trains on alone after the survivor's last step, which the
+figures leave out (a run ends at the first replica's final record). Runs of a few seconds
+therefore measure mostly that start-up; the claim needs minutes.
 
     python benchmarks/vs_torchft_diloco.py [--steps 1500] [--sync-every 10]
         [--kills 300] [--kill-every N] [--repeats 3] [--replicas 2] [--no-torchft]
