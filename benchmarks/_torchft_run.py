@@ -46,6 +46,8 @@ class TorchftSettings:
     seed: int = 0
     ddp: bool = False  #: torchft's DistributedDataParallel instead of one allreduce a step
     deadline: float = 600.0
+    script: str = "_torchft_replica.py"  #: the replica program (one per training scheme)
+    extra: dict[str, Any] = field(default_factory=dict)  #: more of the replica's spec
 
 
 @dataclass
@@ -131,9 +133,9 @@ def run(s: TorchftSettings, folder: Path) -> list[dict[str, Any]]:
         spec = {"replica": i, "replicas": s.replicas, "lighthouse": address,
                 "steps": s.steps, "kills": kills, "log": str(log), "go": str(go),
                 "batch": s.batch, "lr": s.lr, "seed": s.seed,
-                "pg_timeout": s.pg_timeout, "ddp": s.ddp}
+                "pg_timeout": s.pg_timeout, "ddp": s.ddp, **s.extra}
         with err.open("wb") as e:
-            p = subprocess.Popen([sys.executable, str(HERE / "_torchft_replica.py"),
+            p = subprocess.Popen([sys.executable, str(HERE / s.script),
                                   json.dumps(spec)], stdout=subprocess.DEVNULL, stderr=e,
                                  stdin=subprocess.DEVNULL,
                                  env={**os.environ, "RUST_LOG": "warn"})

@@ -215,3 +215,29 @@ def test_a_job_that_died_whole_resumes_with_every_registered_state(tmp_path: Pat
     assert b["returned"]["updates"] == a["returned"]["updates"] == 36
     assert b["returned"]["lr"] == a["returned"]["lr"] == 0.1 * 0.5**3
     assert abs(a["returned"]["sum"] - b["returned"]["sum"]) <= 1e-6 * max(1.0, abs(a["returned"]["sum"]))
+
+
+@pytest.mark.timeout(120)
+def test_your_loop_trains_with_diloco_through_a_lost_rank(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Your optimizer is DiLoCo's inner one; a rank lost among inner steps is dropped
+    from the next outer step and nobody redoes a step."""
+    from trainthrough.loop import launch
+
+    monkeypatch.setenv("TT_LEDGER", str(tmp_path))
+    r = launch(ledger_train, engine="gloo", ranks=3, strategy="diloco", sync_every=4,
+               fail="rank=2@iter=9,phase=inner", replace=False, out=tmp_path / "o",
+               progress=False)
+    s = r.summary
+    assert s["failures"] == 1 and s["replicas_identical"]
+    assert [x["action"] for x in s["recoveries"]] == ["drop-local"]
+    seen: dict[int, dict[int, set[int]]] = {}  # rank -> step -> attempts
+    for f in tmp_path.glob("*.txt"):
+        for line in f.read_text().splitlines():
+            step, attempt, rank = (int(x) for x in line.split()[:3])
+            seen.setdefault(rank, {}).setdefault(step, set()).add(attempt)
+    # Nobody redid a step (one attempt each); rank 2 computed its 10th step and was
+    # gone, the survivors went on with every step.
+    assert all(len(a) == 1 for steps in seen.values() for a in steps.values())
+    assert max(seen[2]) == 9 and set(seen[0]) == set(seen[1]) == set(range(max(seen[0]) + 1))
+    assert max(seen[0]) > 9

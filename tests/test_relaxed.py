@@ -153,7 +153,8 @@ def test_capability_phase_names_match_the_step_routines() -> None:
     (dict(strategy="diloco", sync_fragments=4), "--sync-fragments has no effect"),
     (dict(strategy="localsgd", outer_lr=0.5), "outer optimizer"),
     (dict(strategy="streaming-diloco", sync_every=2, sync_fragments=3), "cannot exceed"),
-    (dict(strategy="diloco", engine="gloo"), "sync 'diloco'"),
+    (dict(strategy="diloco", failures=["rank=1@iter=3,phase=recovery"], engine="gloo"),
+     "phase 'recovery'"),
 ])
 def test_relaxed_settings_are_validated(cfg: dict[str, Any], words: str) -> None:
     with pytest.raises(UserError, match=words):
@@ -168,3 +169,38 @@ def test_compositions_pair_relaxed_sync_with_drop_local() -> None:
             resolve(bad)
     with pytest.raises(UserError, match="data-parallel"):
         resolve("diloco").require("ps")
+
+
+def test_launch_refuses_sync_every_without_a_relaxed_strategy(tmp_path: Any) -> None:
+    from tests.loops.ledger_loop import train
+    from trainthrough.loop import launch
+
+    with pytest.raises(UserError, match="sync_every applies to localsgd"):
+        launch(train, engine="gloo", strategy="rollback", sync_every=4, out=tmp_path / "o",
+               progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_diloco_benchmark_strikes_both_systems_at_the_same_steps() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import vs_torchft_diloco as bench
+
+    ours = bench.ours_config("diloco", 300, [60, 120], 10, seed=1)
+    assert ours.failures == ["rank=1@iter=60,phase=inner", "rank=1@iter=120,phase=inner"]
+    assert ours.sync_every == 10 and ours.elastic == "keep-local"
+    sync = bench.ours_config("rollback", 300, [60, 120], 10, seed=1)
+    # rollback executes the interrupted step twice: the second trigger moves by one
+    assert sync.failures == ["rank=1@iter=60,phase=allreduce:0",
+                             "rank=1@iter=121,phase=allreduce:0"]
+    assert sync.max_iterations == 302
+
+
+def test_every_replica_lost_restarts_the_group_from_the_start() -> None:
+    """The last survivor struck while the group re-forms: nobody to carry the model."""
+    r = _engine("diloco", ranks=2, max_iterations=30, sync_every=5, replace=False,
+                failures=["rank=1@iter=7,phase=inner", "rank=0@iter=7,phase=recovery"]).run()
+    assert r.failures == 2 and r.extras["ranks_final"] == 2
+    assert r.extras["logical_iterations"] < 30 and r.extras["replicas_identical"]

@@ -113,6 +113,7 @@ class RelaxedReplica:
         self.momentum = torch.zeros_like(self.global_)
         self.fragments = sync.buckets(self.flat.numel)
         self.since_sync = 0  # inner steps applied since this replica's last outer step
+        self._synced: Tensors | None = None  # synced_params(), until the next outer step
 
     # -- the Replica protocol, delegated ------------------------------------------
     def __getattr__(self, name: str) -> object:
@@ -198,6 +199,7 @@ class RelaxedReplica:
         self.global_ = g.clone() if g is not None else self.flat.flatten(self.inner.params)
         self.momentum = m.clone() if m is not None else torch.zeros_like(self.global_)
         self.since_sync = 0
+        self._synced = None
 
     @property
     def state_bytes(self) -> int:
@@ -205,8 +207,11 @@ class RelaxedReplica:
 
     # -- the outer step -------------------------------------------------------------
     def synced_params(self) -> Tensors:
-        """The parameters of the last outer step (what the group agrees on)."""
-        return {n: v.clone() for n, v in self.flat.unflatten(self.global_).items()}
+        """The parameters of the last outer step (what the group agrees on); the same
+        tensors until the next outer step or load (callers must not modify them)."""
+        if self._synced is None:
+            self._synced = {n: v.clone() for n, v in self.flat.unflatten(self.global_).items()}
+        return self._synced
 
     def outer_part(self) -> torch.Tensor:
         """What this replica contributes to an outer step (whole length; the fragment's
@@ -217,6 +222,7 @@ class RelaxedReplica:
     def outer_apply(self, frag: Bucket, mean: torch.Tensor) -> None:
         """Apply the members' ``mean`` contribution to fragment ``frag`` and start from it."""
         s = slice(frag.start, frag.stop)
+        self._synced = None
         if self.sync.method == "localsgd":
             self.global_[s] = mean
         else:

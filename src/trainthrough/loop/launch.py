@@ -131,14 +131,16 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            checkpoint_shared: bool = False, bind_address: str | None = None,
            timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
-           overwrite: bool = False, progress: bool = True,
+           sync_every: int | None = None, overwrite: bool = False, progress: bool = True,
            micro_batches: int = 1, resume: bool = False) -> LoopResult:
     """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
         ranks: data-parallel ranks (each a Ray actor, or a process with ``engine="gloo"``).
         strategy: how a lost rank is recovered: ``rollback`` (redo the step on the
-            survivors), ``lossy-forward``, ``checkpoint-restart`` (``trainthrough list``).
+            survivors), ``lossy-forward``, ``checkpoint-restart``; or relaxed: ``localsgd``,
+            ``diloco``, ``streaming-diloco``, where your optimizer is the inner one and a
+            lost rank takes only its local steps along (``trainthrough list``).
         fail: failures to inject, in the spec language of ``trainthrough run --fail``
             (``rank=1@iter=30``: rank 1 is SIGKILLed at its 30th step); one spec may be
             given as a plain string.
@@ -155,6 +157,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             ``checkpoint_shared=True``.
         bind_address: the address of this machine the run's store listens on (default
             127.0.0.1; with ``ray_address``, this machine's address on the cluster).
+        sync_every: relaxed strategies: H, your steps between two outer steps
+            (default 10); refused with any other strategy.
         out: the run folder (default ``runs/loop-<time>``); one that holds a run is
             refused unless ``overwrite`` (only the files a run writes are replaced).
         resume: continue the run in ``out`` that died whole (no summary) from its
@@ -167,8 +171,12 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
     Raises:
         UserError: a bad argument (one line says which).
     """
+    from trainthrough.ft.strategy import resolve
     from trainthrough.lab import runner
 
+    if sync_every is not None and not resolve(strategy).relaxed:
+        raise UserError(f"sync_every applies to localsgd, diloco and streaming-diloco, not "
+                        f"strategy {strategy!r}: drop it")
     ref = reference_of(train)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("loop-%Y%m%d-%H%M%S")
     failures = [fail] if isinstance(fail, str) else list(fail)
@@ -179,6 +187,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     bind_address=bind_address, micro_batches=micro_batches,
                     elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout))
+    if sync_every is not None:
+        cfg.sync_every = sync_every
     if resume:
         cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []

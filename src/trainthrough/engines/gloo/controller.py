@@ -80,6 +80,7 @@ class GlooEngine:
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
         self.hashes: dict[int, str] = {}
+        self.outer_steps = 0  # relaxed sync: the most any rank completed
         self.histories: dict[int, list[list[Any]]] = {}  # slot -> committed (logical, attempt, members)
         self.returned: dict[int, Any] = {}  # a user's loop: what train() returned, by slot
         # Chosen (and the zygote set importing) before anything else is built.
@@ -235,6 +236,7 @@ class GlooEngine:
             return
         if kind == "exit":
             self.hashes[int(event["slot"])] = event["params_sha256"]
+            self.outer_steps = max(self.outer_steps, int(event.get("outer_steps", 0)))
             self.histories.setdefault(int(event["slot"]), []).extend(event.get("history", []))
             self.result.iterations = max(self.result.iterations, int(event["executed"]))
             return
@@ -279,6 +281,11 @@ class GlooEngine:
             replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
             store_address=f"{self.host}:{self.store.port}",
             time_to_target=r.sim_seconds_to_target)
+        if self.ctx.strategy.relaxed:
+            r.extras.update(sync=self.ctx.strategy.sync, sync_every=self.cfg.sync_every,
+                            outer_steps=self.outer_steps,
+                            local_steps_lost=rec.local_steps_lost,
+                            local_steps_lost_total=sum(rec.local_steps_lost))
         if self.program is not None:
             r.extras.update(returned=self.returned.get(min(self.returned, default=0)),
                             committed=_lineage(self.histories))

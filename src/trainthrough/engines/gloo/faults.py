@@ -65,13 +65,15 @@ class Injector:
     """A rank's pending orders, delivered at the step's injection points.
 
     ``logical`` reads the rank's logical iteration, which the failure event reports
-    (the controller needs it when no survivor is left to say how far the run got).
+    (the controller needs it when no survivor is left to say how far the run got);
+    ``extra``, more fields for it (relaxed sync: the local steps the rank takes along).
     """
 
     def __init__(self, orders: list[dict[str, object]], store: dist.Store, t0: float,
-                 logical: Callable[[], int]) -> None:
+                 logical: Callable[[], int],
+                 extra: Callable[[], dict[str, object]] = dict) -> None:
         self.orders = [Order(**o) for o in orders]  # type: ignore[arg-type]
-        self.store, self.t0, self.logical = store, t0, logical
+        self.store, self.t0, self.logical, self.extra = store, t0, logical, extra
 
     async def at(self, point: str, step: int) -> None:
         """Fail now if an order for ``point`` is due (this call then never returns)."""
@@ -89,7 +91,8 @@ class Injector:
         # Posted before dying, so the controller knows what failed, where and when.
         post(self.store, {"type": "failure", "kind": "rank", "ids": [o.slot], "spec": o.spec,
                           "phase": o.phase, "phase_kind": phase, "mode": o.mode,
-                          "iteration": executed, "logical": logical, "pid": os.getpid()})
+                          "iteration": executed, "logical": logical, "pid": os.getpid(),
+                          **self.extra()})
         strike_self(signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
         # A stopped rank resumes here only if someone sends SIGCONT; it must not go on.
         os._exit(3)

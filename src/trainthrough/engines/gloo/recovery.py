@@ -75,6 +75,7 @@ class DistRecovery:
         self.join_times: list[float] = []
         self.t_detect = self.t_grow = 0.0
         self.last_joined: list[int] = []
+        self.local_steps_lost: list[int] = []  # relaxed sync: per lost rank
 
     # -- starting -----------------------------------------------------------------
     def start(self, slots: range | list[int], mode: str, attempt: int, executed: int,
@@ -161,6 +162,8 @@ class DistRecovery:
             if event.get("pid"):  # the rank struck itself: its death is this failure
                 note_injected(int(event["pid"]))
             self.fail_events.append(event)
+            if "local_steps" in event:
+                self.local_steps_lost.append(int(event["local_steps"]))
             for i, o in enumerate(self.orders):  # that order is spent
                 if (o["slot"], o["spec"], o["phase"]) == (event["ids"][0], event["spec"],
                                                          event["phase"]):

@@ -62,13 +62,15 @@ class Trainer:
                  replica: Replica, samples: int, batch_size: int, checkpoint_every: int,
                  mean: bool = True, joining: bool = False) -> None:
         self.cfg, self.slot, self.store = cfg, slot, store
-        self.inj = Injector(orders, store, t0, logical=lambda: self.logical)
+        self.inj = Injector(orders, store, t0, logical=lambda: self.logical,
+                            extra=self._failure_fields)
         strategy = resolve(cfg.strategy)
         # Relaxed sync: the replica carries the outer state (dp/relaxed.py); the outer
         # steps due after the last inner step, run (again, after a loss) before the next.
         self.sync = SyncSpec.of(cfg, strategy.sync)
         self.replica: Replica = RelaxedReplica(replica, self.sync) if self.sync else replica
         self.pending_outer: list[int] = []
+        self.outer_steps = 0  # outer steps this process completed
         self.stream = SampleStream(samples, cfg.seed)
         self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
@@ -235,7 +237,15 @@ class Trainer:
             ctl = run_blocking(outer_step(self.replica, g, self.inj, self.pending_outer[0],
                                           self.executed - 1, ballot))
             self.pending_outer.pop(0)
+            self.outer_steps += 1
         return ctl
+
+    def _failure_fields(self) -> dict[str, object]:
+        """What this rank's failure event adds: with a relaxed sync, the local steps it
+        takes along (applied since its last outer step)."""
+        if isinstance(self.replica, RelaxedReplica):
+            return {"local_steps": self.replica.since_sync}
+        return {}
 
     def shown(self) -> Tensors:
         """The parameters evaluated and compared: the replica's (with a relaxed sync,
@@ -269,9 +279,11 @@ class Trainer:
             post(self.store, {"type": "resumed", "iteration": self.executed})
         recovered, self.resumed = self.resumed, False
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
+        # Relaxed sync: the parameters evaluated change only at outer steps, so one
+        # look-back copy per outer step (the step it follows) is all there is to keep.
+        keep = self.evaluate_here is None and (self.sync is None or bool(self.pending_outer))
         if self.evals.after_commit(self.executed, self.logical, self.applied,
-                                   self.shown(), recovered,
-                                   keep=self.evaluate_here is None):
+                                   self.shown(), recovered, keep=keep):
             self.post_params()
 
     def post_params(self, final: bool = False) -> None:
@@ -296,7 +308,7 @@ class Trainer:
         for n in sorted(shown):
             h.update(shown[n].cpu().numpy().tobytes())
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
-                "params_sha256": h.hexdigest()}
+                "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps}
 
 
 def _blob(params: Tensors) -> bytes:

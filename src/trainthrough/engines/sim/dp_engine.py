@@ -89,6 +89,8 @@ class SimDPEngine:
             self.result, self._emit, self._reduced, self.ctx.disruption)
         self._params = self.relaxed.params if self.relaxed else self.g.params
         self.executed = self.logical = 0
+        self.allreduce_bytes = 0  # sent by all ranks together (ring: 2 (n-1) messages)
+        self.samples = 0  # samples of committed steps (every-step sync; less lossy drops)
         # The attempt under way: its batch, and the failure that struck it (if any).
         self._batch: StepBatch | None = None
         self._hit: tuple[Hit, str] | None = None
@@ -120,7 +122,10 @@ class SimDPEngine:
                 committed: bool | None = True
             else:
                 self.recovery.join_due()
+                before = self.logical
                 committed = self._attempt()
+                if self._batch is not None:  # a restart rewinds: those samples are lost
+                    self.samples += (self.logical - before) * self._batch.micro_count * self.g.micro
             if committed is None:  # struck between steps: recovered, look again
                 continue
             # An interrupted attempt counts as executed: it cost a step of work.
@@ -194,6 +199,7 @@ class SimDPEngine:
 
     def _reduced(self, bucket: Bucket, ranks: int) -> None:
         m = self.costs.m
+        self.allreduce_bytes += 2 * (ranks - 1) * 4 * bucket.numel
         self.clock.advance(ring_seconds(4 * bucket.numel, ranks, m.network_bandwidth,
                                         m.network_latency))
 
@@ -209,13 +215,16 @@ class SimDPEngine:
         r.wall_seconds = time.perf_counter() - self._wall0
         r.extras.update(paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(self.g.ranks),
                         ranks_min=rec.smallest, reforms=rec.reforms, ranks_joined=rec.joined,
-                        samples_dropped=rec.samples_dropped, logical_iterations=self.logical)
+                        samples_dropped=rec.samples_dropped, logical_iterations=self.logical,
+                        allreduce_bytes=self.allreduce_bytes,
+                        samples_committed=self.samples - rec.samples_dropped)
         if self.relaxed is not None:
             x = self.relaxed
             r.extras.update(sync=self.strategy.sync, sync_every=self.cfg.sync_every,
                             outer_steps=x.outer_steps, outer_retries=x.outer_retries,
                             replicas_identical=x.identical,
                             local_steps_lost=x.local_steps_lost,
-                            outer_bytes=x.outer_bytes)
+                            local_steps_lost_total=sum(x.local_steps_lost),
+                            outer_bytes=x.outer_bytes, samples_committed=x.samples_committed())
         return r
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainthrough.dp.batching import Cursor
+from trainthrough.dp.batching import Cursor, MicroBatch
 from trainthrough.dp.collective import PeerLost
 from trainthrough.dp.rank import Replica
 from trainthrough.dp.relaxed import RelaxedReplica, SyncSpec, inner_step, outer_step
@@ -73,6 +73,10 @@ class SimRelaxed:
         self.identical = True
         self.local_steps_lost: list[int] = []
         self.outer_bytes = 0
+        # Samples each live replica trained on since its last outer step: committed to
+        # the model once that step is over, lost with the replica before it.
+        self.pending: dict[int, int] = {}
+        self.committed = 0
 
     @staticmethod
     def wrap(sync: SyncSpec) -> Callable[[Replica], Replica]:
@@ -100,6 +104,8 @@ class SimRelaxed:
             self._lose(hit, point, batch.share)
         applied = len(g.live)
         self.result.updates_applied += applied
+        for s in g.live:
+            self.pending[s] = self.pending.get(s, 0) + len(batch.share.get(s, ())) * g.micro
         g.cursor = batch.next_cursor
         logical += 1
         if not g.ranks:  # nobody left to carry the model: a restart, as the policy says
@@ -107,11 +113,13 @@ class SimRelaxed:
         due = self.sync.due(logical)
         for f in due:
             self._outer(f)
+            if not g.ranks:  # the last ones were lost while it re-formed
+                return self._restart()
         if due:
             self.rec.join_due()  # replacements join at an outer boundary only
         return logical
 
-    def _lose(self, hit: Hit, point: str, share: dict[int, list]) -> None:  # type: ignore[type-arg]
+    def _lose(self, hit: Hit, point: str, share: dict[int, list[MicroBatch]]) -> None:
         """Take the struck replicas down; the survivors will find out at the next collective."""
         self.disruption(self.executed)
         n = len(self.g.ranks)
@@ -125,7 +133,7 @@ class SimRelaxed:
                                           torch.tensor(self._drop(s, share, n))))
             lost.ids.append(s)
 
-    def _drop(self, slot: int, share: dict[int, list], members: int) -> float:  # type: ignore[type-arg]
+    def _drop(self, slot: int, share: dict[int, list[MicroBatch]], members: int) -> float:
         """Replica ``slot`` is gone with its local steps and its share of this step;
         returns its share of the outer average, ``||local - global|| / members``."""
         r = self.g.ranks[slot]
@@ -134,6 +142,7 @@ class SimRelaxed:
         self.local_steps_lost.append(r.since_sync)
         self.result.updates_lost += r.since_sync
         self.rec.samples_dropped += len(share.get(slot, ())) * self.g.micro
+        self.pending.pop(slot, None)
         self.g.kill(slot)
         return norm
 
@@ -154,6 +163,9 @@ class SimRelaxed:
             self.outer_retries += 1
         self.outer_steps += 1
         self._check_identical(fragment)
+        if fragment == self.sync.fragments - 1:  # every fragment synchronized once more
+            self.committed += sum(self.pending.values())
+            self.pending = {s: 0 for s in self.g.live}
 
     def _reform(self) -> None:
         """The survivors found the loss at the outer collective: wait out its detection,
@@ -193,8 +205,14 @@ class SimRelaxed:
         self.clock.advance(self.costs.restart)
         self.g.reset(None, Cursor())
         self.lost = _Lost()
+        self.committed, self.pending = 0, {}
         self.rec.joins.clear()
         return 0
+
+    def samples_committed(self) -> int:
+        """Samples in the model: synchronized, or held by a live replica (the next outer
+        step takes them in)."""
+        return self.committed + sum(self.pending.values())
 
     def _check_identical(self, fragment: int) -> None:
         reps = [r for r in self.g.ranks.values() if isinstance(r, RelaxedReplica)]

@@ -240,7 +240,8 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
         # Refused until that is modelled.
         raise UserError("advise predicts parameter-server runs (--paradigm ps) only; for "
                         "data parallel compare strategies with `trainthrough compare "
-                        "--suite dataparallel`")
+                        "--suite dataparallel`, and synchronous recovery against LocalSGD "
+                        "and DiLoCo by failure rate with `--suite relaxed`")
     cands = candidates(cfg.engine, cfg.paradigm, cfg.consistency, [trace], only)
     cfg = replace(cfg, strategy=cands[0].name, failures=[trace.text], baseline=False)
     validate_run(cfg)  # sizes, the engine's claims, the workload's options

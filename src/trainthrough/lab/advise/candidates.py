@@ -38,7 +38,7 @@ class Candidate:
 
 
 def _mechanisms(s: Strategy) -> tuple[str, ...]:
-    return (s.checkpoint, s.persist, s.recovery, s.replication, s.outage)
+    return (s.checkpoint, s.persist, s.recovery, s.replication, s.outage, s.sync)
 
 
 def candidates(engine: str, paradigm: str, consistency: str, specs: list[FailureSpec],

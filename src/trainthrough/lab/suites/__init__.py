@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trainthrough.errors import UserError
 from trainthrough.lab.suite import SuiteSpec
-from trainthrough.lab.suites import core, dataparallel, scar, ttf
+from trainthrough.lab.suites import core, dataparallel, relaxed, scar, ttf
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ SUITES: dict[str, SuiteDef] = {
     "scar": SuiteDef(scar.DESCRIPTION, scar.build),
     "ttf": SuiteDef(ttf.DESCRIPTION, ttf.build),
     "dataparallel": SuiteDef(dataparallel.DESCRIPTION, dataparallel.build),
+    "relaxed": SuiteDef(relaxed.DESCRIPTION, relaxed.build),
 }
 
 
