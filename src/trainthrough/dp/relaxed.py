@@ -196,8 +196,12 @@ class RelaxedReplica:
         or a peer's state), else the outer step restarts from the loaded parameters."""
         self.inner.load(tensors)
         g, m = tensors.get("outer/global"), tensors.get("outer/momentum")
-        self.global_ = g.clone() if g is not None else self.flat.flatten(self.inner.params)
-        self.momentum = m.clone() if m is not None else torch.zeros_like(self.global_)
+        # Onto the replica's device (a checkpoint or a peer's bytes arrive in host memory).
+        device = self.inner.device
+        self.global_ = (g.to(device, copy=True) if g is not None
+                        else self.flat.flatten(self.inner.params))
+        self.momentum = (m.to(device, copy=True) if m is not None
+                         else torch.zeros_like(self.global_))
         self.since_sync = 0
         self._synced = None
 
