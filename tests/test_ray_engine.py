@@ -12,6 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from trainthrough.config import RunConfig  # noqa: E402
+from trainthrough.engines.callbacks import Callback  # noqa: E402
 from trainthrough.ft.chain import on_death  # noqa: E402
 from trainthrough.lab.runner import run_silent  # noqa: E402
 
@@ -41,6 +42,8 @@ def test_a_real_sigkill_of_the_shard_and_training_reaches_its_target(strategy: s
     if strategy.startswith("chain"):
         assert rec["action"] == "failover"
         assert rec["recovery_seconds"] < 2.0
+    if strategy == "chain-sync":  # two replicas survived the head: nothing acknowledged lost
+        assert s["acknowledged_lost"] == 0 and s["acknowledged_lost_wiped"] == 0, s
     else:
         # Down for the configured delay, then up and applying updates again.
         assert rec["recovery_seconds"] >= 0.5
@@ -55,6 +58,42 @@ def test_a_killed_worker_is_replaced() -> None:
                             stop_at_target=False, max_iterations=10**6, wall_limit=20.0))
     assert s["converged"] and s["failures"] == 1
     assert s["recoveries"][0]["action"] == "restart-worker"
+
+
+class _Events(Callback):
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def on_event(self, event: dict) -> None:  # type: ignore[override]
+        self.records.append(event)
+
+
+def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took() -> None:
+    """Both replicas of the only shard's chain SIGKILLed at once, no checkpoint: the
+    shard is reinitialized and every acknowledged push is gone. The summary counts
+    each worker's (its pushes to the shard were acknowledged), although the workers
+    push on to the restored shard and lift its dedup table above what they had
+    acknowledged before the wipe (before the fix the run said 0)."""
+    events = _Events()
+    s = run_silent(_ray_cfg("chain-sync", replicas=2, failures=["replicas=0,1@iter=25"],
+                            stop_at_target=False, max_iterations=120, wall_limit=60.0),
+                   events)
+    assert s["failures"] == 2
+    assert "reinit" in {r["action"] for r in s["recoveries"]}, s["recoveries"]
+    (up,) = [e for e in events.records if e["type"] == "up"]
+    wiped = [e for e in s["acknowledged_lost_detail"] if e.get("wiped")]
+    # Every worker had pushes acknowledged before the wipe, none in the restored state.
+    assert sorted(e["worker"] for e in wiped) == [0, 1]
+    assert all(e["applied"] == -1 and e["restored_from"] is None for e in wiped), wiped
+    assert s["acknowledged_lost"] == s["acknowledged_lost_wiped"] == up["acknowledged_lost"] == 2
+    # What the workers had acknowledged, seen independently: while the shard is down
+    # each worker waits with its step at its last acknowledged push (+1 if that push
+    # is pending); a worker's sequence numbers count its steps. So the sum of the
+    # acknowledged sequence numbers is the restore's logical iteration (the workers'
+    # mean step) times two, within the two pending pushes.
+    total = sum(e["acknowledged"] for e in wiped)
+    assert up["iteration"] >= 25
+    assert 2 * up["iteration"] - 2 <= total <= 2 * up["iteration"] + 1, (total, up)
 
 
 def _chain(n: int, mode: str, dtype: object = None) -> list:
