@@ -58,3 +58,13 @@ def test_a_loss_the_end_check_finds_is_not_the_restores_counted_again() -> None:
     led2 = AcknowledgedLedger()
     end = led2.at_end({(0, 0): 25}, {0: {"s0": {0: 25}, "s1": {0: 24}}})
     assert [(e["replica"], e["applied"]) for e in end] == [("s1", 24)]
+
+
+def test_a_chain_still_down_at_the_end_lacks_every_acknowledged_push() -> None:
+    """A wipe whose restore had not happened when the run ended: nothing holds the
+    shard's acknowledged pushes; a pair a restore counted is not counted again."""
+    led = AcknowledgedLedger()
+    led.restored(0, {(0, 0): 10}, {}, None)
+    end = led.at_end({(0, 0): 10, (0, 1): 12, (1, 0): 12}, {0: {}, 1: {"s1": {0: 12}}})
+    assert [(e.get("wiped"), e["worker"], e.get("replica")) for e in end] == [
+        (True, 0, None), (None, 1, None)]

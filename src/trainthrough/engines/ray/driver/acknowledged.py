@@ -11,7 +11,8 @@ replica's dedup table (``Shard.applied``) the highest it applied, per worker. A
   there: once the shard serves again, the workers' later pushes lift its table above
   what they had acknowledged before, and the end-of-run check would no longer see it.
 - **At the end of the run**: each serving replica's table against what the workers
-  acknowledged last (a chain that kept a replica promises 0).
+  acknowledged last (a chain that kept a replica promises 0); a chain with no replica
+  left (its restore not done when the run ended) lacks every acknowledged push.
 
 The unit is the (shard, worker) pair, not the update: sequence numbers are not a
 count (a worker's replacement starts 2**40 higher, a flushed backlog takes one number
@@ -67,13 +68,16 @@ class AcknowledgedLedger:
         return lost
 
     def at_end(self, acked: dict[Pair, int],
-               replicas: dict[int, dict[str, dict[int, int]]]) -> list[dict[str, Any]]:
+               replicas: dict[int, dict[str | None, dict[int, int]]]) -> list[dict[str, Any]]:
         """Every loss of the run: the restores' and, per serving replica
-        (``replicas``: per shard, each replica's name and dedup table), the pairs whose
-        last acknowledged push it lacks (none a restore counted already)."""
+        (``replicas``: per shard, each replica's name and dedup table; an empty dict
+        for a chain with no replica left), the pairs whose last acknowledged push it
+        lacks (none a restore counted already)."""
         lost = list(self.wiped)
         for shard, tables in sorted(replicas.items()):
-            for name, applied in tables.items():
+            # A shard with no replica left (wiped, its restore not done when the run
+            # ended) holds nothing: every pair a restore has not counted is lost.
+            for name, applied in (tables or {None: {}}).items():
                 lost += [{"shard": s, "replica": name, "worker": w, "acknowledged": q,
                           "applied": applied.get(w, -1)}
                          for (s, w), q in sorted(acked.items())

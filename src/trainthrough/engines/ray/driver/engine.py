@@ -329,9 +329,14 @@ class RayEngine:
         killed after its last report may have had later pushes acknowledged: those are
         not counted, so this can only understate, never invent, a loss.
         """
-        tables: dict[int, dict[str, dict[int, int]]] = {}
+        tables: dict[int, dict[str | None, dict[int, int]]] = {}
         for i in range(self.layout.num_shards):
-            for name in self.cluster.chains[i].members:
+            members = self.cluster.chains[i].members
+            if not members and self.cluster.mode != "none":
+                # A chain with no replica left at the end (a wipe whose restore had
+                # not happened) holds none of its acknowledged pushes.
+                tables[i] = {}
+            for name in members:
                 try:
                     tables.setdefault(i, {})[name] = ray.get(
                         self.cluster.members[name].handle.stats.remote(), timeout=10)["applied"]
