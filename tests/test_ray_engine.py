@@ -68,23 +68,26 @@ class _Events(Callback):
         self.records.append(event)
 
 
-def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took() -> None:
-    """Both replicas of the only shard's chain SIGKILLed at once, no checkpoint: the
-    shard is reinitialized and every acknowledged push is gone. The summary counts
-    each worker's (its pushes to the shard were acknowledged), although the workers
-    push on to the restored shard and lift its dedup table above what they had
-    acknowledged before the wipe (before the fix the run said 0)."""
+@pytest.mark.parametrize("strategy", ["chain-sync", "base=chain-sync,checkpoint=full"],
+                         ids=["reinit", "checkpoint"])
+def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took(strategy: str) -> None:
+    """Both replicas of the only shard's chain SIGKILLed at once: the shard restarts
+    from its initial values, or from its checkpoint of iteration 20 (every 10), and the
+    pushes acknowledged since are gone. The summary counts each worker's (both had
+    pushes acknowledged since), although the workers push on to the restored shard and
+    lift its dedup table above what they had acknowledged before the wipe (before
+    this was counted, the run said 0)."""
     events = _Events()
-    s = run_silent(_ray_cfg("chain-sync", replicas=2, failures=["replicas=0,1@iter=25"],
+    s = run_silent(_ray_cfg(strategy, replicas=2, failures=["replicas=0,1@iter=25"],
                             stop_at_target=False, max_iterations=120, wall_limit=60.0),
                    events)
     assert s["failures"] == 2
-    assert "reinit" in {r["action"] for r in s["recoveries"]}, s["recoveries"]
     (up,) = [e for e in events.records if e["type"] == "up"]
+    ckpt = up["restored_from"]
+    assert (ckpt is None) == (strategy == "chain-sync"), up
+    assert {r["action"] for r in s["recoveries"]} >= {"reinit" if ckpt is None else "restore-lost"}
     wiped = [e for e in s["acknowledged_lost_detail"] if e.get("wiped")]
-    # Every worker had pushes acknowledged before the wipe, none in the restored state.
     assert sorted(e["worker"] for e in wiped) == [0, 1]
-    assert all(e["applied"] == -1 and e["restored_from"] is None for e in wiped), wiped
     assert s["acknowledged_lost"] == s["acknowledged_lost_wiped"] == up["acknowledged_lost"] == 2
     # What the workers had acknowledged, seen independently: while the shard is down
     # each worker waits with its step at its last acknowledged push (+1 if that push
@@ -94,6 +97,14 @@ def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took() -> None:
     total = sum(e["acknowledged"] for e in wiped)
     assert up["iteration"] >= 25
     assert 2 * up["iteration"] - 2 <= total <= 2 * up["iteration"] + 1, (total, up)
+    # What the restore brought back: nothing, or the checkpoint's pushes (its logical
+    # iteration is the workers' mean step when it was taken).
+    restored = [e["applied"] for e in wiped]
+    if ckpt is None:
+        assert restored == [-1, -1]
+    else:
+        assert ckpt == 20 and all(0 < q < e["acknowledged"] for q, e in zip(restored, wiped))
+        assert 2 * ckpt - 2 <= sum(restored) < total, (restored, wiped)
 
 
 def _chain(n: int, mode: str, dtype: object = None) -> list:
