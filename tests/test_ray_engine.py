@@ -12,6 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from trainthrough.config import RunConfig  # noqa: E402
+from trainthrough.engines.callbacks import Callback  # noqa: E402
 from trainthrough.ft.chain import on_death  # noqa: E402
 from trainthrough.lab.runner import run_silent  # noqa: E402
 
@@ -38,6 +39,8 @@ def test_a_real_sigkill_of_the_shard_and_training_reaches_its_target(strategy: s
     assert s["converged"], s
     assert len(s["recoveries"]) == 1
     rec = s["recoveries"][0]
+    if strategy == "chain-sync":  # two replicas survived the head: nothing acknowledged lost
+        assert s["acknowledged_lost"] == 0 and s["acknowledged_lost_wiped"] == 0, s
     if strategy.startswith("chain"):
         assert rec["action"] == "failover"
         assert rec["recovery_seconds"] < 2.0
@@ -55,6 +58,53 @@ def test_a_killed_worker_is_replaced() -> None:
                             stop_at_target=False, max_iterations=10**6, wall_limit=20.0))
     assert s["converged"] and s["failures"] == 1
     assert s["recoveries"][0]["action"] == "restart-worker"
+
+
+class _Events(Callback):
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def on_event(self, event: dict) -> None:  # type: ignore[override]
+        self.records.append(event)
+
+
+@pytest.mark.parametrize("strategy", ["chain-sync", "base=chain-sync,checkpoint=full"],
+                         ids=["reinit", "checkpoint"])
+def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took(strategy: str) -> None:
+    """Both replicas of the only shard's chain SIGKILLed at once: the shard restarts
+    from its initial values, or from its checkpoint of iteration 20 (every 10), and the
+    pushes acknowledged since are gone. The summary counts each worker's (both had
+    pushes acknowledged since), although the workers push on to the restored shard and
+    lift its dedup table above what they had acknowledged before the wipe (before
+    this was counted, the run said 0)."""
+    events = _Events()
+    s = run_silent(_ray_cfg(strategy, replicas=2, failures=["replicas=0,1@iter=25"],
+                            stop_at_target=False, max_iterations=120, wall_limit=60.0),
+                   events)
+    assert s["failures"] == 2
+    (up,) = [e for e in events.records if e["type"] == "up"]
+    ckpt = up["restored_from"]
+    assert (ckpt is None) == (strategy == "chain-sync"), up
+    assert {r["action"] for r in s["recoveries"]} >= {"reinit" if ckpt is None else "restore-lost"}
+    wiped = [e for e in s["acknowledged_lost_detail"] if e.get("wiped")]
+    assert sorted(e["worker"] for e in wiped) == [0, 1]
+    assert s["acknowledged_lost"] == s["acknowledged_lost_wiped"] == up["acknowledged_lost"] == 2
+    # What the workers had acknowledged, seen independently: while the shard is down
+    # each worker waits with its step at its last acknowledged push (+1 if that push
+    # is pending); a worker's sequence numbers count its steps. So the sum of the
+    # acknowledged sequence numbers is the restore's logical iteration (the workers'
+    # mean step) times two, within the two pending pushes.
+    total = sum(e["acknowledged"] for e in wiped)
+    assert up["iteration"] >= 25
+    assert 2 * up["iteration"] - 2 <= total <= 2 * up["iteration"] + 1, (total, up)
+    # What the restore brought back: nothing, or the checkpoint's pushes (its logical
+    # iteration is the workers' mean step when it was taken).
+    restored = [e["applied"] for e in wiped]
+    if ckpt is None:
+        assert restored == [-1, -1]
+    else:
+        assert ckpt == 20 and all(0 < q < e["acknowledged"] for q, e in zip(restored, wiped))
+        assert 2 * ckpt - 2 <= sum(restored) < total, (restored, wiped)
 
 
 def _chain(n: int, mode: str, dtype: object = None) -> list:

@@ -313,10 +313,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 resume=args.resume)
     if not args.quiet:
         rework = s.get("rework_iterations")
+        # Said only when some were lost (the parameter server on Ray counts them).
+        lost = f"acknowledged_lost={s['acknowledged_lost']} " \
+            if s.get("acknowledged_lost") else ""
         console.print(
             f"{s['workload']} / {s['strategy']}: converged={s['converged']} "
             f"iterations={s['iterations']} to_target={s['iterations_to_target']} "
             f"failures={s['failures']} rework={rework if rework is not None else 'n/a'} "
+            f"{lost}"
             f"{s['metric_name']}={s['final_metric']:.4g} sim={s['sim_seconds']:.1f}s "
             f"wall={s['wall_seconds']:.1f}s -> {out}")
     if not s["converged"] and s["target"] is not None:

@@ -27,6 +27,7 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.ray.actors.reports import Progress
 from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
 from trainthrough.engines.ray.driver import recovery
+from trainthrough.engines.ray.driver.acknowledged import AcknowledgedLedger, acknowledged
 from trainthrough.engines.ray.driver.bsp import BulkSynchronous
 from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
 from trainthrough.engines.ray.driver.cluster import RayCluster
@@ -81,6 +82,7 @@ class RayEngine:
         self.measuring: list[Measuring] = []
         self.incarnation = [0] * cfg.workers
         self.bsp: BulkSynchronous | None = None
+        self.acks = AcknowledgedLedger()
 
     def emit(self, event: Event) -> None:
         """Record an event of the run (stamped with the wall clock)."""
@@ -304,32 +306,43 @@ class RayEngine:
         spent = now.total - at_kill.total
         return (now.busy - at_kill.busy) / spent if spent > 0 else None
 
-    def _acknowledged_lost(self, progress: dict[str, Progress]) -> list[dict[str, Any]]:
-        """(shard, worker) pairs whose last acknowledged push a serving replica lacks.
+    def chain_wiped(self, shard: int, handle: Any, restored_from: int | None) -> int:
+        """Every replica of ``shard`` was lost and ``handle`` holds its restored state,
+        not serving yet: record the acknowledged pushes the restore did not bring back
+        (acknowledged.py); returns how many (shard, worker) pairs lost some.
 
-        Each worker reports the highest sequence number each shard acknowledged; each
-        replica's dedup table holds the highest it applied. Synchronous chains promise
-        0; a rollback to a checkpoint loses acknowledged pushes by design. A worker
+        Raises:
+            ray.exceptions.RayError: the restored replica died (its death is handled
+            next; a later call counts nothing twice).
+        """
+        applied = ray.get(handle.stats.remote(), timeout=10)["applied"]
+        acked = acknowledged(self._progress(), self._worker_ids())
+        return len(self.acks.restored(shard, acked, applied, restored_from))
+
+    def _worker_ids(self) -> dict[str, int]:
+        return {m.name: m.index for m in self.cluster.members.values() if m.kind == "worker"}
+
+    def _acknowledged_lost(self, progress: dict[str, Progress]) -> list[dict[str, Any]]:
+        """The run's acknowledged pushes lost, as (shard, worker) pairs (acknowledged.py):
+        those wiped chains' restores did not bring back, and those a serving replica
+        lacks at the end. Synchronous chains that keep a replica promise 0. A worker
         killed after its last report may have had later pushes acknowledged: those are
         not counted, so this can only understate, never invent, a loss.
         """
-        acked: dict[tuple[int, int], int] = {}
-        for name, p in progress.items():
-            w = self.cluster.members[name].index
-            for shard, seq in p.get("acked", {}).items():
-                acked[(int(shard), w)] = max(acked.get((int(shard), w), -1), int(seq))
-        lost = []
+        tables: dict[int, dict[str | None, dict[int, int]]] = {}
         for i in range(self.layout.num_shards):
-            for name in self.cluster.chains[i].members:
+            members = self.cluster.chains[i].members
+            if not members and self.cluster.mode != "none":
+                # A chain with no replica left at the end (a wipe whose restore had
+                # not happened) holds none of its acknowledged pushes.
+                tables[i] = {}
+            for name in members:
                 try:
-                    applied = ray.get(self.cluster.members[name].handle.stats.remote(),
-                                      timeout=10)["applied"]
+                    tables.setdefault(i, {})[name] = ray.get(
+                        self.cluster.members[name].handle.stats.remote(), timeout=10)["applied"]
                 except ray.exceptions.RayError:
                     continue
-                lost += [{"shard": s, "replica": name, "worker": w, "acknowledged": q,
-                          "applied": applied.get(w, -1)}
-                         for (s, w), q in acked.items() if s == i and applied.get(w, -1) < q]
-        return lost
+        return self.acks.at_end(acknowledged(progress, self._worker_ids()), tables)
 
     def finish(self, iteration: int, progress: dict[str, Progress]) -> RunResult:
         """The run's result at its end (``iteration`` executed)."""
@@ -349,6 +362,7 @@ class RayEngine:
             "worker_comm_seconds": sum(p.get("comm", 0.0) for p in progress.values()),
             "updates_buffered": sum(p["buffered"] for p in progress.values()),
             "acknowledged_lost": len(lost := self._acknowledged_lost(progress)),
+            "acknowledged_lost_wiped": len(self.acks.wiped),
             "acknowledged_lost_detail": lost[:10],
             "time_to_target": r.sim_seconds_to_target})
         return r

@@ -71,6 +71,11 @@ class Driver(Protocol):
         """Close the recoveries whose shard has applied an update since (recovery
         seconds: from the kill to that update)."""
 
+    def chain_wiped(self, shard: int, handle: Any, restored_from: int | None) -> int:
+        """Every replica of ``shard`` was lost and ``handle`` holds its restored state,
+        not serving yet: record the acknowledged pushes the restore did not bring back;
+        returns how many (shard, worker) pairs lost some."""
+
     def rewind(self, step: int, iteration: int) -> None:
         """A rollback: every worker (or the next round) goes back to ``step``."""
 

@@ -183,6 +183,14 @@ def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) 
             restored = eng.saves.restore([h for h in heads if h is not None])
     except (ray.exceptions.RayError, TimeoutError):
         return False  # the replacement (or a peer) died restoring: its death is handled next
+    lost = None
+    if c.mode != "none":
+        # The whole chain was lost: what the workers had acknowledged and the restored
+        # state lacks is counted now, before the shard serves (later pushes would hide it).
+        try:
+            lost = eng.chain_wiped(m.index, m.handle, restored)
+        except ray.exceptions.RayError:
+            return False  # the replacement died: its death is handled next
     if decision.rewind:
         eng.rewind(restored or 0, iteration)
     if c.mode != "none":
@@ -192,7 +200,8 @@ def activate(eng: Driver, p: Replacement, iteration: int, runs: dict[str, Any]) 
     else:
         c.join_alone(m)
     m.transition(MemberState.SERVING)
-    eng.emit(ShardUp(shard=m.index, iteration=iteration, restored_from=restored))
+    eng.emit(ShardUp(shard=m.index, iteration=iteration, restored_from=restored,
+                     acknowledged_lost=lost))
     norm, norm_lost = _delta(eng, dead, m.index)
     record = Recovery(failed=[dead.name],
                       at_iteration=struck.iteration if struck is not None else iteration,
