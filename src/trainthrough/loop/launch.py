@@ -186,9 +186,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     checkpoint_dir=checkpoint_dir, checkpoint_shared=checkpoint_shared,
                     bind_address=bind_address, micro_batches=micro_batches,
                     elastic=elastic, wall_limit=wall_limit,
-                    cost=CostModel(timeout_seconds=timeout))
-    if sync_every is not None:
-        cfg.sync_every = sync_every
+                    cost=CostModel(timeout_seconds=timeout),
+                    **({"sync_every": sync_every} if sync_every is not None else {}))
     if resume:
         cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
