@@ -187,7 +187,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     bind_address=bind_address, micro_batches=micro_batches,
                     elastic=elastic, wall_limit=wall_limit,
                     cost=CostModel(timeout_seconds=timeout),
-                    **({"sync_every": sync_every} if sync_every is not None else {}))
+                    sync_every=RunConfig.sync_every if sync_every is None else sync_every)
     if resume:
         cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
