@@ -93,6 +93,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("ray:cells" if cells else "ray"))
         elif (module := Path(str(item.fspath)).stem) in IN_ORDER:  # chains in order
             item.add_marker(pytest.mark.xdist_group(f"{module}:{_chain(item)}"))
+        elif module == "test_two_hosts":
+            # Each starts a Ray cluster of two nodes: one at a time, beside the two
+            # Rays of the groups above (four clusters at once starve them all).
+            item.add_marker(pytest.mark.xdist_group(module))
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.loops import two_hosts
+from tests.loops import two_hosts, two_hosts_ps
 from tests.netns import ADDRESSES, why_not
 from tests.test_loop import _check_exactly_once
 
@@ -80,7 +80,7 @@ def test_two_hosts_ranks_on_both_a_host_lost_and_the_group_grows_back(tmp_path: 
 @pytest.mark.skipif(_WHY_NOT is not None, reason=f"two network namespaces: {_WHY_NOT}")
 def test_two_hosts_a_chain_loses_its_heads_host_and_no_acknowledged_update(
         tmp_path: Path) -> None:
-    script = Path(two_hosts.__file__).with_name("two_hosts_ps.py")
+    script = Path(two_hosts_ps.__file__)
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
                          text=True, timeout=280, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
@@ -88,6 +88,7 @@ def test_two_hosts_a_chain_loses_its_heads_host_and_no_acknowledged_update(
     r = json.loads(out.stdout.strip().splitlines()[-1])
     print("listeners (address -> process), per host:", json.dumps(r["listeners"], indent=1))
     print({k: v for k, v in r.items() if k != "listeners"})
+    assert r["running_at_kill"] and r["evaluated_at_kill"] >= two_hosts_ps.KILL_AT, r
     # The head was on the lost host (chains go round the nodes, the driver's last), the
     # tail on the driver's survived it and took over: a failover, nothing reinitialised.
     assert "ray::ShardActor" in r["killed"], r["killed"]

@@ -3,11 +3,14 @@
 Usage: ``python two_hosts_ps.py OUT`` as root. The namespaces, Ray nodes and driver as in
 two_hosts.py; the run: mlr, chain-sync, 1 shard, a chain of 2 (its head on the worker
 node's host ``b``: on a cluster the driver joined, chains go round the nodes, the
-driver's last), 2 workers, asynchronous. Once training is under way (the run has
-written evaluations), every process of ``b`` is SIGKILLed; the replica in ``a`` takes
-over. Prints one JSON line: the run's summary, what was killed (process names), Ray
-processes of ``a`` that ended within 2 s of the kill (none should), and the listeners
-seen on each host.
+driver's last), 2 workers, asynchronous, to a fixed number of iterations. Once it has
+evaluated iteration ``KILL_AT``, every process of ``b`` is SIGKILLed; the replica in ``a``
+takes over. The run is bounded by iterations, not by its wall clock: on a loaded machine
+the workers may take most of a short wall limit to start, and the kill must land while
+the run still has most of its work ahead. Prints one JSON line: the run's summary, the
+iteration evaluated last before the kill, whether the run was still going then, what was
+killed (process names), Ray processes of ``a`` that ended within 2 s of the kill (none
+should), and the listeners seen on each host.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ sys.path.insert(0, str(HERE.parent.parent))
 from tests.loops.two_hosts import DRIVER_ENV, PORT, alive_nodes, node  # noqa: E402
 from tests.netns import Hosts  # noqa: E402
 
-SERVE_BEFORE_KILL = 2.0  # seconds of training before b is lost (after 3 evaluations)
+KILL_AT = 50  # b is lost once this iteration is evaluated ...
+ITERATIONS = 300  # ... of these (110 a second on this machine idle, 5 under a heavy load)
+WALL_LIMIT = 200.0  # a safety net only: the test's own timeout is 280 s
 
 
 def driver(out: Path, address: str) -> None:
@@ -34,12 +39,25 @@ def driver(out: Path, address: str) -> None:
     from trainthrough.lab import runner
 
     cfg = RunConfig(workload="mlr", engine="ray", consistency="async", shards=1, workers=2,
-                    strategy="chain-sync", replicas=2, ray_address=address, wall_limit=15,
-                    recovery_delay=1.0, max_iterations=100000, stop_at_target=False)
+                    strategy="chain-sync", replicas=2, ray_address=address,
+                    wall_limit=WALL_LIMIT, recovery_delay=1.0, max_iterations=ITERATIONS,
+                    stop_at_target=False)
     s = runner.run(cfg, out)
     print(json.dumps({k: s.get(k, s.get("extras", {}).get(k)) for k in
                       ("failures", "recoveries", "acknowledged_lost", "updates_lost",
                        "iterations", "updates_applied")}))
+
+
+def _evaluated(metrics: Path) -> int:
+    """The last iteration the run evaluated (-1 before the first)."""
+    last = -1
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                last = max(last, int(json.loads(line)["iteration"]))
+            except (ValueError, KeyError):
+                continue  # a line being written
+    return last
 
 
 def _names(hosts: Hosts, side: str) -> dict[int, str]:
@@ -76,11 +94,10 @@ def main(out: Path) -> int:
                                text=True)
         threading.Thread(target=sample, daemon=True).start()
         deadline = time.time() + 120
-        metrics = out / "run" / "metrics.jsonl"  # evaluations: training is under way
-        while time.time() < deadline and run.poll() is None and not (
-                metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-            time.sleep(0.2)
-        time.sleep(SERVE_BEFORE_KILL)
+        metrics = out / "run" / "metrics.jsonl"
+        while time.time() < deadline and run.poll() is None and _evaluated(metrics) < KILL_AT:
+            time.sleep(0.1)
+        at_kill, running = _evaluated(metrics), run.poll() is None
         killed = sorted(set(_names(hosts, "b").values()))
         in_a = {p: n for p, n in _names(hosts, "a").items() if n.startswith("ray::")}
         hosts.kill_all("b")
@@ -93,7 +110,8 @@ def main(out: Path) -> int:
             print(stderr[-3000:], file=sys.stderr)
             return 1
         result = json.loads(stdout.strip().splitlines()[-1])
-        result.update(killed=killed, gone_in_a=gone_in_a, listeners=seen)
+        result.update(evaluated_at_kill=at_kill, running_at_kill=running, killed=killed,
+                      gone_in_a=gone_in_a, listeners=seen)
         print(json.dumps(result))
         return 0
     finally:

@@ -4,7 +4,8 @@ States: ``starting`` (processes spawned, waiting until every one is ready, then 
 start plan is published), ``training`` (a group is running; watch for reports and
 deaths), and back. When a group breaks, the survivors report; the controller waits
 until every member whose process is still alive has reported, or a grace period
-after the first sign (a hung rank never reports: it is then presumed failed and
+after the first report (after the collective timeout when a death came first: see
+``_report_deadline``; a hung rank never reports: it is then presumed failed and
 SIGKILLed). Who reported is who is alive: that is the agreement. The strategy's
 policy (the same as ``sim``'s) then decides:
 
@@ -63,7 +64,8 @@ class DistRecovery:
         self.started_at = 0.0
         self.joiners: list[tuple[Proc, float]] = []
         self.grow_requested = False
-        self.first_sign: float | None = None
+        self.first_sign: float | None = None  # a report or a death: the group broke
+        self.first_report: float | None = None
         self.reported = False  # a member announced a report (protocol.write_report)
         self.fail_events: list[dict[str, Any]] = []
         self.open: list[dict[str, Any]] = []  # recoveries waiting for their first commit
@@ -140,9 +142,11 @@ class DistRecovery:
                                                             for s in self.members)))
         if sign and self.first_sign is None:
             self.first_sign = now
+        if reports and self.first_report is None:
+            self.first_report = now
         if self.first_sign is not None:
             expected = [s for s in self.members if self.e.procs.alive(s)]
-            if all(s in reports for s in expected) or now - self.first_sign > GRACE:
+            if all(s in reports for s in expected) or now > self._report_deadline():
                 self._decide(reports)
                 return True
         self._maybe_grow()
@@ -210,9 +214,25 @@ class DistRecovery:
         self.e.emit(RecoveryEnded(recovery=r, phase=rec["phase"],
                                   detection_seconds=rec["t_detect"] - rec["t_fail"]))
 
+    def _report_deadline(self) -> float:
+        """When a live member that has not reported is presumed hung.
+
+        Once one survivor reported, the others follow within milliseconds (they hit the
+        same broken collective). A death seen before any report is another matter: a
+        survivor learns of it from its own collective, between steps only at the next
+        one and at worst by the collective timeout, later still on a loaded machine.
+        Presuming it hung sooner would kill healthy ranks and turn the loss of one
+        into a restart of all.
+        """
+        assert self.first_sign is not None
+        if self.first_report is not None:
+            return self.first_report + GRACE
+        return self.first_sign + self.e.cfg.cost.timeout_seconds + GRACE
+
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
         self.reported = False  # the next attempt's reports are announced anew
+        self.first_report = None
         # A victim posts its failure before it dies, and survivors report after: drain
         # once more, so the failure event is in even if it came within this tick.
         self.e.pump()

@@ -161,7 +161,7 @@ class RayEngine:
             self.cb.after_step(executed, now)
             done = done or executed >= self.max_iter or (
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
-                not self.pending and all(_finished(r) for r in runs.values()))
+                not self.pending and all(_returned(r) for r in runs.values()))
         for m in c.members.values():
             if m.kind == "worker" and m.alive:
                 m.handle.stop.remote()
@@ -381,6 +381,19 @@ def process_age() -> float | None:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _finished(ref: Any) -> bool:
+def _returned(ref: Any) -> bool:
+    """Whether a worker's ``run`` ended by returning (its iterations done).
+
+    A run that ended with its actor's death did not finish: that is a failure, seen and
+    recovered through the member's watch, which may come a tick later (a whole host lost
+    takes its workers' runs down at once, before Ray reports the actors dead). A run
+    that raised is the worker's own error, raised here.
+    """
     ready, _ = ray.wait([ref], timeout=0)
-    return bool(ready)
+    if not ready:
+        return False
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return False
+    return True
