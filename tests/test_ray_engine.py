@@ -60,6 +60,33 @@ def test_a_killed_worker_is_replaced() -> None:
     assert s["recoveries"][0]["action"] == "restart-worker"
 
 
+@ray.remote
+class _Ends:
+    def returns(self) -> int:
+        return 1
+
+    def raises(self) -> None:
+        raise ValueError("the worker's own error")
+
+    def dies(self) -> None:
+        os._exit(9)
+
+
+def test_a_worker_run_that_ended_by_its_death_is_not_the_end_of_the_run() -> None:
+    # A host lost takes its workers' runs down together, before Ray reports the actors
+    # dead: were a dead run taken for a finished one, the run would end there, recording
+    # no failure (it once did, on two hosts).
+    from trainthrough.engines.ray.driver.engine import _returned
+
+    a, b, c = _Ends.remote(), _Ends.remote(), _Ends.remote()  # type: ignore[attr-defined]
+    done, error, death = a.returns.remote(), b.raises.remote(), c.dies.remote()
+    ray.wait([done, error, death], num_returns=3, timeout=30)
+    assert _returned(done)
+    assert not _returned(death)
+    with pytest.raises(ray.exceptions.RayTaskError, match="the worker's own error"):
+        _returned(error)
+
+
 class _Events(Callback):
     def __init__(self) -> None:
         self.records: list[dict] = []
