@@ -52,8 +52,9 @@ class Soak:
     checks: list[str] = field(default_factory=list)
 
 
-def ray_soak(kills: int, wall: float) -> Soak:
-    """chain-sync on Ray: kills spread over heads, tails and workers.
+def ray_soak(kills: int, wall: float, target: float = 0.4) -> Soak:
+    """chain-sync on Ray: kills spread over heads, tails and workers, the run to reach
+    ``target`` (mlr's loss) by its end.
 
     A quarter more kills are scheduled than required: a tail kill finds no tail at
     position 2 while its chain is still short from an earlier kill, and the seeded
@@ -65,7 +66,7 @@ def ray_soak(kills: int, wall: float) -> Soak:
         "workload": "mlr", "engine": "ray", "consistency": "async",
         "strategy": "base=chain-sync,checkpoint=full", "shards": 2, "workers": 2,
         "replicas": 3, "recovery_delay": 0.2, "checkpoint_every": 50,
-        "target": 0.4, "stop_at_target": False, "max_iterations": 10**7,
+        "target": target, "stop_at_target": False, "max_iterations": 10**7,
         "wall_limit": wall, "eval_every": 5, "failures": [
             f"shard=any@mtbf={span / per:.2f}s,max={per}",
             f"shard=any@mtbf={span / per:.2f}s,max={per},replica=2",

