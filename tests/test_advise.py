@@ -379,7 +379,14 @@ def test_advise_takes_a_workload_by_reference(cli, tmp_path: Path) -> None:  # n
     ["--mtbf", "3s", "--workload", "nope"], ["--mtbf", "3s", "--rank-by", "speed"],
     ["--mtbf", "3s", "--shards", "0"], ["--mtbf", "3s", "--option", "bogus=1"],
     ["--mtbf", "3s", "--engine", "gloo"], ["--fail", "worker=9@mtbf=3s"],
-    ["--mtbf", "3s", "--paradigm", "dp"], ["--mtbf", "3s", "--calibration-seeds", "0"],
+    ["--mtbf", "3s", "--calibration-seeds", "0"],
+    # data parallel (measured advice: tests/test_advise_dp.py)
+    ["--mtbf", "3s", "--paradigm", "dp", "--rank-by", "cost"],
+    ["--paradigm", "dp", "--fail", "shard=any@mtbf=3s"],
+    ["--mtbf", "3s", "--paradigm", "dp", "--strategies", "chain-sync"],
+    ["--mtbf", "3s", "--paradigm", "dp", "--ranks", "0"],
+    ["--mtbf", "3s", "--paradigm", "dp", "--sync-every", "0"],
+    ["--paradigm", "dp", "--fail", "rank=9@mtbf=3s"],
 ])
 def test_advise_bad_input_exits_2_with_one_line(args: list[str], cli, tmp_path: Path  # noqa: ANN001
                                                 ) -> None:

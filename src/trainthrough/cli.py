@@ -160,7 +160,8 @@ def _add_compare(sub: Any) -> None:
 #: The run fields ``advise`` takes as flags (the workload, where and how big; never a
 #: strategy or failures: it weighs every strategy against its own failure rate).
 ADVISE_FIELDS = ("workload", "engine", "paradigm", "consistency", "shards", "workers",
-                 "seed", "target", "max_iterations", "ray_address", "recovery_delay")
+                 "ranks", "sync_every", "seed", "target", "max_iterations", "ray_address",
+                 "recovery_delay")
 
 
 def _add_advise(sub: Any) -> None:
@@ -177,7 +178,11 @@ def _add_advise(sub: Any) -> None:
     p.add_argument("--recovery-delay", type=_float, dest="recovery_delay",
                    help="seconds a lost shard stays down (ray)")
     p.add_argument("--paradigm", choices=field_choices("paradigm"),
-                   help="ps only for now (data parallel is refused, see lab/advise)")
+                   help="ps: predicted from calibration runs; dp: every strategy, "
+                        "synchronous and relaxed, measured at the failure rate")
+    p.add_argument("--ranks", type=_int, help="data-parallel ranks (dp)")
+    p.add_argument("--sync-every", type=_int, dest="sync_every",
+                   help="inner steps between outer steps of the relaxed candidates (dp)")
     p.add_argument("--consistency", choices=field_choices("consistency"))
     p.add_argument("--shards", type=_int)
     p.add_argument("--workers", type=_int)
@@ -185,8 +190,8 @@ def _add_advise(sub: Any) -> None:
     p.add_argument("--target", type=_float)
     p.add_argument("--max-iterations", type=_int, dest="max_iterations")
     p.add_argument("--mtbf", help="mean time between failures with a unit (e.g. 30s, 2min): "
-                                  "one random shard fails each time; simulated "
-                                  "seconds on sim, wall seconds on ray")
+                                  "one random shard (dp: rank) fails each time; simulated "
+                                  "seconds on sim, wall seconds on real engines")
     p.add_argument("--fail", help="or the failures as a spec with an mtbf= trigger, e.g. "
                                   "'shards=50%%@mtbf=30s', or a recorded trace: failures "
                                   "of one kind at times, e.g. "
@@ -402,10 +407,29 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     check_out(out)  # before minutes of calibration
     say = (lambda m: None) if args.quiet else (
         lambda m: print(f"calibrating: {m}", file=sys.stderr, flush=True))
+    if cfg.paradigm == "dp":
+        return _advise_dp(cfg, trace, only, args, out, say)
     a = advise(cfg, trace, only=only, rank_by=args.rank_by, say=say,
                seeds=args.calibration_seeds)
     write(a, out)
     print(table_text(a))
+    print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
+          f"{out / 'advice.json'}")
+    return 0
+
+
+def _advise_dp(cfg: Any, trace: Any, only: list[str] | None, args: argparse.Namespace,
+               out: Path, say: Any) -> int:
+    """``advise --paradigm dp``: every candidate measured at the rate (lab/advise/measured.py)."""
+    from trainthrough.lab.advise import measured_report
+    from trainthrough.lab.advise.measured import advise_dp
+
+    if args.rank_by != "time":
+        raise UserError("--rank-by cost is for parameter-server advice; data-parallel "
+                        "advice ranks by measured time to target")
+    a = advise_dp(cfg, trace, only=only, say=say, seeds=args.calibration_seeds)
+    measured_report.write(a, out)
+    print(measured_report.table_text(a))
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
           f"{out / 'advice.json'}")
     return 0

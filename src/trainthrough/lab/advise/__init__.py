@@ -2,5 +2,6 @@
 and a failure rate; calibrated by short real runs, predicted by the project's models."""
 
 from trainthrough.lab.advise.advisor import Advice, advise, clock_name, trace_spec
+from trainthrough.lab.advise.measured import DpAdvice, advise_dp
 
-__all__ = ["Advice", "advise", "clock_name", "trace_spec"]
+__all__ = ["Advice", "DpAdvice", "advise", "advise_dp", "clock_name", "trace_spec"]

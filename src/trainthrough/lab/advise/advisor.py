@@ -24,7 +24,7 @@ from trainthrough.lab.cloud_cost import Pricing, nodes
 from trainthrough.lab.validate import validate_run
 
 #: What fails, by default, when only an MTBF is given.
-DEFAULT_KIND = {"ps": "shard", "dp": "rank"}  # dp: refused by advise() for now
+DEFAULT_KIND = {"ps": "shard", "dp": "rank"}  # dp: measured.advise_dp
 
 
 def clock_name(engine: str) -> str:
@@ -238,10 +238,10 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
         # which neither the recovery record nor the rework shows, and neither this model
         # nor the shrunk time added to it predicts it within 20% (docs/advise.md).
         # Refused until that is modelled.
-        raise UserError("advise predicts parameter-server runs (--paradigm ps) only; for "
-                        "data parallel compare strategies with `trainthrough compare "
-                        "--suite dataparallel`, and synchronous recovery against LocalSGD "
-                        "and DiLoCo by failure rate with `--suite relaxed`")
+        raise UserError("advise() predicts parameter-server runs (--paradigm ps) only; "
+                        "data parallel is advised by measurement: advise_dp() "
+                        "(lab/advise/measured.py), as `trainthrough advise --paradigm dp` "
+                        "does")
     cands = candidates(cfg.engine, cfg.paradigm, cfg.consistency, [trace], only)
     cfg = replace(cfg, strategy=cands[0].name, failures=[trace.text], baseline=False)
     validate_run(cfg)  # sizes, the engine's claims, the workload's options
