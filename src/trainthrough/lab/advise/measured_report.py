@@ -7,14 +7,12 @@ one that exists and is not empty is refused before anything runs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from trainthrough._atomic import atomic_write
 from trainthrough.lab.advise.measured import DpAdvice, DpResult
-from trainthrough.lab.advise.report import check_out
+from trainthrough.lab.advise.report import write_folder
 from trainthrough.lab.plots import DPI
 
 _HEAD = ("rank", "strategy", "sync", "time to target s (+- SE)", "failure-free s",
@@ -147,8 +145,4 @@ def plot(a: DpAdvice, out: Path) -> Path:
 
 
 def write(a: DpAdvice, out: Path) -> None:
-    check_out(out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot(a, out / "advice.png")
-    atomic_write(out / "advice.md", markdown(a, png.name))
-    atomic_write(out / "advice.json", json.dumps(a.to_dict(), indent=2, allow_nan=False) + "\n")
+    write_folder(out, lambda png: plot(a, png), lambda name: markdown(a, name), a.to_dict())

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainthrough._atomic import atomic_write
 from trainthrough.errors import UserError
@@ -135,11 +137,19 @@ def write(a: Advice, out: Path) -> None:
     """Write the advice folder (module docstring)."""
     from trainthrough.lab.advise.plot import plot_advice
 
+    write_folder(out, lambda png: plot_advice(a, png), lambda name: markdown(a, name),
+                 a.to_dict())
+
+
+def write_folder(out: Path, plot: Callable[[Path], Path], md: Callable[[str], str],
+                 data: dict[str, Any]) -> None:
+    """An advice folder, predicted or measured: refused if used, then the plot, the
+    markdown naming it, and the JSON last (its presence: the folder is complete)."""
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    png = plot_advice(a, out / "advice.png")
-    atomic_write(out / "advice.md", markdown(a, png.name))
-    atomic_write(out / "advice.json", json.dumps(a.to_dict(), indent=2, allow_nan=False) + "\n")
+    png = plot(out / "advice.png")
+    atomic_write(out / "advice.md", md(png.name))
+    atomic_write(out / "advice.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
 def components(p: Prediction, a: Advice) -> dict[str, float]:
