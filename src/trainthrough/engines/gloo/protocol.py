@@ -117,13 +117,24 @@ def connect(host: str, port: int, timeout: float) -> dist.TCPStore:
                          timeout=timedelta(seconds=timeout))
 
 
+#: The value a closing :class:`Doorbell` leaves in the key its thread waits on: it wakes
+#: that thread and means nothing else (no request, no event).
+CLOSED = "-"
+
+
 def request(store: dist.Store) -> int:
     """The controller asks the group for a change (``stop`` or ``grow`` set first):
     the counter ``ctl`` goes up by one, and ``ctl/<value>`` rings the members'
-    :class:`Doorbell`. Returns the new value."""
-    value = store.add("ctl", 1)
-    store.set(f"ctl/{value}", "1")
-    return value
+    :class:`Doorbell`. Returns the value of the request.
+
+    The key is claimed, not overwritten: a process that closed its doorbell may have
+    marked ``ctl/<value>`` already (:data:`CLOSED`), and every doorbell that waited on
+    it has moved past it, so the request takes the next value instead.
+    """
+    while True:
+        value = store.add("ctl", 1)
+        if store.compare_set(f"ctl/{value}", "", "1") == b"1":
+            return value
 
 
 class Doorbell:
@@ -139,6 +150,8 @@ class Doorbell:
     def __init__(self, store: dist.TCPStore, prefix: str, start: int) -> None:
         self._host, self._port, self.prefix = store.host, store.port, prefix
         self.start, self.rung, self.closed = start, 0, False
+        #: the last key rung that another process set (not one a doorbell closing left)
+        self.last = start - 1
         self._store = store  # the owner's connection, for close()
         self._event = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -157,7 +170,10 @@ class Doorbell:
             own = dist.TCPStore(self._host, self._port, is_master=False,
                                 timeout=timedelta(seconds=30))
             while not self.closed:
-                own.wait([self.next_key], timedelta(days=1))
+                key = self.next_key
+                own.wait([key], timedelta(days=1))
+                if own.get(key) != CLOSED.encode():
+                    self.last = self.start + self.rung
                 self.rung += 1
                 self._event.set()
         except Exception:  # the store went away with the run: nothing left to watch
@@ -173,8 +189,11 @@ class Doorbell:
         if self.closed:
             return
         self.closed = True
+        # The key is marked only if nobody set it: overwriting a request would hide it
+        # from the other doorbells, and marking it without claiming it would make the
+        # next request reuse a key they have already passed (request() skips a mark).
         with contextlib.suppress(Exception):  # the store is gone, and the thread with it
-            self._store.set(self.next_key, "")
+            self._store.compare_set(self.next_key, "", CLOSED)
         # Joined: a thread still inside the store's wait when the process exits aborts
         # it ("terminate called without an active exception").
         self._thread.join(timeout=5)
@@ -223,9 +242,10 @@ class EventReader:
         count = self.store.add("evq", 0)
         while self.seen < count:
             key = f"evq/{self.seen}"
-            if not has(self.store, key):
+            raw = self.store.get(key) if has(self.store, key) else CLOSED.encode()
+            if raw == CLOSED.encode():
                 break  # its poster took the number but has not written it yet
-            event = get(self.store, key)
+            event = json.loads(raw)
             blob = None
             if "blob" in event:
                 blob = self.store.get(event["blob"])

@@ -260,7 +260,7 @@ class Trainer:
         allreduce). Requests made since this process started are rung at once."""
         if self._bell is None:
             self._bell = Doorbell(self.store, "ctl", int(self.ctl_seen) + 1)
-        return float(self._bell.start - 1 + self._bell.rung)
+        return float(self._bell.last)
 
     def close(self) -> None:
         """Stop listening for requests (the run is over for this process)."""
