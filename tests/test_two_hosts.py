@@ -43,6 +43,7 @@ def test_two_hosts_ranks_on_both_a_host_lost_and_the_group_grows_back(tmp_path: 
     print("store:", s["store_address"], "wall:", round(result["wall_seconds"], 1), "s")
     print({k: result[k] for k in ("node_killed_after_step", "processes_killed",
                                   "cluster_up_seconds", "new_node_up_seconds",
+                                  "node_start_to_first_step", "placed",
                                   "nodes_before", "nodes_after")}, s)
 
     # Where things listened: the store on the driver's cluster address; gloo (the ranks'
@@ -71,7 +72,12 @@ def test_two_hosts_ranks_on_both_a_host_lost_and_the_group_grows_back(tmp_path: 
     assert max(s["detection_seconds"]) <= TIMEOUT + 2.0, s["detection_seconds"]
     grown = [k for k in lost_slots if s["rank_nodes"][k][-1] in new]
     assert grown, (f"no replacement on the new node (up {result['new_node_up_seconds']:.1f} s "
-                   f"after the kill): {s['rank_nodes']}")
+                   f"after the kill): {s['rank_nodes']}, placed: {result['placed']}")
+    # ...and said so: the join's last placement names the new node and the rule.
+    joins = [p for p in result["placed"] if p["mode"] == "join"]
+    assert joins and joins[-1]["node"] in new, result["placed"]
+    assert joins[-1]["why"] == "a node with none of the run's ranks", joins
+    assert result["node_start_to_first_step"] is not None
     assert s["ranks_joined"] >= 1 and s["ranks_final"] == 3, s
     assert s["replicas_identical"]
     _check_exactly_once(result, tmp_path / "ledger")

@@ -270,6 +270,19 @@ class RankJoined(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankPlaced(Event):
+    """Ray dp on a cluster: a rank process was placed on a node, and why there."""
+
+    type: ClassVar[str] = "rank-placed"
+    slot: int  #: the rank's slot
+    mode: str  #: ``fresh``, ``restart`` or ``join`` (a replacement)
+    node: str  #: the Ray node id
+    address: str  #: the node's address
+    why: str  #: the rule that chose it (dp.py ``RayDataParallel.place``)
+    waited_seconds: float  #: how long the replacement waited for a node to take it
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restored(Event):
     """Checkpoint-restart chose its checkpoint, before the new processes start."""
 
@@ -356,7 +369,7 @@ _ALL: tuple[type[Event], ...] = (
     Failure, FailureSkipped, Detection, RecoveryEnded,
     ShardDown, ShardUp, Failover, ReplicaJoin, ReplacementLost, SpareReady,
     ZookeeperAbsent, ZookeeperRejoined, Fenced, ZookeeperSilent,
-    Reform, RankJoined, Restored, Completed, TrainingResumed,
+    Reform, RankJoined, RankPlaced, Restored, Completed, TrainingResumed,
     CheckpointSaved, CheckpointFailed, CheckpointCorrupt, CheckpointAbandoned,
     CheckpointSkipped, Resumed)
 #: Every kind of event, by its tag.

@@ -16,9 +16,13 @@ everything is on 127.0.0.1; on a joined cluster the controller's store listens o
 driver's Ray address (or ``--bind-address``) and each rank's gloo on the interface that
 holds its own node's Ray address, which the actor reads where it runs.
 
-Placement: the first ranks go round the live nodes by slot; a replacement goes to the
-live node that hosts the fewest of this run's live ranks, preferring one where none of
-them died (a node that joined after a host was lost gets the group back).
+Placement (:meth:`RayDataParallel.place`, each choice an event ``rank-placed``): the
+first ranks go round the live nodes by slot; a later one to a live node that hosts none
+of the run's ranks and saw none die (a host that joined after one was lost) when there
+is one; a replacement whose rank went with its host waits for such a node, at most
+:data:`NODE_WAIT` seconds; otherwise the live node with the fewest of the run's live
+ranks. The affinity is hard, so a node that was chosen is the node it runs on; if that
+node dies before the actor started there, the rank is placed again.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -40,10 +44,28 @@ from trainthrough.engines.gloo.protocol import RankSpec
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
+from trainthrough.events import RankPlaced
 
 #: A replacement on a cluster is placed this long before it may join: time to start its
 #: actor and import torch (2-5 s measured on a loaded 2-core machine), so it joins warm.
 PLACE_LEAD = 3.0
+#: The longest a replacement for a rank lost with its host waits for a node that can take
+#: it (one hosting none of the run's ranks: the lost host's successor) before it goes
+#: beside the survivors. Meanwhile the group trains without it; a new node is in
+#: ``ray.nodes()`` as soon as its raylet registered.
+NODE_WAIT = 60.0
+#: Actors started for one rank whose process never started (its node died before it
+#: could, or could not take it) before that counts as the rank's death.
+PLACE_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank goes, and the rule that chose it (recorded as ``rank-placed``)."""
+
+    node: str
+    address: str
+    why: str
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -70,7 +92,8 @@ class RayRank:
     :meth:`RayDataParallel.start_rank_actor`). Until then it is a process not yet
     started: not ended, nothing to signal."""
 
-    def __init__(self, spec: RankSpec, place: Callable[[], str], start_at: float = 0.0) -> None:
+    def __init__(self, spec: RankSpec, place: Callable[[float], str | None],
+                 start_at: float = 0.0) -> None:
         self.spec, self._place, self.start_at = spec, place, start_at
         self.target: str | None = None
         self.actor: Any = None
@@ -79,25 +102,44 @@ class RayRank:
         self.ident: ProcessIdentity | None = None
         self._code: int | None = None
         self.why = ""  # Ray's word on why it ended, if it did not end normally
+        self.placed = 0  # how many times an actor was started for it
+        self.killed = False  # the controller ended it
         self._started()
 
     def _started(self) -> bool:
-        """Start the actor if it is time (once); whether it has started."""
+        """Start the actor if it is time and ``place`` names a node (it may wait for
+        one: None); whether it has started."""
         if self.actor is None and self._code is None and time.time() >= self.start_at:
-            # The first ranks go exactly where they are put (soft affinity was measured
-            # to leave a node empty now and then); later ones may go anywhere their node
-            # is not.
-            self.target = self._place()
-            place = NodeAffinitySchedulingStrategy(self.target,
-                                                   soft=self.spec["mode"] != "fresh")
+            target = self._place(time.time() - self.start_at)
+            if target is None:
+                return False
+            # Hard: soft affinity was measured to leave a node empty now and then, and to
+            # pass over a node that had just joined. A node that dies before the actor
+            # started there is handled in exitcode (placed again).
+            self.target, self.placed = target, self.placed + 1
             # A CUDA replica asks Ray for its share of a GPU: Ray hides the GPUs from
             # an actor that asks for none (CUDA_VISIBLE_DEVICES is emptied).
             self.actor = RankActor.options(  # type: ignore[attr-defined]
-                scheduling_strategy=place,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(target, soft=False),
                 num_gpus=float(self.spec.get("gpus_per_rank", 0.0))).remote()
             self._who = self.actor.whoami.remote()
             self._done = self.actor.run.remote(json.dumps(self.spec))
         return self.actor is not None
+
+    def _never_ran(self) -> bool:
+        """The actor ended without ever answering, not killed by us: its process never
+        started (its node died, or could not take it), so nothing ran and it may be
+        placed again, :data:`PLACE_TRIES` times at most."""
+        if self.killed or self.placed >= PLACE_TRIES:
+            return False
+        ready, _ = ray.wait([self._who], timeout=0)
+        if ready:
+            try:
+                ray.get(self._who)
+                return False  # it started: its end is a death like any other
+            except ray.exceptions.RayError:
+                pass
+        return True
 
     @property
     def exitcode(self) -> int | None:
@@ -106,10 +148,12 @@ class RayRank:
             if ready:
                 try:
                     self._code = int(ray.get(self._done))
-                except ray.exceptions.RayActorError as e:
-                    self._code, self.why = -9, _first_line(e)  # the process (or node) died
                 except ray.exceptions.RayError as e:
-                    self._code, self.why = 1, _first_line(e)
+                    if self._never_ran():  # its node died first: place it again
+                        self.actor = None
+                        return None
+                    died = isinstance(e, ray.exceptions.RayActorError)  # or its node
+                    self._code, self.why = (-9 if died else 1), _first_line(e)
         return self._code
 
     def join(self, timeout: float | None = None) -> None:
@@ -138,6 +182,7 @@ class RayRank:
     def kill(self) -> None:
         """SIGKILL of the identified process on this node, else ``ray.kill`` of the actor
         (one not started yet never will be)."""
+        self.killed = True
         if self.actor is None:
             self._code = -9
             return
@@ -176,16 +221,30 @@ class RayDataParallel(GlooEngine):
         delay = 0.0
         if mode == "join" and self.cfg.ray_address:
             delay = max(0.0, self.cfg.recovery_delay - PLACE_LEAD)
-        return RayRank(spec, lambda: self.place(slot, mode), time.time() + delay)
+        return RayRank(spec, lambda waited: self.place(slot, mode, waited),
+                       time.time() + delay)
 
-    def place(self, slot: int, mode: str) -> str:
-        """The node for a rank: the first ones round the live nodes by slot (slot i on
-        node i mod n, in id order: every node gets ranks, which Ray's best-effort SPREAD
-        did not always do); a later one on the live node with the fewest of this run's
-        live ranks, one where none died first, then id order."""
-        nodes = _live_nodes()
+    def place(self, slot: int, mode: str, waited: float) -> str | None:
+        """The node for a rank (None: not yet, wait for one), recorded as an event."""
+        p = self.placement(slot, mode, waited)
+        if p is not None and self.cfg.ray_address:  # a local Ray has one node: no news
+            self.emit(RankPlaced(slot=slot, mode=mode, node=p.node, address=p.address,
+                                 why=p.why, waited_seconds=round(waited, 3)))
+        return None if p is None else p.node
+
+    def placement(self, slot: int, mode: str, waited: float) -> Placement | None:
+        """Where a rank goes (see the module docstring for the rules, in order).
+
+        ``waited``: seconds since the rank could first have been placed. Returns None
+        while a replacement whose rank was lost with its host waits for a node to take
+        it (at most :data:`NODE_WAIT`).
+        """
+        alive = {n["NodeID"]: str(n.get("NodeManagerAddress", "")) for n in ray.nodes()
+                 if n["Alive"]}
+        nodes = sorted(alive)
         if mode == "fresh":
-            return nodes[slot % len(nodes)]
+            node = nodes[slot % len(nodes)]
+            return Placement(node, alive[node], "round the live nodes by slot")
         live: dict[str, int] = dict.fromkeys(nodes, 0)
         died: set[str] = set()
         for p in self.procs.started:
@@ -196,7 +255,16 @@ class RayDataParallel(GlooEngine):
                 live[target] += 1
             elif p.exitcode is not None and p.exitcode < 0:
                 died.add(target)
-        return min(nodes, key=lambda n: (live[n], n in died, nodes.index(n)))
+        free = [n for n in nodes if live[n] == 0 and n not in died]
+        if free:
+            return Placement(free[0], alive[free[0]], "a node with none of the run's ranks")
+        host_lost = any(n not in alive for n in died)
+        if mode == "join" and host_lost and waited < NODE_WAIT:
+            return None
+        node = min(nodes, key=lambda n: (live[n], n in died, nodes.index(n)))
+        why = "the fewest live ranks" + (f" (no new node within {NODE_WAIT:.0f} s of a "
+                                         "lost host)" if host_lost else "")
+        return Placement(node, alive[node], why)
 
     def cluster_ip(self) -> str | None:
         """This driver's Ray address on a cluster it joined (None on a local Ray)."""
