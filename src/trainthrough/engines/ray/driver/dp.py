@@ -19,7 +19,8 @@ holds its own node's Ray address, which the actor reads where it runs.
 Placement (:meth:`RayDataParallel.place`, each choice an event ``rank-placed``): the
 first ranks go round the live nodes by slot; a later one to a live node that hosts none
 of the run's ranks and saw none die (a host that joined after one was lost) when there
-is one; a replacement whose rank went with its host waits for such a node, at most
+is one; a replacement whose rank went with its host goes to a node that joined since
+the run began (the host's successor takes all its ranks back), waiting for one at most
 :data:`NODE_WAIT` seconds; otherwise the live node with the fewest of the run's live
 ranks. The affinity is hard, so a node that was chosen is the node it runs on; if that
 node dies before the actor started there, the rank is placed again.
@@ -211,6 +212,7 @@ class RayDataParallel(GlooEngine):
 
     def __init__(self, ctx: RunContext) -> None:
         self.launch = self.start_rank_actor
+        self.known: set[str] = set()  # the live nodes when the first ranks were placed
         super().__init__(ctx)
 
     def start_rank_actor(self, spec: RankSpec) -> RayRank:
@@ -225,7 +227,10 @@ class RayDataParallel(GlooEngine):
                        time.time() + delay)
 
     def place(self, slot: int, mode: str, waited: float) -> str | None:
-        """The node for a rank (None: not yet, wait for one), recorded as an event."""
+        """The node for a rank (None: not yet, wait for one), recorded as an event. A
+        replacement still waiting when the run stops is never placed (it is killed)."""
+        if mode == "join" and self.stopping:
+            return None
         p = self.placement(slot, mode, waited)
         if p is not None and self.cfg.ray_address:  # a local Ray has one node: no news
             self.emit(RankPlaced(slot=slot, mode=mode, node=p.node, address=p.address,
@@ -243,6 +248,7 @@ class RayDataParallel(GlooEngine):
                  if n["Alive"]}
         nodes = sorted(alive)
         if mode == "fresh":
+            self.known.update(nodes)
             node = nodes[slot % len(nodes)]
             return Placement(node, alive[node], "round the live nodes by slot")
         live: dict[str, int] = dict.fromkeys(nodes, 0)
@@ -259,8 +265,15 @@ class RayDataParallel(GlooEngine):
         if free:
             return Placement(free[0], alive[free[0]], "a node with none of the run's ranks")
         host_lost = any(n not in alive for n in died)
-        if mode == "join" and host_lost and waited < NODE_WAIT:
-            return None
+        if mode == "join" and host_lost:
+            # Every rank of a lost host goes to the nodes that joined since the run
+            # began (its successor), not only the first: they had the same host.
+            new = [n for n in nodes if n not in self.known and n not in died]
+            if new:
+                node = min(new, key=lambda n: (live[n], nodes.index(n)))
+                return Placement(node, alive[node], "a node that joined after a host was lost")
+            if waited < NODE_WAIT:
+                return None
         node = min(nodes, key=lambda n: (live[n], n in died, nodes.index(n)))
         why = "the fewest live ranks" + (f" (no new node within {NODE_WAIT:.0f} s of a "
                                          "lost host)" if host_lost else "")
