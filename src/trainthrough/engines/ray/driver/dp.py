@@ -16,14 +16,11 @@ everything is on 127.0.0.1; on a joined cluster the controller's store listens o
 driver's Ray address (or ``--bind-address``) and each rank's gloo on the interface that
 holds its own node's Ray address, which the actor reads where it runs.
 
-Placement (:meth:`RayDataParallel.place`, each choice an event ``rank-placed``): the
-first ranks go round the live nodes by slot; a later one to a live node that hosts none
-of the run's ranks and saw none die (a host that joined after one was lost) when there
-is one; a replacement whose rank went with its host goes to a node that joined since
-the run began (the host's successor takes all its ranks back), waiting for one at most
-:data:`NODE_WAIT` seconds; otherwise the live node with the fewest of the run's live
-ranks. The affinity is hard, so a node that was chosen is the node it runs on; if that
-node dies before the actor started there, the rank is placed again.
+Placement (placement.py decides, each choice an event ``rank-placed``): the first
+ranks round the live nodes, a replacement for a rank lost with its host on the host's
+successor (waiting for it, bounded), else the least loaded node. The affinity is hard,
+so a node that was chosen is the node it runs on; if that node dies before the actor
+started there, the rank is placed again.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -42,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.controller import GlooEngine
 from trainthrough.engines.gloo.protocol import RankSpec
+from trainthrough.engines.ray.driver.placement import Placement, RankAt, place
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import RunResult
 from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
@@ -50,23 +48,9 @@ from trainthrough.events import RankPlaced
 #: A replacement on a cluster is placed this long before it may join: time to start its
 #: actor and import torch (2-5 s measured on a loaded 2-core machine), so it joins warm.
 PLACE_LEAD = 3.0
-#: The longest a replacement for a rank lost with its host waits for a node that can take
-#: it (one hosting none of the run's ranks: the lost host's successor) before it goes
-#: beside the survivors. Meanwhile the group trains without it; a new node is in
-#: ``ray.nodes()`` as soon as its raylet registered.
-NODE_WAIT = 60.0
 #: Actors started for one rank whose process never started (its node died before it
 #: could, or could not take it) before that counts as the rank's death.
 PLACE_TRIES = 3
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a rank goes, and the rule that chose it (recorded as ``rank-placed``)."""
-
-    node: str
-    address: str
-    why: str
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -238,46 +222,18 @@ class RayDataParallel(GlooEngine):
         return None if p is None else p.node
 
     def placement(self, slot: int, mode: str, waited: float) -> Placement | None:
-        """Where a rank goes (see the module docstring for the rules, in order).
-
-        ``waited``: seconds since the rank could first have been placed. Returns None
-        while a replacement whose rank was lost with its host waits for a node to take
-        it (at most :data:`NODE_WAIT`).
-        """
+        """Where a rank goes (placement.py decides; ``waited``: seconds since it could
+        first have been placed). None while a replacement waits for a node."""
         alive = {n["NodeID"]: str(n.get("NodeManagerAddress", "")) for n in ray.nodes()
                  if n["Alive"]}
-        nodes = sorted(alive)
         if mode == "fresh":
-            self.known.update(nodes)
-            node = nodes[slot % len(nodes)]
-            return Placement(node, alive[node], "round the live nodes by slot")
-        live: dict[str, int] = dict.fromkeys(nodes, 0)
-        died: set[str] = set()
-        for p in self.procs.started:
-            if not isinstance(p.process, RayRank) or p.process.actor is None:
-                continue  # not placed yet (asking it would start it, placing it here)
-            target = str(p.process.target)
-            if p.exitcode is None and target in live:
-                live[target] += 1
-            elif p.exitcode is not None and p.exitcode < 0:
-                died.add(target)
-        free = [n for n in nodes if live[n] == 0 and n not in died]
-        if free:
-            return Placement(free[0], alive[free[0]], "a node with none of the run's ranks")
-        host_lost = any(n not in alive for n in died)
-        if mode == "join" and host_lost:
-            # Every rank of a lost host goes to the nodes that joined since the run
-            # began (its successor), not only the first: they had the same host.
-            new = [n for n in nodes if n not in self.known and n not in died]
-            if new:
-                node = min(new, key=lambda n: (live[n], nodes.index(n)))
-                return Placement(node, alive[node], "a node that joined after a host was lost")
-            if waited < NODE_WAIT:
-                return None
-        node = min(nodes, key=lambda n: (live[n], n in died, nodes.index(n)))
-        why = "the fewest live ranks" + (f" (no new node within {NODE_WAIT:.0f} s of a "
-                                         "lost host)" if host_lost else "")
-        return Placement(node, alive[node], why)
+            self.known.update(alive)
+        ranks = [RankAt(str(p.process.target), p.exitcode is None,
+                        p.exitcode is not None and p.exitcode < 0)
+                 for p in self.procs.started
+                 # not placed yet: asking it would start it, placing it here
+                 if isinstance(p.process, RayRank) and p.process.actor is not None]
+        return place(slot, mode, alive, self.known, ranks, waited)
 
     def cluster_ip(self) -> str | None:
         """This driver's Ray address on a cluster it joined (None on a local Ray)."""
