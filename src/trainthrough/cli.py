@@ -341,7 +341,9 @@ def _cmd_list(engines_matrix: bool = False) -> int:
     from trainthrough.workloads import WORKLOADS
 
     if engines_matrix:
-        print("\n".join(registry.matrix_lines()))
+        from trainthrough.engines.matrix import matrix_lines
+
+        print("\n".join(matrix_lines()))
         return 0
     from trainthrough.workloads.reference import installed
 
