@@ -1,7 +1,8 @@
 """The engines, by name: what each claims and how to build it.
 
 Declarations live with each engine (``engines/<name>/__init__.py``: ``DESCRIPTION``,
-``CAPABILITIES``, ``ENGINE``); importing them imports neither Ray nor torch.distributed,
+``CAPABILITIES``, ``ENGINE``, and where it differs from the default its ``TRAITS``);
+importing them imports neither Ray nor torch.distributed,
 so validation and ``trainthrough list --engines`` stay cheap. Adding an engine means
 adding its package and one line here, nothing in ``ft/``, the config or the runner.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from trainthrough.engines.capabilities import Capabilities, unmet
+from trainthrough.engines.capabilities import Capabilities, Traits, unmet
 from trainthrough.engines.options import unused_engine_settings, unused_mechanism_settings
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
@@ -31,6 +32,7 @@ class EngineEntry:
     description: str
     capabilities: dict[str, Capabilities]  # paradigm -> claims
     factory: str | dict[str, str]  # "module:Class" (or one per paradigm), imported only to run
+    traits: Traits = Traits()
 
     def factory_for(self, paradigm: str) -> str:
         """The engine class that runs ``paradigm`` (``module:Class``)."""
@@ -60,7 +62,17 @@ def entry(name: str) -> EngineEntry:
     if name not in _PACKAGES:
         raise UserError(f"unknown engine {name!r}; choose one of: {', '.join(_PACKAGES)}")
     m = _module(name)
-    return EngineEntry(name, m.DESCRIPTION, m.CAPABILITIES, m.ENGINE)
+    return EngineEntry(name, m.DESCRIPTION, m.CAPABILITIES, m.ENGINE,
+                       getattr(m, "TRAITS", Traits()))
+
+
+def traits(name: str) -> Traits:
+    """How engine ``name`` runs (:class:`Traits`; aliases accepted).
+
+    Raises:
+        UserError: unknown engine.
+    """
+    return entry(name).traits
 
 
 def check_supported(engine: str, paradigm: str, consistency: str, strategy: Strategy,
