@@ -27,9 +27,13 @@ from trainthrough.lab.validate import validate_run
 DEFAULT_KIND = {"ps": "shard", "dp": "rank"}  # dp: measured.advise_dp
 
 
+#: The clock of an engine that declares a virtual one (``Traits.virtual_clock``).
+SIMULATED = "simulated seconds"
+
+
 def clock_name(engine: str) -> str:
     """The clock every advisor number is on (engines/sim/clock.py for ``sim``)."""
-    return "simulated seconds" if traits(engine).virtual_clock else "wall seconds"
+    return SIMULATED if traits(engine).virtual_clock else "wall seconds"
 
 
 def trace_spec(paradigm: str, mtbf: str | None, fail: str | None,
