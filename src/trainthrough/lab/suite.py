@@ -16,7 +16,6 @@ from typing import Any
 
 from trainthrough._atomic import atomic_open
 from trainthrough.config import RunConfig, baseline_config
-from trainthrough.engines.registry import traits
 from trainthrough.errors import UserError
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.progress import console, make_progress
@@ -91,6 +90,8 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
         raise UserError(f"suite folder {out} already exists and is not empty; "
                         "choose another --out or remove it")
     jobs = jobs or spec.jobs or min(2, os.cpu_count() or 1)
+    from trainthrough.engines.registry import traits  # here: the parser imports suites
+
     uses_ray = any(traits(r.config.engine).on_ray for r in spec.runs)
     started = False
     if uses_ray:
