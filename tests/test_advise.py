@@ -23,7 +23,7 @@ from trainthrough.ft.strategy import PRESETS, Strategy
 from trainthrough.lab.advise import Advice, advise, trace_spec
 from trainthrough.lab.advise.advisor import recovery_overlap
 from trainthrough.lab.advise.calibrate import (
-    FAILURE_RUNS,
+    EXACT_FAILURE_RUNS,
     REAL_FAILURE_RUNS,
     calibration_failure,
     failure_plan,
@@ -241,7 +241,7 @@ def test_calibration_failures_are_spread_over_the_run_as_a_traces_are() -> None:
     assert failure_plan(1, 1) == [(0, 0.5)]  # sim, one seed: half way, as before
     assert failure_plan(2, 4) == [(0, 0.125), (1, 0.375), (0, 0.625), (1, 0.875)]
     assert failure_plan(4, 2) == [(0, 0.125), (1, 0.375), (2, 0.625), (3, 0.875)]
-    assert FAILURE_RUNS["sim"] == 1 and REAL_FAILURE_RUNS >= 4
+    assert EXACT_FAILURE_RUNS == 1 and REAL_FAILURE_RUNS >= 4
     plan = failure_plan(3, REAL_FAILURE_RUNS)
     assert statistics.fmean(w for _, w in plan) == pytest.approx(0.5)  # no side favoured
     assert {k for k, _ in plan} == {0, 1, 2}
@@ -262,7 +262,7 @@ def test_measure_makes_one_failure_run_per_planned_point(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(cal, "_one_failure", fake_one)
     monkeypatch.setattr(cal, "back_to_back", lambda *a: None)
-    monkeypatch.setattr(cal, "FAILURE_RUNS", {})  # sim stands in for a real engine
+    monkeypatch.setattr(cal, "EXACT_FAILURE_RUNS", cal.REAL_FAILURE_RUNS)  # sim as a real one
     cands = candidates("sim", "ps", "bsp", [trace_spec("ps", "3s", None)], ["none"])
     measure(RunConfig.from_toml(EXAMPLE), cands, trace_spec("ps", "3s", None), 3.0,
             lambda _: None, seeds=2)

@@ -18,7 +18,7 @@ from torch import nn
 from tests.loops.ledger_loop import SAMPLES
 from tests.loops.ledger_loop import train as ledger_train
 from trainthrough.dp.batching import MicroBatch
-from trainthrough.dp.module_replica import ModuleReplica
+from trainthrough.dp.module_replica import ModuleReplica, StepFns
 from trainthrough.errors import UserError
 from trainthrough.loop.launch import reference_of
 
@@ -97,7 +97,7 @@ def test_module_replica_state_round_trips_and_buffers_average() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     data = torch.randn(8, 3)
     r = ModuleReplica(0, model, opt, lambda rows: data[rows], run_seed=1)
-    r.loss_fn = lambda x: model(x).pow(2).mean()
+    r.begin_step(StepFns(lambda x: model(x).pow(2).mean()))
     before = r.state()
     contribs = r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))])
     assert all(torch.equal(before[k], v) for k, v in r.state().items()), "gradients moved it"

@@ -21,7 +21,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from trainthrough.dp.allreduce import make_buckets
 from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
 from trainthrough.dp.hooks import Hooks
-from trainthrough.dp.module_replica import ModuleReplica
+from trainthrough.dp.module_replica import ModuleReplica, StepFns
 from trainthrough.dp.rank import micro_seed
 from trainthrough.dp.repair import share_state
 from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector
@@ -73,8 +73,7 @@ class Script:
         self.replica = ModuleReplica(rank, self.model, self.opt, lambda rows: (X[rows], Y[rows]),
                                      run_seed=7, registered={k: every[k] for k in kinds})
         self.step_no = 0
-        self.replica.loss_fn = self.loss
-        self.replica.update = self.update
+        self.replica.begin_step(StepFns(self.loss, self.update))
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
@@ -255,7 +254,7 @@ def test_an_infinite_gradient_without_a_scaler_names_the_rank_and_step() -> None
 
 def test_a_scaler_needs_the_users_update() -> None:
     s = Script(0, kinds=("scaler",))
-    s.replica.update = None
+    s.replica.begin_step(StepFns(s.loss))  # no update: opt.step()
     with pytest.raises(UserError, match="update="):
         s.replica.apply(torch.zeros(s.replica.layout.numel))
 
@@ -343,10 +342,10 @@ def test_a_scaled_step_gives_the_update_the_scaled_rate_and_keeps_the_schedule()
             sched.step()
 
     flat = torch.zeros(s.replica.layout.numel)
-    s.replica.update = lambda: update(False)
+    s.replica.begin_step(StepFns(s.loss, lambda: update(False)))
     s.replica.apply(flat, lr_scale=0.25)
     assert seen == [lr0 * 0.25] and s.opt.param_groups[0]["lr"] == lr0
-    s.replica.update = lambda: update(True)
+    s.replica.begin_step(StepFns(s.loss, lambda: update(True)))
     s.replica.apply(flat, lr_scale=0.25)
     assert seen[1] == lr0 * 0.25
     assert s.opt.param_groups[0]["lr"] == pytest.approx(lr0 * 0.5, rel=1e-12)

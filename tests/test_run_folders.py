@@ -361,7 +361,7 @@ def test_a_run_resumes_from_another_working_folder(
 
 
 def test_resume_to_a_new_iteration_budget(cli, tmp_path: Path) -> None:  # noqa: ANN001
-    """``--max-iterations`` is the one setting a resume may change: the run goes on to
+    """``--max-iterations`` may change on a resume (lab/resume.py): the run goes on to
     the new budget exactly as a run started with it, and records it; a budget the
     checkpoint already passed ends the run at once, where it resumed."""
     longer = run(RunConfig(**{**KW, "max_iterations": 90}), tmp_path / "longer")
@@ -416,3 +416,58 @@ def test_the_suite_report_leaves_incomplete_runs_out_and_says_so(tmp_path: Path)
     line = next(n for n in notes if "incomplete" in n)
     assert line.endswith(": b.")
     assert os.path.exists(suite / "runs" / "b" / "metrics.jsonl")
+
+
+# The command line and launch() take a resume's rules from one place (lab/resume.py):
+# each change below is accepted by both or refused by both.
+_CHANGES = [
+    (["--max-iterations", "90"], {"max_iterations": 90}, True),
+    (["--wall-limit", "100"], {"wall_limit": 100.0}, True),
+    (["--fail", "shards=1@iter=50"], {"failures": ["shards=1@iter=50"]}, True),
+    (["--seed", "5"], {"seed": 5}, False),
+    (["--shards", "3"], {"shards": 3}, False),
+    (["--checkpoint-every", "10"], {"checkpoint_every": 10}, False),
+]
+
+
+@pytest.mark.parametrize(("flags", "fields", "free"), _CHANGES)
+def test_the_cli_and_launch_agree_on_what_a_resume_may_change(
+        tmp_path: Path, flags: list[str], fields: dict[str, Any], free: bool) -> None:
+    from trainthrough.cli import _resume_config, build_parser
+    from trainthrough.lab.resume import FREE_ON_RESUME
+    from trainthrough.loop.launch import _as_recorded
+
+    out = tmp_path / "cut"
+    _cut(out)
+    recorded = RunConfig.from_toml(out / "config.toml")
+    assert free == all(k in FREE_ON_RESUME for k in fields)
+    args = build_parser().parse_args(["run", "--out", str(out), "--resume", *flags])
+    asked = RunConfig(**{**KW, **fields})  # launch() builds the whole config afresh
+    if not free:
+        key = next(iter(fields))
+        with pytest.raises(UserError, match=f"is {getattr(recorded, key)!r}, not"):
+            _resume_config(args)
+        with pytest.raises(UserError, match=f"with {key} = {getattr(recorded, key)!r}, not"):
+            _as_recorded(asked, out)
+        return
+    by_cli, _ = _resume_config(args)
+    by_launch = _as_recorded(asked, out)
+    for k, v in fields.items():
+        assert getattr(by_cli, k) == getattr(by_launch, k) == v
+    # Everything else is the recorded run's.
+    rest = {k: v for k, v in recorded.to_dict().items() if k not in FREE_ON_RESUME}
+    assert {k: by_cli.to_dict()[k] for k in rest} == rest
+    assert {k: by_launch.to_dict()[k] for k in rest} == rest
+
+
+def test_a_resume_refuses_another_checkpoint_folder(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """The checkpoint is read from the recorded folder: another one is refused in one
+    line (exit 2), never silently replaced by the recorded one."""
+    from trainthrough.loop.launch import _as_recorded
+
+    out = tmp_path / "cut"
+    _cut(out)
+    _one_line_error(cli("run", "--out", str(out), "--resume", "--checkpoint-dir",
+                        str(tmp_path / "elsewhere"), "--quiet"), "--checkpoint-dir")
+    with pytest.raises(UserError, match="checkpoint_dir"):
+        _as_recorded(RunConfig(**KW, checkpoint_dir=str(tmp_path / "elsewhere")), out)

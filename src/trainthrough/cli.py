@@ -247,18 +247,17 @@ def _overrides(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
 def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     """The recorded config and id of the run ``--resume`` continues.
 
-    ``--max-iterations`` may differ from the recorded budget: the run then goes on to
-    the new one (one at or below the checkpoint's iteration ends it at once).
+    What may differ from the recorded config (:data:`trainthrough.lab.resume.FREE_ON_RESUME`):
+    ``--max-iterations`` (the run goes on to the new budget), ``--wall-limit`` and
+    ``--fail`` (this part's own); an option left out keeps the recorded value.
 
     Raises:
-        UserError: no ``--out``, a ``--config``, an option (other than
-            ``--max-iterations``) that differs from the recorded config, or nothing to
-            resume in ``--out`` (lab/run_folder.py).
+        UserError: no ``--out``, a ``--config``, any other option that differs from the
+            recorded config, or nothing to resume in ``--out`` (lab/run_folder.py).
     """
     from trainthrough.config import flag_label
-    from trainthrough.ft.checkpoint import absolute_base
+    from trainthrough.lab.resume import conflict, resumed_config
     from trainthrough.lab.run_folder import resume_point
-    from trainthrough.lab.runner import resolve_defaults
 
     if args.out is None:
         raise UserError("--resume needs --out, the folder of the run to continue")
@@ -266,26 +265,14 @@ def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
         raise UserError(f"--resume reads {args.out / 'config.toml'}; drop --config")
     point = resume_point(args.out)
     recorded = point.config
-    over = _overrides(args, recorded)
-    # The iteration budget is not part of the training: a resumed run may go on to a
-    # new one (recorded in config.toml and the ``resumed`` event).
-    budget = over.pop("max_iterations", None)
-    if budget is not None:
-        recorded = replace(recorded, max_iterations=budget)
-    if over:
-        # As the run records it: a local folder absolute (ft/checkpoint/location.py).
-        ckpt = over.get("checkpoint_dir")
-        asked = replace(resolve_defaults(replace(recorded, **over))[0],
-                        checkpoint_dir=recorded.checkpoint_dir if ckpt is None
-                        else absolute_base(ckpt))
-        mine, theirs = asked.to_dict(), recorded.to_dict()
-        for k in sorted(set(mine) | set(theirs)):
-            if mine.get(k) != theirs.get(k):
-                raise UserError(
-                    f"--resume continues the run as recorded in {args.out / 'config.toml'}, "
-                    f"where {flag_label(k)} is {theirs.get(k)!r}, not {mine.get(k)!r}; drop "
-                    "the option, or start a new run (--overwrite)")
-    return recorded, point.run_id
+    asked = replace(recorded, **_overrides(args, recorded))
+    bad = conflict(recorded, asked)
+    if bad is not None:
+        raise UserError(
+            f"--resume continues the run as recorded in {args.out / 'config.toml'}, "
+            f"where {flag_label(bad.setting)} is {bad.recorded!r}, not {bad.asked!r}; drop "
+            "the option, or start a new run (--overwrite)")
+    return resumed_config(recorded, asked), point.run_id
 
 
 def _slug(name: str) -> str:
@@ -341,7 +328,9 @@ def _cmd_list(engines_matrix: bool = False) -> int:
     from trainthrough.workloads import WORKLOADS
 
     if engines_matrix:
-        print("\n".join(registry.matrix_lines()))
+        from trainthrough.engines.matrix import matrix_lines
+
+        print("\n".join(matrix_lines()))
         return 0
     from trainthrough.workloads.reference import installed
 

@@ -21,7 +21,7 @@ State travels as flat tensors (``params/``, ``buffers/``, ``optim/state/<i>/<key
 ``meta/epochs_ended`` and ``meta/evals_done`` (:mod:`~trainthrough.dp.hooks`)):
 safetensors on disk and over the network, never a pickle.
 
-The update is the user's optimizer step, or their own step (:attr:`ModuleReplica.update`:
+The update is the user's optimizer step, or their own step (:attr:`StepFns.update`:
 clipping, a GradScaler, schedulers) on the averaged gradient, run only once the group
 committed it. Which buckets were reduced is the step's bookkeeping
 (:class:`~trainthrough.dp.step.InFlight`), never read from the values: a NaN or inf is
@@ -53,9 +53,23 @@ from trainthrough.dp.rank import Tensors, micro_seed
 from trainthrough.errors import UserError
 
 LossFn = Callable[[Any], torch.Tensor]
-Update = Callable[[], None]
+Update = Callable[[], object]  # what it returns is not read
 Fetch = Callable[[torch.Tensor], Any]
 _NUM = "#num"  # suffix of optimizer state entries that were plain numbers
+
+
+@dataclass(frozen=True)
+class StepFns:
+    """The user's side of a step, as ``loop.step(loss_fn, update)`` hands it over.
+
+    Attributes:
+        loss_fn: ``loss_fn(batch)``, the scalar loss of one micro-batch.
+        update: the user's own step on the averaged gradients (clip, a GradScaler, a
+            scheduler, an EMA); None: ``opt.step()``.
+    """
+
+    loss_fn: LossFn
+    update: Update | None = None
 
 
 @dataclass(frozen=True)
@@ -68,9 +82,9 @@ class Flat:
 class ModuleReplica:
     """One rank's view of the user's model: gradients, updates and state as the step needs.
 
-    Call order per step (as for :class:`~trainthrough.dp.rank.Rank`): :meth:`gradients`
-    with the loss function set by the host (:attr:`loss_fn`), the allreduce outside,
-    then :meth:`apply`. ``gradients`` leaves the model as it found it, so a step that
+    Call order per step (as for :class:`~trainthrough.dp.rank.Rank`), after the host's
+    :meth:`begin_step` with the user's :class:`StepFns`: :meth:`gradients`, the
+    allreduce outside, then :meth:`apply`; :attr:`losses` holds the step's losses. ``gradients`` leaves the model as it found it, so a step that
     fails before its update needs no undo.
     """
 
@@ -79,10 +93,7 @@ class ModuleReplica:
                  hooks: Hooks | None = None) -> None:
         self.rank_id, self.model, self.opt = rank_id, model, opt
         self.fetch, self.run_seed = fetch, run_seed
-        self.loss_fn: LossFn | None = None
-        # The user's own step (clip, scaler, optimizer, EMA), run on the reduced
-        # gradients; None: ``opt.step()``. Set by the host before a step, as loss_fn.
-        self.update: Update | None = None
+        self._fns: StepFns | None = None  # begin_step's, until the next one
         self.registered = user_state.check(registered or {})
         self._scalers = [o for o in self.registered.values()
                          if isinstance(o, torch.amp.GradScaler) and o.is_enabled()]
@@ -107,15 +118,31 @@ class ModuleReplica:
         self._grad_numel = sum(p.numel() for p in self._params.values())
         self.layout = Flat(self._grad_numel + sum(b.numel() for b in self._float_bufs.values()))
         self.steps = 0
-        self.losses: list[float] = []  # this rank's micro-batch losses since last read
+        #: This rank's micro-batch losses since :meth:`begin_step` (a rolled-back step
+        #: adds its micro-batches again: the last ones are the committed attempt's).
+        self.losses: list[float] = []
         self.label = type(model).__name__
 
     # -- training ---------------------------------------------------------------
+    def begin_step(self, fns: StepFns) -> list[float]:
+        """Take the user's functions for the coming step and empty :attr:`losses`.
+
+        They stay until the next call: a recovery inside the step (a rollback, a
+        lossy forward) computes its micro-batches with them.
+
+        Returns:
+            :attr:`losses`, which the step fills as its micro-batches run.
+        """
+        self._fns = fns
+        self.losses.clear()
+        return self.losses
+
     def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]:
         """One flat vector per micro-batch: the gradient of the user's loss, then the
         floating buffers as that micro-batch left them (each starts from the same ones)."""
-        if self.loss_fn is None:
-            raise RuntimeError("no loss function: the host sets loss_fn before a step")
+        if self._fns is None:
+            raise RuntimeError("no loss function: the host calls begin_step before a step")
+        loss_fn = self._fns.loss_fn
         params = list(self._params.values())
         base = {n: b.clone() for n, b in self._float_bufs.items()}
         ints = {n: b.clone() for n, b in self._int_bufs.items()}
@@ -126,7 +153,7 @@ class ModuleReplica:
                 # The same dropout masks whichever rank computes it (a rollback redoes it).
                 with torch.random.fork_rng(devices=self._rng_devices):
                     torch.manual_seed(micro_seed(self.run_seed, step, mb.index))
-                    loss = self.loss_fn(batch)
+                    loss = loss_fn(batch)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise UserError("the loss function must return a scalar tensor")
                 value = float(loss.detach())
@@ -153,8 +180,8 @@ class ModuleReplica:
 
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
         """Apply a fully reduced vector: the buffers as they are, the gradient through
-        the user's optimizer (:attr:`update` if set, else ``opt.step()``), the learning
-        rate times ``lr_scale`` for this step.
+        the user's optimizer (:attr:`StepFns.update` if given, else ``opt.step()``),
+        the learning rate times ``lr_scale`` for this step.
 
         Raises:
             UserError: the gradient is not finite and no GradScaler is registered to
@@ -164,7 +191,8 @@ class ModuleReplica:
             bad = int((~torch.isfinite(flat)).sum())
             raise UserError(f"rank {self.rank_id}: the averaged gradient of step {self.steps} "
                             f"holds {bad} non-finite values (inf or NaN): training diverged")
-        if self._scalers and self.update is None:
+        update = self._fns.update if self._fns is not None else None
+        if self._scalers and update is None:
             raise UserError("a GradScaler is registered: give your step to loop.step(loss_fn, "
                             "update=...), which calls scaler.step(optimizer) and "
                             "scaler.update()")
@@ -185,12 +213,12 @@ class ModuleReplica:
         for g in self.opt.param_groups:
             g["lr"] = g["lr"] * lr_scale
         try:
-            if self.update is None:
+            if update is None:
                 self.opt.step()
             else:  # the same draws on every rank, whatever the update samples
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(micro_seed(self.run_seed, self.steps, -1))
-                    self.update()
+                    update()
         finally:
             for g, lr in zip(self.opt.param_groups, saved):
                 # A scheduler stepped inside the update set a new rate from the scaled

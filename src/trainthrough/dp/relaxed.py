@@ -116,21 +116,8 @@ class RelaxedReplica:
         self._synced: Tensors | None = None  # synced_params(), until the next outer step
 
     # -- the Replica protocol, delegated ------------------------------------------
-    def __getattr__(self, name: str) -> object:
-        # Whatever else the wrapped replica offers its host (a user's loop reads a
-        # ModuleReplica's ``losses``); only called for names not found here.
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def loss_fn(self) -> object:
-        return getattr(self.inner, "loss_fn", None)
-
-    @loss_fn.setter
-    def loss_fn(self, fn: object) -> None:  # a user's loop sets it before each step
-        self.inner.loss_fn = fn  # type: ignore[attr-defined]
-
+    # A user's loop hands its loss and update to its ModuleReplica itself (begin_step),
+    # never through this wrapper: only the protocol's names are delegated.
     @property
     def rank_id(self) -> int:
         return self.inner.rank_id

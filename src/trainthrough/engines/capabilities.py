@@ -104,3 +104,19 @@ def unmet(c: Capabilities, consistency: str, strategy: Strategy,
                                       or strategy.replication == "none"):
             out.append(("failure option", "replica= (a chain position)"))
     return out
+
+
+@dataclass(frozen=True)
+class Traits:
+    """How an engine runs, for the layers above that must treat engines differently
+    (asked through ``registry.traits``, never by the engine's name). The defaults describe an engine of real
+    processes on the wall clock, outside Ray: an engine declares only what differs."""
+
+    #: Deterministic, in this process, on a simulated clock: a rerun gives the same
+    #: numbers (one calibration sample is exact), and its state may live in memory://.
+    virtual_clock: bool = False
+    #: Its ranks are processes of their own: they can run a user's own training loop,
+    #: and they need real devices, collectives and on-disk checkpoints.
+    hosts_processes: bool = True
+    #: It runs on a Ray session, which ``--ray-address`` joins to a cluster (any host).
+    on_ray: bool = False

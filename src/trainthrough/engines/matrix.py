@@ -105,3 +105,37 @@ def covering(cells: list[Cell]) -> list[Cell]:
             for f in todo:  # forms no strategy took yet
                 out.append(next(c for c in mine if c.form.name == f))
     return out
+
+
+def matrix_lines() -> list[str]:
+    """The capability matrix as text: per strategy and per failure form, what each
+    engine claims (``-``: refused before the run), ``*`` where tests/conformance runs it."""
+    engines = registry.names()
+    cells = all_cells()
+    tested = covering(cells)
+    ran_s = {(c.engine, c.paradigm, c.strategy) for c in tested}
+    ran_f = {(c.engine, c.paradigm, c.form.name) for c in tested}
+    width = 14
+    lines = ["what each engine claims: its consistency modes per strategy, 'yes' per failure",
+             "form; '-' is refused before the run starts; '*': run by tests/conformance",
+             "(sim and gloo in bsp, Ray ps in async, Ray dp in bsp; Ray ps bsp against sim in tests/test_ray_bsp.py)",
+             f"  {'strategy / failure form':<34}{'paradigm':<10}"
+             + "".join(f"{n:<{width}}" for n in engines)]
+    for name, strategy in PRESETS.items():
+        for paradigm in strategy.paradigms:
+            row = []
+            for n in engines:
+                modes = registry.claims(n, paradigm, strategy)
+                mark = "*" if (n, paradigm, name) in ran_s else ""
+                row.append(f"{(modes or '-') + mark:<{width}}")
+            lines.append(f"  {name:<34}{paradigm:<10}" + "".join(row))
+    for form in FORMS:
+        row = []
+        for n in engines:
+            mine = [c for c in cells if c.engine == n and c.form is form]
+            ok = any(claimed(c) for c in mine)
+            mark = "*" if (n, form.paradigm, form.name) in ran_f else ""
+            row.append(f"{('yes' if ok else '-') + mark:<{width}}")
+        shown = " + ".join(form.sim)
+        lines.append(f"  {shown[:33]:<34}{form.paradigm:<10}" + "".join(row))
+    return lines

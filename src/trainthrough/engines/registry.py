@@ -1,7 +1,8 @@
 """The engines, by name: what each claims and how to build it.
 
 Declarations live with each engine (``engines/<name>/__init__.py``: ``DESCRIPTION``,
-``CAPABILITIES``, ``ENGINE``); importing them imports neither Ray nor torch.distributed,
+``CAPABILITIES``, ``ENGINE``, and where it differs from the default its ``TRAITS``);
+importing them imports neither Ray nor torch.distributed,
 so validation and ``trainthrough list --engines`` stay cheap. Adding an engine means
 adding its package and one line here, nothing in ``ft/``, the config or the runner.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from trainthrough.engines.capabilities import Capabilities, unmet
+from trainthrough.engines.capabilities import Capabilities, Traits, unmet
 from trainthrough.engines.options import unused_engine_settings, unused_mechanism_settings
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
@@ -31,6 +32,7 @@ class EngineEntry:
     description: str
     capabilities: dict[str, Capabilities]  # paradigm -> claims
     factory: str | dict[str, str]  # "module:Class" (or one per paradigm), imported only to run
+    traits: Traits = Traits()
 
     def factory_for(self, paradigm: str) -> str:
         """The engine class that runs ``paradigm`` (``module:Class``)."""
@@ -60,7 +62,17 @@ def entry(name: str) -> EngineEntry:
     if name not in _PACKAGES:
         raise UserError(f"unknown engine {name!r}; choose one of: {', '.join(_PACKAGES)}")
     m = _module(name)
-    return EngineEntry(name, m.DESCRIPTION, m.CAPABILITIES, m.ENGINE)
+    return EngineEntry(name, m.DESCRIPTION, m.CAPABILITIES, m.ENGINE,
+                       getattr(m, "TRAITS", Traits()))
+
+
+def traits(name: str) -> Traits:
+    """How engine ``name`` runs (:class:`Traits`; aliases accepted).
+
+    Raises:
+        UserError: unknown engine.
+    """
+    return entry(name).traits
 
 
 def check_supported(engine: str, paradigm: str, consistency: str, strategy: Strategy,
@@ -163,40 +175,3 @@ def claims(engine: str, paradigm: str, strategy: Strategy,
     modes = [m for m in ("bsp", "ssp", "async") if m in c.consistency
              and not _unmet(e, paradigm, m, strategy, specs or [])]
     return "/".join(modes) or None
-
-
-def matrix_lines() -> list[str]:
-    """The capability matrix as text: per strategy and per failure form, what each
-    engine claims (``-``: refused before the run), ``*`` where tests/conformance runs it."""
-    from trainthrough.engines.matrix import FORMS, all_cells, claimed, covering
-    from trainthrough.ft.strategy import PRESETS
-
-    engines = names()
-    cells = all_cells()
-    tested = covering(cells)
-    ran_s = {(c.engine, c.paradigm, c.strategy) for c in tested}
-    ran_f = {(c.engine, c.paradigm, c.form.name) for c in tested}
-    width = 14
-    lines = ["what each engine claims: its consistency modes per strategy, 'yes' per failure",
-             "form; '-' is refused before the run starts; '*': run by tests/conformance",
-             "(sim and gloo in bsp, Ray ps in async, Ray dp in bsp; Ray ps bsp against sim in tests/test_ray_bsp.py)",
-             f"  {'strategy / failure form':<34}{'paradigm':<10}"
-             + "".join(f"{n:<{width}}" for n in engines)]
-    for name, strategy in PRESETS.items():
-        for paradigm in strategy.paradigms:
-            row = []
-            for n in engines:
-                modes = claims(n, paradigm, strategy)
-                mark = "*" if (n, paradigm, name) in ran_s else ""
-                row.append(f"{(modes or '-') + mark:<{width}}")
-            lines.append(f"  {name:<34}{paradigm:<10}" + "".join(row))
-    for form in FORMS:
-        row = []
-        for n in engines:
-            mine = [c for c in cells if c.engine == n and c.form is form]
-            ok = any(claimed(c) for c in mine)
-            mark = "*" if (n, form.paradigm, form.name) in ran_f else ""
-            row.append(f"{('yes' if ok else '-') + mark:<{width}}")
-        shown = " + ".join(form.sim)
-        lines.append(f"  {shown[:33]:<34}{form.paradigm:<10}" + "".join(row))
-    return lines

@@ -18,7 +18,7 @@ from typing import Any
 from trainthrough.config import RunConfig, baseline_config
 from trainthrough.engines.base import Engine, RunContext
 from trainthrough.engines.callbacks import Callback, Callbacks
-from trainthrough.engines.registry import canonical, check_resumable, entry
+from trainthrough.engines.registry import canonical, check_resumable, entry, traits
 from trainthrough.engines.result import limits, new_result
 from trainthrough.errors import UserError, original, reason, terminated
 from trainthrough.faults.spec import parse
@@ -89,7 +89,7 @@ def _scratch_checkpoints(engine: str) -> Iterator[str]:
     folder the project did not make (a user's ``--checkpoint-dir``, whatever its
     name) is never deleted.
     """
-    if engine == "sim":
+    if not traits(engine).hosts_processes:  # all in this process: memory is enough
         base = f"memory://trainthrough/{uuid.uuid4().hex}"
         try:
             yield run_location(base, new_run_id())

@@ -90,7 +90,9 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
         raise UserError(f"suite folder {out} already exists and is not empty; "
                         "choose another --out or remove it")
     jobs = jobs or spec.jobs or min(2, os.cpu_count() or 1)
-    uses_ray = any(r.config.engine == "ray" for r in spec.runs)
+    from trainthrough.engines.registry import traits  # here: the parser imports suites
+
+    uses_ray = any(traits(r.config.engine).on_ray for r in spec.runs)
     started = False
     if uses_ray:
         from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray

@@ -31,7 +31,7 @@ def validate_run(cfg: RunConfig) -> None:
         UserError: naming the field (as its command-line flag) and what to change.
     """
     # Layers below this one, imported here only to keep importing this module cheap.
-    from trainthrough.engines.registry import check_settings, check_supported
+    from trainthrough.engines.registry import check_settings, check_supported, names, traits
     from trainthrough.faults.spec import parse
     from trainthrough.ft.strategy import resolve
     from trainthrough.workloads import workload_factory
@@ -42,12 +42,13 @@ def validate_run(cfg: RunConfig) -> None:
     check_fields(cfg, flag_label)
     factory = workload_factory(cfg.workload)  # unknown names, broken references: one line
     if isinstance(factory, TrainingLoop):  # a user's loop: only ranks that run it
-        if cfg.paradigm != "dp" or cfg.engine not in ("ray", "gloo", "dist"):
+        if cfg.paradigm != "dp" or not traits(cfg.engine).hosts_processes:
+            hosts = " or ".join(n for n in names() if traits(n).hosts_processes)
             raise UserError(f"{cfg.workload} is your own training loop: run it with "
-                            "--paradigm dp --engine ray (or gloo)")
+                            f"--paradigm dp --engine {hosts}")
     else:
         check_options(cfg.workload, cfg.workload_options)
-    if cfg.paradigm == "dp" and cfg.engine != "sim":  # the device and collective exist here
+    if cfg.paradigm == "dp" and traits(cfg.engine).hosts_processes:  # real devices, collective
         from trainthrough.dp.devices import cuda_count, plan_devices
 
         plan_devices(cfg.device, cfg.collective, isinstance(factory, TrainingLoop), cfg.ranks,
@@ -76,7 +77,10 @@ def _check_checkpoints_reach_every_host(cfg: RunConfig, restores: bool) -> None:
     Raises:
         UserError: one line naming what to pass.
     """
-    if not (restores and cfg.paradigm == "dp" and cfg.engine == "ray" and cfg.ray_address):
+    from trainthrough.engines.registry import traits
+
+    if not (restores and cfg.paradigm == "dp" and traits(cfg.engine).on_ray
+            and cfg.ray_address):
         return
     where = cfg.checkpoint_dir
     protocol = where.split("://", 1)[0] if where and "://" in where else "file"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from trainthrough.dp.hooks import Hooks
+from trainthrough.dp.module_replica import ModuleReplica, StepFns
 from trainthrough.dp.rank import micro_seed
 from trainthrough.errors import Retired, UserError
 from trainthrough.workloads.user_loop import TrainFn, TrainingLoop
@@ -61,13 +62,14 @@ class Loop:
     the step being taken), :attr:`attempt` (the group incarnation), :attr:`epoch`.
     """
 
-    def __init__(self, attach: Callable[..., RankSession], slot: int,
+    def __init__(self, attach: Callable[..., tuple[RankSession, ModuleReplica]], slot: int,
                  device: torch.device | None = None) -> None:
         self._attach, self.rank = attach, slot
         #: Where this rank's model belongs (``--device``; ``auto``: its own GPU when
         #: CUDA is present, else the CPU): ``model.to(loop.device)`` before attach.
         self.device = device if device is not None else torch.device("cpu")
         self._session: RankSession | None = None
+        self._replica: ModuleReplica | None = None  # this rank's model, as the step sees it
         self._epochs: int | None = None
         self._hooks = Hooks()
         self._size = 0  # the group's size at the last step (when the epochs are over)
@@ -122,8 +124,9 @@ class Loop:
             return collate([ds[i] for i in rows.tolist()])
 
         self._hooks = Hooks(on_epoch_end, on_eval)
-        self._session = self._attach(model, optimizer, fetch, len(ds), loader.batch_size,
-                                     evaluate, state, self._hooks)
+        self._session, self._replica = self._attach(model, optimizer, fetch, len(ds),
+                                                    loader.batch_size, evaluate, state,
+                                                    self._hooks)
         self._session.begin()
 
     # -- the loop -----------------------------------------------------------------
@@ -168,10 +171,8 @@ class Loop:
                 ``GradScaler`` registered (it names the rank, the step and the value).
         """
         s = self._need()
-        replica = s.tr.replica
-        replica.loss_fn = loss_fn  # type: ignore[attr-defined]
-        replica.update = update  # type: ignore[attr-defined]
-        replica.losses.clear()  # type: ignore[attr-defined]
+        assert self._replica is not None  # attached with the session
+        losses = self._replica.begin_step(StepFns(loss_fn, update))
         if s.g is not None:
             self._size = s.g.size
         if not s.step():
@@ -180,7 +181,7 @@ class Loop:
             self._last_callbacks()
             return float("nan")
         # A rolled-back step computes its micro-batches again: the last attempt's count.
-        done = replica.losses[-len(s.tr.last_share):] if s.tr.last_share else []  # type: ignore[attr-defined]
+        done = losses[-len(s.tr.last_share):] if s.tr.last_share else []
         return sum(done) / len(done) if done else float("nan")
 
     def _last_callbacks(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,31 +96,24 @@ def reference_of(train: TrainingLoop) -> str:
     return f"{Path(path).resolve()}:{fn.__name__}"
 
 
-#: What a resumed run may change: its own failures and wall limit (the checkpoint
-#: folder is the recorded one).
-_FREE_ON_RESUME = ("failures", "wall_limit", "checkpoint_dir")
-
-
 def _as_recorded(cfg: RunConfig, folder: Path) -> RunConfig:
-    """The recorded configuration of the run in ``folder``, with ``cfg``'s failures and
-    wall limit.
+    """The recorded configuration of the run in ``folder``, with what a resume may
+    change taken from ``cfg`` (:data:`trainthrough.lab.resume.FREE_ON_RESUME`).
 
     Raises:
         UserError: nothing to resume there, or ``cfg`` trains differently (one line
             naming the first setting that differs).
     """
+    from trainthrough.lab.resume import conflict, resumed_config
     from trainthrough.lab.run_folder import resume_point
-    from trainthrough.lab.runner import resolve_defaults
 
     recorded = resume_point(folder).config
-    asked = resolve_defaults(replace(cfg, checkpoint_dir=recorded.checkpoint_dir))[0]
-    mine, theirs = asked.to_dict(), recorded.to_dict()
-    for k in sorted(set(mine) | set(theirs)):
-        if k not in _FREE_ON_RESUME and mine.get(k) != theirs.get(k):
-            raise UserError(f"launch(resume=True): the run in {folder} trained with {k} = "
-                            f"{theirs.get(k)!r}, not {mine.get(k)!r}; resume it with the same "
-                            "arguments, or start a new run (overwrite=True)")
-    return replace(recorded, failures=cfg.failures, wall_limit=cfg.wall_limit)
+    bad = conflict(recorded, cfg)
+    if bad is not None:
+        raise UserError(f"launch(resume=True): the run in {folder} trained with "
+                        f"{bad.setting} = {bad.recorded!r}, not {bad.asked!r}; resume it with "
+                        "the same arguments, or start a new run (overwrite=True)")
+    return resumed_config(recorded, cfg)
 
 
 def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
@@ -163,9 +156,10 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             refused unless ``overwrite`` (only the files a run writes are replaced).
         resume: continue the run in ``out`` that died whole (no summary) from its
             newest checkpoint: the model, optimizer, data position and every registered
-            state, on every rank. The other arguments must be those it ran with
-            (``fail`` and ``wall_limit`` may differ: the failures are the resumed run's
-            own, those due at or before the checkpoint are skipped). Needs a strategy
+            state, on every rank. The other arguments must be those it ran with,
+            ``checkpoint_dir`` included (``fail`` and ``wall_limit`` may differ: the
+            failures are the resumed run's own, those due at or before the checkpoint
+            are skipped; lab/resume.py). Needs a strategy
             that keeps checkpoints (``checkpoint-restart``).
 
     Raises:

@@ -45,7 +45,8 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
 
     def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, fetch: Fetch,
                samples: int, batch_size: int, evaluate: Callable[[], float] | None,
-               state: Mapping[str, Any] | None, hooks: Hooks) -> RankSession:
+               state: Mapping[str, Any] | None,
+               hooks: Hooks) -> tuple[RankSession, ModuleReplica]:
         hooks.every = cfg.eval_every or marked.eval_every
         replica = ModuleReplica(slot, model, opt, fetch, cfg.seed, state, hooks)
         if cfg.device != "auto" and not _same(cfg.device, replica.device, device):
@@ -58,7 +59,7 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
         tr.evaluate_here = _metrics(marked, replica, evaluate)
         tr.before_step = lambda epoch, committed: hooks.before(
             epoch, committed, micro_seed(cfg.seed, committed, -2))
-        return RankSession(spec, store, tr)
+        return RankSession(spec, store, tr), replica
 
     loop = Loop(attach, slot, device)
     try:

@@ -15,6 +15,7 @@ from typing import Any, get_args, get_type_hints
 
 from trainthrough.errors import UserError
 from trainthrough.fields import FLOAT_TEXT, INT_TEXT, Bounds, check_value
+from trainthrough.workloads.names import workload_factory
 
 # Set by the run, never as an option.
 _RESERVED = {"seed": "--seed (seed = in TOML)"}
@@ -38,8 +39,6 @@ def _signature(factory: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, B
 
 
 def _factory(name: str) -> Callable[..., Any] | None:
-    from trainthrough.workloads import workload_factory
-
     try:
         return workload_factory(name)
     except UserError:

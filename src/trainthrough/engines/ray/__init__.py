@@ -19,7 +19,7 @@ importing it does not import Ray.
 import os
 from dataclasses import replace
 
-from trainthrough.engines.capabilities import caps
+from trainthrough.engines.capabilities import Traits, caps
 from trainthrough.engines.gloo import CAPABILITIES as GLOO_CAPABILITIES
 
 # Loopback listeners, no usage reporting, every log line kept (runtime.py sets them
@@ -36,6 +36,7 @@ DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIG
 # controller with every rank a Ray actor (driver/dp.py), so it runs what gloo runs.
 ENGINE = {"ps": "trainthrough.engines.ray.driver.engine:RayEngine",
           "dp": "trainthrough.engines.ray.driver.dp:RayDataParallel"}
+TRAITS = Traits(on_ray=True)
 CAPABILITIES = {
     # Workers run asynchronously, each at its own pace. Saves and restores are the
     # shared ShardCheckpoint (full and prioritized) inside each shard's actor; a

@@ -3,10 +3,11 @@
 Declares what it runs (see :mod:`trainthrough.engines.capabilities`).
 """
 
-from trainthrough.engines.capabilities import caps
+from trainthrough.engines.capabilities import Traits, caps
 
 DESCRIPTION = "in-process, deterministic, virtual clock (the failure simulation framework)"
 ENGINE = "trainthrough.engines.sim.factory:build"
+TRAITS = Traits(virtual_clock=True, hosts_processes=False)
 _TRIGGERS = ("iter", "time", "mtbf")
 CAPABILITIES = {
     "ps": caps(consistency=("bsp", "ssp"), checkpoint=("none", "full", "prioritized"),

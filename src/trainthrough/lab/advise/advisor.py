@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.engines.registry import entry
+from trainthrough.engines.registry import entry, traits
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec, parse, parse_one, validate
 from trainthrough.lab.advise.calibrate import measure
@@ -27,9 +27,13 @@ from trainthrough.lab.validate import validate_run
 DEFAULT_KIND = {"ps": "shard", "dp": "rank"}  # dp: measured.advise_dp
 
 
+#: The clock of an engine that declares a virtual one (``Traits.virtual_clock``).
+SIMULATED = "simulated seconds"
+
+
 def clock_name(engine: str) -> str:
     """The clock every advisor number is on (engines/sim/clock.py for ``sim``)."""
-    return "simulated seconds" if engine == "sim" else "wall seconds"
+    return SIMULATED if traits(engine).virtual_clock else "wall seconds"
 
 
 def trace_spec(paradigm: str, mtbf: str | None, fail: str | None,
@@ -202,7 +206,7 @@ def _measure_on(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec,
     """:func:`measure`, sharing one Ray session (and its warm actors) between the runs
     on ``ray``, as suites do; shut down after if this call started it."""
     assert trace.mtbf is not None
-    if cfg.engine != "ray":
+    if not traits(cfg.engine).on_ray:
         return measure(cfg, cands, trace, trace.mtbf, say, seeds)
     from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback, Callbacks
+from trainthrough.engines.registry import traits
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.lab.advise.candidates import Candidate
@@ -55,21 +56,27 @@ Say = Callable[[str], None]
 
 #: pairs of runs (without, with saves) per checkpoint cost: a real engine's pace drifts
 #: from run to run (by a fifth for the same seed on a shared machine), so the mean of
-#: several pairs and their spread; ``sim`` is deterministic
-PAIRS = {"sim": 1}
+#: several pairs and their spread; an engine on a virtual clock is deterministic
+#: (``Traits.virtual_clock``): one pair is exact
+EXACT_PAIRS = 1
 #: 4, not 2, on real engines: one pair's noise is about a third of a save's cost
 #: (docs/advise.md)
 REAL_PAIRS = 4
 #: failure runs per candidate, at least (more with more calibration seeds): spread over
 #: the run, as a trace's failures are. On a real engine what one failure costs varies
 #: with where it strikes (rework, the run's phase) by more than its mean, so two
-#: samples at the same point leave the mean far off (docs/advise.md); ``sim`` is
-#: deterministic and its failure cost is read exactly from one run per seed
-FAILURE_RUNS = {"sim": 1}
+#: samples at the same point leave the mean far off (docs/advise.md); on a virtual
+#: clock the failure cost is read exactly from one run per seed
+EXACT_FAILURE_RUNS = 1
 REAL_FAILURE_RUNS = 4
 #: the interval the checkpoint cost is measured at, at least (wall.phase_cost: the
 #: second half of each interval is the pace without saves)
 PHASED = 8
+
+
+def _exact(cfg: RunConfig) -> bool:
+    """Whether the run's engine repeats itself exactly (a virtual clock, no drift)."""
+    return traits(cfg.engine).virtual_clock
 
 
 def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
@@ -85,7 +92,7 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say, warm_up: bool = T
         UserError: the failure-free run does not reach the target.
     """
     plain = next((c for c in cands if not c.checkpoints), cands[0])
-    if cfg.engine != "sim" and warm_up:
+    if not _exact(cfg) and warm_up:
         # Warm up first (actors, imports, first allocations): the first run of a session
         # trains slower, and every step time and overhead is measured against this one.
         # Once: the calibration seeds' runs share the session.
@@ -133,7 +140,7 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
     while c.strategy.checkpoint != "prioritized" and math.gcd(n, cfg.eval_every or 1) > 1:
         n += 1
     costs, paces, pairs = [], [], []
-    for _ in range(PAIRS.get(cfg.engine, REAL_PAIRS)):
+    for _ in range(EXACT_PAIRS if _exact(cfg) else REAL_PAIRS):
         clock = StepClock()
         saved = _run(replace(short, strategy=c.name, checkpoint_every=n), clock)
         # Prioritized saves come every r*n iterations, not every n: no phase is free
@@ -304,7 +311,7 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
             cost, spread, write, more, at = checkpoint_cost(cfg, c, base, say)
             costs[c.name] = (max(0.0, cost), spread, write, at)  # measured free: noise
             paces += more
-    if cfg.engine != "sim":  # sim's pace does not drift: its baseline run is exact
+    if not _exact(cfg):  # a virtual clock's pace does not drift: its baseline is exact
         base = _pooled(base, bases, paces)
     t0 = base.step_seconds
     out = []
@@ -315,8 +322,8 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
             least = 1 if c.strategy.checkpoint == "prioritized" else at
             every = interval(cost, write, mtbf, t0, base.iterations, least)
         runs = [_one_failure(cfgs[k], c, bases[k], trace, every, say, shapes[k], where)
-                for k, where in failure_plan(seeds, FAILURE_RUNS.get(cfg.engine,
-                                                                     REAL_FAILURE_RUNS))]
+                for k, where in failure_plan(seeds, EXACT_FAILURE_RUNS if _exact(cfg)
+                                             else REAL_FAILURE_RUNS)]
         # A property of the engine's replacements, not of the seed: measured once
         # per candidate, pooled below.
         excess, gap = back_to_back(cfg, c, base, trace, every, say) or (0.0, 0.0)

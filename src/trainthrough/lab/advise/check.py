@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.advise.advisor import Advice, clock_name
+from trainthrough.lab.advise.advisor import SIMULATED, Advice
 from trainthrough.lab.advise.wall import StepClock, phase_cost
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.runner import run_silent
@@ -93,7 +93,7 @@ def failure_free(advice: Advice, seeds: list[int], jobs: int = 1) -> dict[int, f
 def _jobs(advice: Advice, jobs: int) -> int:
     """Runs side by side only on a simulated clock: on a real engine they would share
     the cores and each one's seconds would measure the others too."""
-    if jobs > 1 and advice.clock != clock_name("sim"):
+    if jobs > 1 and advice.clock != SIMULATED:  # the clock its numbers were measured on
         raise ValueError(f"runs side by side need sim's clock, not {advice.clock!r}")
     return max(1, jobs)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from trainthrough.lab.advise.advisor import Advice
+from trainthrough.lab.advise.model import Prediction
 from trainthrough.lab.plots import DPI
 
 _PARTS = {"failure-free work": "#9ecae1", "checkpoints": "#3182bd", "recovering": "#fd8d3c",
@@ -17,8 +18,6 @@ _PARTS = {"failure-free work": "#9ecae1", "checkpoints": "#3182bd", "recovering"
 def plot_advice(a: Advice, out: Path) -> Path:
     """Horizontal stacked bars, best candidate on top; 'no progress' (and why) where a
     failure costs at least the MTBF or the calibration run never reached the target."""
-    from trainthrough.lab.advise.report import components
-
     preds = a.predictions
     fig = Figure(figsize=(8.0, 1.2 + 0.55 * len(preds)), dpi=DPI)
     ax = fig.subplots()
@@ -56,3 +55,16 @@ def plot_advice(a: Advice, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     return out
+
+
+def components(p: Prediction, a: Advice) -> dict[str, float]:
+    """Predicted time to target split into its parts (they sum to it)."""
+    if not math.isfinite(p.seconds_to_target) or p.failures is None:
+        return {}
+    work = a.baseline.seconds
+    lost = p.per_failure_seconds or 0.0
+    # The outage a failure adds, less than its recovery where recoveries overlap (advice
+    # saved before it was kept: the recovery).
+    rec = p.outage_seconds if p.outage_seconds is not None else (p.recovery_seconds or 0.0)
+    return {"failure-free work": work, "checkpoints": work * p.steady,
+            "recovering": p.failures * rec, "rework": p.failures * (lost - rec)}

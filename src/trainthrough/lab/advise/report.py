@@ -150,16 +150,3 @@ def write_folder(out: Path, plot: Callable[[Path], Path], md: Callable[[str], st
     png = plot(out / "advice.png")
     atomic_write(out / "advice.md", md(png.name))
     atomic_write(out / "advice.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
-
-
-def components(p: Prediction, a: Advice) -> dict[str, float]:
-    """Predicted time to target split into its parts (they sum to it)."""
-    if not math.isfinite(p.seconds_to_target) or p.failures is None:
-        return {}
-    work = a.baseline.seconds
-    lost = p.per_failure_seconds or 0.0
-    # The outage a failure adds, less than its recovery where recoveries overlap (advice
-    # saved before it was kept: the recovery).
-    rec = p.outage_seconds if p.outage_seconds is not None else (p.recovery_seconds or 0.0)
-    return {"failure-free work": work, "checkpoints": work * p.steady,
-            "recovering": p.failures * rec, "rework": p.failures * (lost - rec)}

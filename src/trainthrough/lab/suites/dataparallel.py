@@ -20,8 +20,9 @@ overhead = simulated seconds minus the failure-free run's, same seed.
 
 from __future__ import annotations
 
-from trainthrough.config import CostModel, RunConfig
+from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.suites.dataparallel_cost import COST
 from trainthrough.lab.suites.dataparallel_report import headline, model_section, tradeoff_section
 
 DESCRIPTION = ("data parallel: accuracy loss vs runtime overhead of checkpoint-restart, "
@@ -29,12 +30,6 @@ DESCRIPTION = ("data parallel: accuracy loss vs runtime overhead of checkpoint-r
 PHASES = ("forward", "backward", "allreduce:1", "update")
 STRATEGIES = ("checkpoint-restart", "rollback", "lossy-forward")
 ELASTIC = ("keep-global", "keep-local")
-# Costs of the same order as benchmarks/dp_recovery.py reads on local gloo processes
-# (docs/benchmarks.md): a crash is seen in tens of milliseconds, survivors re-form in a
-# fraction of a second, restarting every rank process takes seconds. compute_scale
-# makes a simulated step about as long as a real one.
-COST = CostModel(compute_scale=10.0, detection_seconds=0.03, reform_seconds=0.3,
-                 restart_seconds=3.0, replace_seconds=1.0)
 # workload -> (L committed steps, checkpoint interval, 1-failure step, 3-failure steps)
 FULL = {"cnn": (160, 40, (60,), (8, 60, 112)),
         "mlr": (400, 100, (150,), (20, 150, 280))}

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainthrough.lab import perf_model as pm
 from trainthrough.lab.recorder import complete, read_jsonl_tolerant
+from trainthrough.lab.suites.dataparallel_cost import COST
 
 Row = dict[str, Any]
 
@@ -123,7 +124,6 @@ def predicted(m: Row, rows: list[Row]) -> float | None:
     import torch
 
     from trainthrough.dp.rank import Rank
-    from trainthrough.lab.suites.dataparallel import COST
     from trainthrough.workloads import make_workload
 
     w = make_workload(m["workload"], seed=0)
