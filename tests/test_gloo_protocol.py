@@ -3,7 +3,9 @@ replaces polling, and what the controller decides from the survivors' reports.""
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Saved, parse
 from trainthrough.engines.gloo.protocol import (
     Doorbell,
     EventReader,
@@ -53,12 +56,12 @@ def test_the_controller_sleeps_until_an_event_and_drains_each_once() -> None:
     t0 = time.monotonic()
     reader.bell.wait(0.2)  # nothing posted: the full timeout
     assert time.monotonic() - t0 >= 0.19
-    post(store, {"type": "x", "n": 1}, b"blob")
+    post(store, Reported(n=1, slot=2), b"blob")
     t0 = time.monotonic()
     reader.bell.wait(5.0)  # woken by the post, long before the timeout
     assert time.monotonic() - t0 < 2.0
     [(event, blob)] = reader.drain()
-    assert (event["type"], event["n"], blob) == ("x", 1, b"blob")
+    assert parse(event) == Reported(n=1, slot=2, t=event["t"]) and blob == b"blob"
     assert reader.drain() == [] and not store.check(["evq/0"])  # read and rung: deleted
     reader.bell.close()
 
@@ -77,8 +80,9 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
                         iteration=0, logical=0, result=SimpleNamespace(updates_lost=0))
     rec = DistRecovery(e, [])  # type: ignore[arg-type]
     rec.members, rec.state = [0, 1, 2, 3], "training"
-    rec.on_event({"type": "failure", "ids": [3], "spec": "rank=3@iter=9", "phase": "allreduce:0",
-                  "phase_kind": "allreduce", "iteration": 9, "logical": 9, "t": time.time()})
+    rec.on_event(parse({"type": "failure", "ids": [3], "spec": "rank=3@iter=9",
+                        "phase": "allreduce:0", "phase_kind": "allreduce", "iteration": 9,
+                        "logical": 9, "t": time.time()}))
     return rec, store, emitted
 
 
@@ -100,7 +104,7 @@ def test_survivors_split_on_the_last_commit_catch_up_and_complete_nothing(split:
 
 def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> None:
     rec, store, emitted = _controller("rollback")
-    rec.fail_events[0].update(phase="update", phase_kind="update")
+    rec.fail_events[0] = replace(rec.fail_events[0], phase="update", phase_kind="update")
     rec._decide({s: Report(s, "error", "allreduce", 0, executed=11, logical=10)
                  for s in (0, 1, 2)})
     plan = get(store, "plan/1")
@@ -108,3 +112,16 @@ def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> 
     # when the loss was found did not count.
     assert plan["action"] == "rollback" and plan["uncount"] and not plan["sync"]
     assert [x["type"] for x in emitted] == ["detection"]
+
+
+def test_a_message_crosses_as_json_and_a_stranger_is_refused() -> None:
+    sent = [Failed(ids=[3], spec="rank=3@iter=9", phase="allreduce:0", phase_kind="allreduce",
+                   iteration=9, logical=9, pid=7, local_steps=2),
+            Saved(iteration=5, payload=10, blocked_seconds=0.1, name="ckpt-00000005"),
+            Reformed(n=2, ranks=[0, 1], action="lossy", perturbation=0.5)]
+    for m in sent:
+        assert parse(json.loads(json.dumps(m.wire()))) == m
+    with pytest.raises(RuntimeError, match="unknown message 'x'"):
+        parse({"type": "x"})
+    with pytest.raises(RuntimeError, match="unknown fields"):
+        parse({**sent[2].wire(), "extra": 1})

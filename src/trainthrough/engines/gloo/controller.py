@@ -29,6 +29,19 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
+from trainthrough.engines.gloo.messages import (
+    Before,
+    Copies,
+    Exit,
+    Message,
+    Metrics,
+    Params,
+    RankError,
+    Reported,
+    Returned,
+    Saved,
+    parse,
+)
 from trainthrough.engines.gloo.net import rank_net, store_host
 from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, request, serve
@@ -191,10 +204,10 @@ class GlooEngine:
             self.events.bell.wait(TICK)  # an event wakes us at once
 
     def pump(self) -> bool:
-        """Handle every event the ranks posted so far; returns whether there were any."""
+        """Handle every message the ranks posted so far; returns whether there were any."""
         events = self.events.drain()
-        for event, blob in events:
-            self._on_event(event, blob)
+        for wire, blob in events:
+            self._on_event(parse(wire), blob)
         return bool(events)
 
     def request_stop(self) -> None:
@@ -208,56 +221,53 @@ class GlooEngine:
         self.ctx.emit(event)
 
     # -- what the ranks tell us ---------------------------------------------------
-    def _on_event(self, event: dict[str, Any], blob: bytes | None) -> None:
-        kind = event.get("type")
-        if kind == "error" and "user" in event:  # ends the run in one line (exit code 2)
-            raise UserError(str(event["user"]))
-        if kind == "error":
-            raise RuntimeError(f"dist engine: rank {event['slot']} failed with a bug:\n"
-                               f"{event['traceback']}")
-        if kind in ("params", "metrics"):  # the first member's state after a commit
-            self.logical = int(event["logical"])  # goes back on a restart
-            self.iteration = max(self.iteration, int(event["iteration"]))
-            self.result.updates_applied = int(event["applied"])
-            if kind == "params":
+    def _on_event(self, m: Message, blob: bytes | None) -> None:
+        if isinstance(m, RankError) and m.user is not None:  # one line (exit code 2)
+            raise UserError(m.user)
+        if isinstance(m, RankError):
+            raise RuntimeError(f"dist engine: rank {m.slot} failed with a bug:\n{m.traceback}")
+        if isinstance(m, (Params, Metrics)):  # the first member's state after a commit
+            self.logical = m.logical  # goes back on a restart
+            self.iteration = max(self.iteration, m.iteration)
+            self.result.updates_applied = m.applied
+            if isinstance(m, Params):
                 assert blob is not None
-                self.evals.on_params(event, safetensors.torch.load(blob))
-            elif event["iteration"] != self.last_eval or not event["final"]:
+                self.evals.on_params(m, safetensors.torch.load(blob))
+            elif m.iteration != self.last_eval or not m.final:
                 # A user's loop evaluated its own model on its first rank.
-                self._evaluate(event, {}, Evaluation(float(event["metric"]),
-                                                     float(event["loss"])))
+                self._evaluate(m, {}, Evaluation(m.metric, m.loss))
             return
-        if kind == "copies":  # kept by the first member, for a look-back
+        if isinstance(m, Copies):  # kept by the first member, for a look-back
             assert blob is not None
-            self.evals.on_copies(event, safetensors.torch.load(blob))
+            self.evals.on_copies(m, safetensors.torch.load(blob))
             return
-        if kind == "returned":
-            self.returned[int(event["slot"])] = event["value"]
+        if isinstance(m, Returned):
+            self.returned[m.slot] = m.value
             return
-        if kind == "exit":
-            self.hashes[int(event["slot"])] = event["params_sha256"]
-            self.outer_steps = max(self.outer_steps, int(event.get("outer_steps", 0)))
-            self.histories.setdefault(int(event["slot"]), []).extend(event.get("history", []))
-            self.result.iterations = max(self.result.iterations, int(event["executed"]))
+        if isinstance(m, Exit):
+            self.hashes[m.slot] = m.params_sha256
+            self.outer_steps = max(self.outer_steps, m.outer_steps)
+            self.histories.setdefault(m.slot, []).extend(m.history)
+            self.result.iterations = max(self.result.iterations, m.executed)
             return
-        if kind == "saved":  # a report to the Checkpointer, which emits the event
-            self.saves.on_saved(event)
+        if isinstance(m, Saved):  # a report to the Checkpointer, which emits the event
+            self.saves.on_saved(m)
             return
-        if kind == "before":  # what the restart under way is measured against
+        if isinstance(m, Before):  # what the restart under way is measured against
             assert blob is not None
             self.saves.before = safetensors.torch.load(blob)
             return
-        if kind == "report":  # a member wrote its report: the recovery reads them now
-            self.rec.reported = self.rec.reported or int(event["n"]) >= self.rec.n
+        if isinstance(m, Reported):  # a member wrote its report: the recovery reads them now
+            self.rec.reported = self.rec.reported or m.n >= self.rec.n
             return
-        self.emit(self.rec.on_event(event))  # the wire message, as its event
+        self.emit(self.rec.on_event(m))  # the wire message, as its event
 
-    def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor],
+    def _evaluate(self, m: Params | Metrics, params: dict[str, torch.Tensor],
                   scored: Evaluation, look_back: bool = False) -> None:
-        it = int(event["iteration"])
+        it = m.iteration
         self.last_eval = it
         done = self.ctx.evaluate(params, it, scored=scored, look_back=look_back,
-                                 logical_iteration=int(event["logical"]),
+                                 logical_iteration=m.logical,
                                  ranks=len(self.rec.members))
         self.cb.after_step(it, self.ctx.wall())
         if done:

@@ -26,6 +26,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainthrough.dp.step import group_phase
+from trainthrough.engines.gloo.messages import (
+    Failed,
+    Message,
+    Reformed,
+    Resumed,
+    StepCompleted,
+)
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
 from trainthrough.engines.signals import note_injected
@@ -67,7 +74,7 @@ class DistRecovery:
         self.first_sign: float | None = None  # a report or a death: the group broke
         self.first_report: float | None = None
         self.reported = False  # a member announced a report (protocol.write_report)
-        self.fail_events: list[dict[str, Any]] = []
+        self.fail_events: list[Failed] = []
         self.open: list[dict[str, Any]] = []  # recoveries waiting for their first commit
         self.failures = self.reforms = self.restarts = self.joined = self.samples_dropped = 0
         self.smallest = cfg.ranks
@@ -152,55 +159,51 @@ class DistRecovery:
         self._maybe_grow()
         return bool(dead)
 
-    def on_event(self, event: dict[str, Any]) -> Event:
-        """Bookkeeping for a message from the ranks (``failure``, ``reformed``,
-        ``completed``, ``resumed``: protocol.py's wire messages); returns the event the
-        controller records for it.
+    def on_event(self, m: Message) -> Event:
+        """Bookkeeping for a message from the ranks (:class:`~.messages.Failed`,
+        :class:`~.messages.Reformed`, :class:`~.messages.StepCompleted`,
+        :class:`~.messages.Resumed`); returns the event the controller records for it.
 
         Raises:
-            RuntimeError: a message of a kind no rank sends.
+            RuntimeError: a message of a kind the recovery does not handle.
         """
-        kind, t = event.get("type"), float(event.get("t", time.time()))
-        if kind == "failure":
+        t = m.t
+        if isinstance(m, Failed):
             self.failures += 1
-            if event.get("pid"):  # the rank struck itself: its death is this failure
-                note_injected(int(event["pid"]))
-            self.fail_events.append(event)
-            if "local_steps" in event:
-                self.local_steps_lost.append(int(event["local_steps"]))
+            if m.pid:  # the rank struck itself: its death is this failure
+                note_injected(m.pid)
+            self.fail_events.append(m)
+            if m.local_steps is not None:
+                self.local_steps_lost.append(m.local_steps)
             for i, o in enumerate(self.orders):  # that order is spent
-                if (o["slot"], o["spec"], o["phase"]) == (event["ids"][0], event["spec"],
-                                                         event["phase"]):
+                if (o["slot"], o["spec"], o["phase"]) == (m.ids[0], m.spec, m.phase):
                     del self.orders[i]
                     break
-            return Failure(kind=event.get("kind", "rank"), ids=list(event["ids"]),
-                           spec=event["spec"], phase=event["phase"],
-                           phase_kind=event["phase_kind"], mode=event.get("mode"),
-                           iteration=int(event["iteration"]), logical=int(event["logical"]),
-                           pid=event.get("pid"))
-        if kind == "reformed" and event.get("action") == "join":
+            return Failure(kind=m.kind, ids=list(m.ids), spec=m.spec, phase=m.phase,
+                           phase_kind=m.phase_kind, mode=m.mode, iteration=m.iteration,
+                           logical=m.logical, pid=m.pid)
+        if isinstance(m, Reformed) and m.action == "join":
             self.join_times.append(t - self.t_grow)
             self.joined += len(self.last_joined)
-            return RankJoined(n=event["n"], ranks=event["ranks"], action="join",
+            return RankJoined(n=m.n, ranks=m.ranks, action="join",
                               join_seconds=t - self.t_grow, slots=self.last_joined)
-        if kind == "reformed":
+        if isinstance(m, Reformed):
             self.reform_times.append(t - self.t_detect)
             for rec in self.open:  # measured by the first member of the recovering group
-                if rec.get("n") == event["n"] and "perturbation" in event:
-                    rec["perturbation"] = float(event["perturbation"])
-            return Reform(n=event["n"], ranks=event["ranks"], action=event["action"],
+                if rec.get("n") == m.n and m.perturbation is not None:
+                    rec["perturbation"] = m.perturbation
+            return Reform(n=m.n, ranks=m.ranks, action=m.action,
                           reform_seconds=t - self.t_detect)
-        if kind == "completed":
-            self.samples_dropped += int(event["samples_dropped"])
+        if isinstance(m, StepCompleted):
+            self.samples_dropped += m.samples_dropped
             self.e.result.updates_lost += len(self.open[-1]["failed"]) if self.open else 0
-            return Completed(micro_dropped=int(event["micro_dropped"]),
-                             samples_dropped=int(event["samples_dropped"]))
-        if kind == "resumed":
+            return Completed(micro_dropped=m.micro_dropped, samples_dropped=m.samples_dropped)
+        if isinstance(m, Resumed):
             for rec in self.open:
                 self._close(rec, t)
             self.open = []
-            return TrainingResumed(iteration=int(event["iteration"]))
-        raise RuntimeError(f"dist engine: a rank sent an unknown message {kind!r}")
+            return TrainingResumed(iteration=m.iteration)
+        raise RuntimeError(f"dist engine: a rank sent an unknown message {m.TYPE!r}")
 
     def _close(self, rec: dict[str, Any], t: float) -> None:
         if rec.get("restart"):
@@ -247,25 +250,25 @@ class DistRecovery:
         if not errors and not failed:
             self._grow(survivors)
             return
-        victims = [e for e in self.fail_events if e["ids"][0] in failed]
+        victims = [e for e in self.fail_events if e.ids[0] in failed]
         self.fail_events = [e for e in self.fail_events if e not in victims]
-        struck = victims[0]["phase_kind"] if victims else "boundary"
+        struck = victims[0].phase_kind if victims else "boundary"
         phase = group_phase(struck)
         died = [t for s in failed if (t := procs.current[s].died_at) is not None]
         t_detect = min((r.t for r in errors), default=now)
         # An injected failure says when it struck; a loss nobody injected (a node gone)
         # is dated by its first sign: a death seen, or the first survivor's error.
-        t_fail = float(victims[0]["t"]) if victims else min([*died, t_detect])
+        t_fail = victims[0].t if victims else min([*died, t_detect])
         self.t_detect = t_detect
         self.detections.append(t_detect - t_fail)
         # With no survivor, the victims' own last words say how far the run got.
         # An interrupted attempt counts as executed (as in sim); one not begun does not.
         executed = max([r.executed for r in reports.values()]
-                       + [int(e["iteration"]) + (e["phase"] != "boundary") for e in victims],
+                       + [e.iteration + (e.phase != "boundary") for e in victims],
                        default=self.e.iteration)
-        at_iteration = min((int(e["iteration"]) for e in victims), default=executed)
+        at_iteration = min((e.iteration for e in victims), default=executed)
         logical = max([r.logical for r in reports.values()]
-                      + [int(e["logical"]) for e in victims], default=self.e.logical)
+                      + [e.logical for e in victims], default=self.e.logical)
         done = min((r.buckets_done if r.phase == "allreduce" else 0 for r in errors), default=0)
         # A member's last collective may complete where another's failed (a ring's
         # last messages): those behind catch up with one that committed.
