@@ -13,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.group_state import GroupState, GroupStateError
 from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Saved, parse
 from trainthrough.engines.gloo.protocol import (
     Doorbell,
@@ -79,7 +80,8 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
                         saves=SimpleNamespace(checkpointer=SimpleNamespace(count=0)),
                         iteration=0, logical=0, result=SimpleNamespace(updates_lost=0))
     rec = DistRecovery(e, [])  # type: ignore[arg-type]
-    rec.members, rec.state = [0, 1, 2, 3], "training"
+    # A group of four broke: the controller waits for the reports.
+    rec.members, rec.state = [0, 1, 2, 3], GroupState.REPORTING
     rec.on_event(parse({"type": "failure", "ids": [3], "spec": "rank=3@iter=9",
                         "phase": "allreduce:0", "phase_kind": "allreduce", "iteration": 9,
                         "logical": 9, "t": time.time()}))
@@ -125,3 +127,13 @@ def test_a_message_crosses_as_json_and_a_stranger_is_refused() -> None:
         parse({"type": "x"})
     with pytest.raises(RuntimeError, match="unknown fields"):
         parse({**sent[2].wire(), "extra": 1})
+
+
+def test_the_group_changes_state_only_as_the_table_says() -> None:
+    rec, _, _ = _controller("rollback")
+    rec._decide({s: Report(s, "error", "allreduce", 0, executed=10, logical=9)
+                 for s in (0, 1, 2)})
+    assert rec.state is GroupState.TRAINING and rec.open[0].failed == [3]
+    with pytest.raises(GroupStateError, match="from training to starting"):
+        rec._to(GroupState.STARTING)  # a restart is decided only once the reports are in
+    assert rec.state is GroupState.TRAINING

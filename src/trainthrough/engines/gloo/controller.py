@@ -200,7 +200,7 @@ class GlooEngine:
                 idle_since = now
             elif now - idle_since > stall:
                 raise RuntimeError(f"dist engine: no progress for {stall:.0f} s "
-                                   f"(state {self.rec.state}); giving up")
+                                   f"(state {self.rec.state.value}); giving up")
             self.events.bell.wait(TICK)  # an event wakes us at once
 
     def pump(self) -> bool:

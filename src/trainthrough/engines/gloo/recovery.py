@@ -1,8 +1,9 @@
 """Membership and recovery for the ``dist`` controller: start, fail, re-form, restart, grow.
 
-States: ``starting`` (processes spawned, waiting until every one is ready, then the
-start plan is published), ``training`` (a group is running; watch for reports and
-deaths), and back. When a group breaks, the survivors report; the controller waits
+States (:mod:`.group_state`, which says which fields mean something when): STARTING
+(processes spawned, waiting until every one is ready, then the start plan is
+published), TRAINING (a group is running; watch for reports and deaths), REPORTING
+(the group ended: wait for the reports), and back. When a group breaks, the survivors report; the controller waits
 until every member whose process is still alive has reported, or a grace period
 after the first report (after the collective timeout when a death came first: see
 ``_report_deadline``; a hung rank never reports: it is then presumed failed and
@@ -26,6 +27,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainthrough.dp.step import group_phase
+from trainthrough.engines.gloo.group_state import (
+    TRANSITIONS,
+    GroupState,
+    GroupStateError,
+    OpenRecovery,
+)
 from trainthrough.engines.gloo.messages import (
     Failed,
     Message,
@@ -66,16 +73,21 @@ class DistRecovery:
         cfg = engine.cfg
         self.policy = group_recovery_policy(engine.ctx.strategy.recovery)
         self.replacement = ReplacementPolicy(cfg.replace, cfg.recovery_delay)
-        self.n, self.members, self.state = 0, list[int](), "starting"
+        self.state = GroupState.NEW
+        # STARTING: the processes spawned, and when.
         self.waiting: list[Proc] = []
         self.started_at = 0.0
+        # From TRAINING on: attempt n's group, and the replacements waiting to join it.
+        self.n, self.members = 0, list[int]()
         self.joiners: list[tuple[Proc, float]] = []
         self.grow_requested = False
-        self.first_sign: float | None = None  # a report or a death: the group broke
-        self.first_report: float | None = None
         self.reported = False  # a member announced a report (protocol.write_report)
+        # REPORTING only: a report or a death (the group broke), and the first report.
+        self.first_sign: float | None = None
+        self.first_report: float | None = None
+        # Any state: failures posted and not yet matched to a decision; open recoveries.
         self.fail_events: list[Failed] = []
-        self.open: list[dict[str, Any]] = []  # recoveries waiting for their first commit
+        self.open: list[OpenRecovery] = []  # recoveries waiting for their first commit
         self.failures = self.reforms = self.restarts = self.joined = self.samples_dropped = 0
         self.smallest = cfg.ranks
         self.detections: list[float] = []
@@ -95,7 +107,20 @@ class DistRecovery:
                                            self._orders_for(s, executed),
                                            self.e.result.updates_applied, restore)
                         for s in slots]
-        self.n, self.state, self.started_at = attempt, "starting", time.time()
+        self._to(GroupState.STARTING)
+        self.n, self.started_at = attempt, time.time()
+
+    def _to(self, to: GroupState) -> None:
+        """Go to state ``to``: the only place the state changes.
+
+        Raises:
+            GroupStateError: :data:`~.group_state.TRANSITIONS` has no such change.
+        """
+        if to not in TRANSITIONS[self.state]:
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state])) or "none"
+            raise GroupStateError(f"dist engine: the group cannot go from {self.state.value} "
+                                  f"to {to.value} (from {self.state.value}: {allowed})")
+        self.state = to
 
     def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
         """Orders a new process of ``slot`` carries: all of the slot's pending ones.
@@ -110,13 +135,14 @@ class DistRecovery:
     def finished(self) -> bool:
         """The members of the running attempt all ended cleanly: the run is over."""
         cur = self.e.procs.current
-        return (self.state == "training" and bool(self.members)
+        # REPORTING too: the run ends with its members' clean exits, whatever came before.
+        return (self.state in (GroupState.TRAINING, GroupState.REPORTING) and bool(self.members)
                 and all(cur[s].exitcode == 0 for s in self.members))
 
     # -- every tick ---------------------------------------------------------------
     def tick(self) -> bool:
         """Advance the state machine; returns whether anything happened."""
-        if self.state == "starting":
+        if self.state is GroupState.STARTING:
             ended = [p for p in self.waiting if p.exitcode is not None]
             if ended:
                 p = ended[0]
@@ -129,7 +155,7 @@ class DistRecovery:
                 return False
             self.members = sorted(p.slot for p in self.waiting)
             write_plan(self.e.store, Plan(self.n, self.members, "start"))
-            self.state = "training"
+            self._to(GroupState.TRAINING)
             return True
         now = time.time()
         dead = [p for p in self.e.procs.newly_dead() if p.exitcode != 0]
@@ -137,7 +163,7 @@ class DistRecovery:
             raise RuntimeError("dist engine: a replacement rank process ended before joining")
         # Reports are read only once a member said it wrote one (a ``report`` event)
         # or a process ended: not N store round trips every tick.
-        if not (self.reported or dead or self.first_sign is not None):
+        if not (self.reported or dead or self.state is GroupState.REPORTING):
             self._maybe_grow()
             return False
         reports = read_reports(self.e.store, self.n, self.members)
@@ -147,11 +173,12 @@ class DistRecovery:
         relaxed = self.e.ctx.strategy.relaxed
         sign = reports or (dead and (not relaxed or not any(self.e.procs.alive(s)
                                                             for s in self.members)))
-        if sign and self.first_sign is None:
+        if sign and self.state is GroupState.TRAINING:
+            self._to(GroupState.REPORTING)
             self.first_sign = now
         if reports and self.first_report is None:
             self.first_report = now
-        if self.first_sign is not None:
+        if self.state is GroupState.REPORTING:
             expected = [s for s in self.members if self.e.procs.alive(s)]
             if all(s in reports for s in expected) or now > self._report_deadline():
                 self._decide(reports)
@@ -190,13 +217,13 @@ class DistRecovery:
         if isinstance(m, Reformed):
             self.reform_times.append(t - self.t_detect)
             for rec in self.open:  # measured by the first member of the recovering group
-                if rec.get("n") == m.n and m.perturbation is not None:
-                    rec["perturbation"] = m.perturbation
+                if rec.n == m.n and m.perturbation is not None:
+                    rec.perturbation = m.perturbation
             return Reform(n=m.n, ranks=m.ranks, action=m.action,
                           reform_seconds=t - self.t_detect)
         if isinstance(m, StepCompleted):
             self.samples_dropped += m.samples_dropped
-            self.e.result.updates_lost += len(self.open[-1]["failed"]) if self.open else 0
+            self.e.result.updates_lost += len(self.open[-1].failed) if self.open else 0
             return Completed(micro_dropped=m.micro_dropped, samples_dropped=m.samples_dropped)
         if isinstance(m, Resumed):
             for rec in self.open:
@@ -205,17 +232,16 @@ class DistRecovery:
             return TrainingResumed(iteration=m.iteration)
         raise RuntimeError(f"dist engine: a rank sent an unknown message {m.TYPE!r}")
 
-    def _close(self, rec: dict[str, Any], t: float) -> None:
-        if rec.get("restart"):
-            self.restart_times.append(t - rec["t_detect"])
+    def _close(self, rec: OpenRecovery, t: float) -> None:
+        if rec.restart:
+            self.restart_times.append(t - rec.t_detect)
         # Unknown (NaN) if the attempt that carried it out broke before it reported.
-        norm = rec.get("perturbation", float("nan"))
-        r = Recovery(failed=[f"rank{i}" for i in rec["failed"]], at_iteration=rec["iteration"],
-                     recovery_seconds=t - rec["t_fail"], perturbation_norm=norm,
-                     action=rec["action"], restored_from=rec.get("restored_from"))
+        r = Recovery(failed=[f"rank{i}" for i in rec.failed], at_iteration=rec.iteration,
+                     recovery_seconds=t - rec.t_fail, perturbation_norm=rec.perturbation,
+                     action=rec.action, restored_from=rec.restored_from)
         self.e.result.recoveries.append(r)
-        self.e.emit(RecoveryEnded(recovery=r, phase=rec["phase"],
-                                  detection_seconds=rec["t_detect"] - rec["t_fail"]))
+        self.e.emit(RecoveryEnded(recovery=r, phase=rec.phase,
+                                  detection_seconds=rec.t_detect - rec.t_fail))
 
     def _report_deadline(self) -> float:
         """When a live member that has not reported is presumed hung.
@@ -277,16 +303,16 @@ class DistRecovery:
                                             done, self.e.saves.checkpointer.count > 0))
         self.e.emit(Detection(iteration=at_iteration, failed=[f"rank{i}" for i in failed],
                               detection_seconds=t_detect - t_fail, survivors=survivors))
-        rec = {"failed": failed, "iteration": at_iteration, "logical": logical, "t_fail": t_fail,
-               "t_detect": t_detect, "action": d.action.value, "phase": struck}
+        rec = OpenRecovery(failed, at_iteration, logical, t_fail, t_detect, d.action.value,
+                           struck)
         self.open.append(rec)
         if d.action is RecoveryAction.ROLLBACK_ALL:
-            rec["restart"] = True
+            rec.restart = True
             self._restart(survivors, executed, rec)
             return
         action = "rollback" if d.action is RecoveryAction.MINI_BATCH_ROLLBACK else "lossy"
         self.n += 1
-        rec["n"] = self.n
+        rec.n = self.n
         self.members = survivors
         write_plan(self.e.store, Plan(self.n, survivors, action,
                                       complete=d.complete_step and not behind,
@@ -294,6 +320,7 @@ class DistRecovery:
                                       # relaxed: the survivors went on with inner steps
                                       uncount=phase == "boundary" and not self.e.ctx.strategy.relaxed,
                                       sync=behind, logical=logical))
+        self._to(GroupState.TRAINING)
         self.reforms += 1
         self.smallest = min(self.smallest, len(survivors))
         join = self.replacement.decide(tuple(failed), now)
@@ -303,7 +330,7 @@ class DistRecovery:
                 p = procs.spawn(s, "join", -1, executed, ctl, self._orders_for(s, executed))
                 self.joiners.append((p, join.at_seconds))
 
-    def _restart(self, survivors: list[int], executed: int, rec: dict[str, Any]) -> None:
+    def _restart(self, survivors: list[int], executed: int, rec: OpenRecovery) -> None:
         """Checkpoint-restart: every process leaves; fresh ones all load the checkpoint
         chosen here, once."""
         procs, e = self.e.procs, self.e
@@ -314,10 +341,10 @@ class DistRecovery:
         e.pump()  # the first survivor's replica before the interrupted step, if it sent it
         self.joiners, self.grow_requested = [], False
         self.restarts += 1
-        step, rec["perturbation"] = e.saves.choose(
+        step, rec.perturbation = e.saves.choose(
             lambda msg: e.emit(CheckpointCorrupt(message=msg)))
-        restored = rec["restored_from"] = 0 if step is None else step
-        e.result.updates_lost += (rec["logical"] - restored) * e.cfg.ranks
+        restored = rec.restored_from = 0 if step is None else step
+        e.result.updates_lost += (rec.logical - restored) * e.cfg.ranks
         e.emit(Restored(step=restored))
         self.start(range(e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed,
                    restore=step)
@@ -343,3 +370,4 @@ class DistRecovery:
             self.e.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
         self.members = sorted(survivors + [p.slot for p in ready])
         write_plan(self.e.store, Plan(self.n, self.members, "join" if ready else "start"))
+        self._to(GroupState.TRAINING)
