@@ -74,7 +74,7 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
                             kill=lambda p: None, alive=lambda s: s != 3)
     e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
                                       replace=False),
-                        ctx=SimpleNamespace(strategy=resolve(strategy)), store=store,
+                        strategy=resolve(strategy), store=store,
                         procs=procs, pump=lambda: None,
                         emit=lambda ev: emitted.append(ev.to_record()),
                         saves=SimpleNamespace(checkpointer=SimpleNamespace(count=0)),

@@ -88,7 +88,7 @@ class GlooEngine:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
         self.schedule, self.orders = schedule, resolve_orders(schedule)
         self.max_iter = ctx.limits.max_iterations
-        self.result = ctx.result
+        self.result, self.strategy = ctx.result, ctx.strategy
         self.stopping = False
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
@@ -235,7 +235,7 @@ class GlooEngine:
                 self.evals.on_params(m, safetensors.torch.load(blob))
             elif m.iteration != self.last_eval or not m.final:
                 # A user's loop evaluated its own model on its first rank.
-                self._evaluate(m, {}, Evaluation(m.metric, m.loss))
+                self.evaluate(m, {}, Evaluation(m.metric, m.loss))
             return
         if isinstance(m, Copies):  # kept by the first member, for a look-back
             assert blob is not None
@@ -262,13 +262,18 @@ class GlooEngine:
             return
         self.emit(self.rec.on_event(m))  # the wire message, as its event
 
-    def _evaluate(self, m: Params | Metrics, params: dict[str, torch.Tensor],
-                  scored: Evaluation, look_back: bool = False) -> None:
+    @property
+    def group_size(self) -> int:
+        return len(self.rec.members)
+
+    def evaluate(self, m: Params | Metrics, params: dict[str, torch.Tensor],
+                 scored: Evaluation, look_back: bool = False) -> None:
+        """Record an evaluation of the state ``m`` describes; stop at the target."""
         it = m.iteration
         self.last_eval = it
         done = self.ctx.evaluate(params, it, scored=scored, look_back=look_back,
                                  logical_iteration=m.logical,
-                                 ranks=len(self.rec.members))
+                                 ranks=self.group_size)
         self.cb.after_step(it, self.ctx.wall())
         if done:
             self.request_stop()

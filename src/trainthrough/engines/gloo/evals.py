@@ -42,7 +42,7 @@ from trainthrough.engines.gloo.protocol import get, post, put
 from trainthrough.workloads.base import Evaluation
 
 if TYPE_CHECKING:
-    from trainthrough.engines.gloo.controller import GlooEngine
+    from trainthrough.engines.gloo.port import ControllerPort
 
 KEY = "evalctl"
 Tensors = dict[str, torch.Tensor]
@@ -124,8 +124,8 @@ class RankEvals:
 class ControllerEvals:
     """The controller's side: score what the first member posts, look back when asked."""
 
-    def __init__(self, engine: GlooEngine) -> None:
-        self.e, self.ctx = engine, engine.ctx
+    def __init__(self, port: ControllerPort) -> None:
+        self.port, self.ctx = port, port.ctx
         self.asked = 0
         # The evaluation waiting for its look-back, and what arrived after it.
         self.pending: tuple[Params, Tensors, Evaluation] | None = None
@@ -160,7 +160,7 @@ class ControllerEvals:
                 prefix = f"{it}/"
                 params = {n[len(prefix):]: v for n, v in tensors.items() if n.startswith(prefix)}
                 self.ctx.keep(it, params, logical_iteration=logical,
-                              ranks=len(self.e.rec.members))
+                              ranks=self.port.group_size)
         if self.pending is not None and event.id == self.asked:
             self.close()
 
@@ -185,9 +185,9 @@ class ControllerEvals:
 
     def _score(self, event: Params, params: Tensors, ev: Evaluation,
                look_back: bool) -> None:
-        self.e._evaluate(event, params, ev, look_back=look_back)
+        self.port.evaluate(event, params, ev, look_back=look_back)
         self._publish(None)
 
     def _publish(self, ask: list[int] | None) -> None:
-        put(self.e.store, KEY, {"acked": self.ctx.evals.scored, "ask": ask,
+        put(self.port.store, KEY, {"acked": self.ctx.evals.scored, "ask": ask,
                                 "reached": self.ctx.result.iterations_to_target is not None})

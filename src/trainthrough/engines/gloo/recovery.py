@@ -60,7 +60,7 @@ from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
 
 if TYPE_CHECKING:
-    from trainthrough.engines.gloo.controller import GlooEngine
+    from trainthrough.engines.gloo.port import ControllerPort
 
 GRACE = 0.5  # after the first survivor reports, the others follow within milliseconds
 
@@ -68,10 +68,10 @@ GRACE = 0.5  # after the first survivor reports, the others follow within millis
 class DistRecovery:
     """The controller's view of who is in the group, and what happens on a change."""
 
-    def __init__(self, engine: GlooEngine, orders: list[dict[str, Any]]) -> None:
-        self.e, self.orders = engine, orders
-        cfg = engine.cfg
-        self.policy = group_recovery_policy(engine.ctx.strategy.recovery)
+    def __init__(self, port: ControllerPort, orders: list[dict[str, Any]]) -> None:
+        self.port, self.orders = port, orders
+        cfg = port.cfg
+        self.policy = group_recovery_policy(port.strategy.recovery)
         self.replacement = ReplacementPolicy(cfg.replace, cfg.recovery_delay)
         self.state = GroupState.NEW
         # STARTING: the processes spawned, and when.
@@ -102,10 +102,10 @@ class DistRecovery:
     def start(self, slots: range | list[int], mode: str, attempt: int, executed: int,
               restore: int | None = None) -> None:
         """Spawn a process per slot; attempt ``attempt`` starts once all are ready."""
-        ctl = self.e.store.add("ctl", 0)
-        self.waiting = [self.e.procs.spawn(s, mode, attempt, executed, ctl,
+        ctl = self.port.store.add("ctl", 0)
+        self.waiting = [self.port.procs.spawn(s, mode, attempt, executed, ctl,
                                            self._orders_for(s, executed),
-                                           self.e.result.updates_applied, restore)
+                                           self.port.result.updates_applied, restore)
                         for s in slots]
         self._to(GroupState.STARTING)
         self.n, self.started_at = attempt, time.time()
@@ -134,7 +134,7 @@ class DistRecovery:
 
     def finished(self) -> bool:
         """The members of the running attempt all ended cleanly: the run is over."""
-        cur = self.e.procs.current
+        cur = self.port.procs.current
         # REPORTING too: the run ends with its members' clean exits, whatever came before.
         return (self.state in (GroupState.TRAINING, GroupState.REPORTING) and bool(self.members)
                 and all(cur[s].exitcode == 0 for s in self.members))
@@ -151,14 +151,14 @@ class DistRecovery:
                                    f"(exit code {p.exitcode}{': ' + why if why else ''})")
             if time.time() - self.started_at > 120:
                 raise RuntimeError("dist engine: rank processes did not start within 120 s")
-            if not all(self.e.procs.ready(p) for p in self.waiting):
+            if not all(self.port.procs.ready(p) for p in self.waiting):
                 return False
             self.members = sorted(p.slot for p in self.waiting)
-            write_plan(self.e.store, Plan(self.n, self.members, "start"))
+            write_plan(self.port.store, Plan(self.n, self.members, "start"))
             self._to(GroupState.TRAINING)
             return True
         now = time.time()
-        dead = [p for p in self.e.procs.newly_dead() if p.exitcode != 0]
+        dead = [p for p in self.port.procs.newly_dead() if p.exitcode != 0]
         if any(p.slot not in self.members for p in dead):
             raise RuntimeError("dist engine: a replacement rank process ended before joining")
         # Reports are read only once a member said it wrote one (a ``report`` event)
@@ -166,12 +166,12 @@ class DistRecovery:
         if not (self.reported or dead or self.state is GroupState.REPORTING):
             self._maybe_grow()
             return False
-        reports = read_reports(self.e.store, self.n, self.members)
+        reports = read_reports(self.port.store, self.n, self.members)
         # With a relaxed sync the survivors find a loss only at their next outer step,
         # after up to H inner steps: a death starts the wait for their reports only if
         # nobody is left to report (a hung member is found by their collective timeout).
-        relaxed = self.e.ctx.strategy.relaxed
-        sign = reports or (dead and (not relaxed or not any(self.e.procs.alive(s)
+        relaxed = self.port.strategy.relaxed
+        sign = reports or (dead and (not relaxed or not any(self.port.procs.alive(s)
                                                             for s in self.members)))
         if sign and self.state is GroupState.TRAINING:
             self._to(GroupState.REPORTING)
@@ -179,7 +179,7 @@ class DistRecovery:
         if reports and self.first_report is None:
             self.first_report = now
         if self.state is GroupState.REPORTING:
-            expected = [s for s in self.members if self.e.procs.alive(s)]
+            expected = [s for s in self.members if self.port.procs.alive(s)]
             if all(s in reports for s in expected) or now > self._report_deadline():
                 self._decide(reports)
                 return True
@@ -223,7 +223,7 @@ class DistRecovery:
                           reform_seconds=t - self.t_detect)
         if isinstance(m, StepCompleted):
             self.samples_dropped += m.samples_dropped
-            self.e.result.updates_lost += len(self.open[-1].failed) if self.open else 0
+            self.port.result.updates_lost += len(self.open[-1].failed) if self.open else 0
             return Completed(micro_dropped=m.micro_dropped, samples_dropped=m.samples_dropped)
         if isinstance(m, Resumed):
             for rec in self.open:
@@ -239,8 +239,8 @@ class DistRecovery:
         r = Recovery(failed=[f"rank{i}" for i in rec.failed], at_iteration=rec.iteration,
                      recovery_seconds=t - rec.t_fail, perturbation_norm=rec.perturbation,
                      action=rec.action, restored_from=rec.restored_from)
-        self.e.result.recoveries.append(r)
-        self.e.emit(RecoveryEnded(recovery=r, phase=rec.phase,
+        self.port.result.recoveries.append(r)
+        self.port.emit(RecoveryEnded(recovery=r, phase=rec.phase,
                                   detection_seconds=rec.t_detect - rec.t_fail))
 
     def _report_deadline(self) -> float:
@@ -256,7 +256,7 @@ class DistRecovery:
         assert self.first_sign is not None
         if self.first_report is not None:
             return self.first_report + GRACE
-        return self.first_sign + self.e.cfg.cost.timeout_seconds + GRACE
+        return self.first_sign + self.port.cfg.cost.timeout_seconds + GRACE
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
@@ -264,9 +264,9 @@ class DistRecovery:
         self.first_report = None
         # A victim posts its failure before it dies, and survivors report after: drain
         # once more, so the failure event is in even if it came within this tick.
-        self.e.pump()
+        self.port.pump()
         now = time.time()
-        procs = self.e.procs
+        procs = self.port.procs
         self.first_sign = None
         survivors = sorted(reports)
         failed = [s for s in self.members if s not in reports]
@@ -291,17 +291,17 @@ class DistRecovery:
         # An interrupted attempt counts as executed (as in sim); one not begun does not.
         executed = max([r.executed for r in reports.values()]
                        + [e.iteration + (e.phase != "boundary") for e in victims],
-                       default=self.e.iteration)
+                       default=self.port.iteration)
         at_iteration = min((e.iteration for e in victims), default=executed)
         logical = max([r.logical for r in reports.values()]
-                      + [e.logical for e in victims], default=self.e.logical)
+                      + [e.logical for e in victims], default=self.port.logical)
         done = min((r.buckets_done if r.phase == "allreduce" else 0 for r in errors), default=0)
         # A member's last collective may complete where another's failed (a ring's
         # last messages): those behind catch up with one that committed.
         behind = len({r.logical for r in reports.values()}) > 1
         d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
-                                            done, self.e.saves.checkpointer.count > 0))
-        self.e.emit(Detection(iteration=at_iteration, failed=[f"rank{i}" for i in failed],
+                                            done, self.port.saves.checkpointer.count > 0))
+        self.port.emit(Detection(iteration=at_iteration, failed=[f"rank{i}" for i in failed],
                               detection_seconds=t_detect - t_fail, survivors=survivors))
         rec = OpenRecovery(failed, at_iteration, logical, t_fail, t_detect, d.action.value,
                            struck)
@@ -314,18 +314,18 @@ class DistRecovery:
         self.n += 1
         rec.n = self.n
         self.members = survivors
-        write_plan(self.e.store, Plan(self.n, survivors, action,
+        write_plan(self.port.store, Plan(self.n, survivors, action,
                                       complete=d.complete_step and not behind,
                                       buckets_done=done,
                                       # relaxed: the survivors went on with inner steps
-                                      uncount=phase == "boundary" and not self.e.ctx.strategy.relaxed,
+                                      uncount=phase == "boundary" and not self.port.strategy.relaxed,
                                       sync=behind, logical=logical))
         self._to(GroupState.TRAINING)
         self.reforms += 1
         self.smallest = min(self.smallest, len(survivors))
         join = self.replacement.decide(tuple(failed), now)
         if join is not None:
-            ctl = self.e.store.add("ctl", 0)
+            ctl = self.port.store.add("ctl", 0)
             for s in join.slots:  # warm now, join once the delay is over
                 p = procs.spawn(s, "join", -1, executed, ctl, self._orders_for(s, executed))
                 self.joiners.append((p, join.at_seconds))
@@ -333,7 +333,7 @@ class DistRecovery:
     def _restart(self, survivors: list[int], executed: int, rec: OpenRecovery) -> None:
         """Checkpoint-restart: every process leaves; fresh ones all load the checkpoint
         chosen here, once."""
-        procs, e = self.e.procs, self.e
+        procs, e = self.port.procs, self.port
         self.n += 1
         write_plan(e.store, Plan(self.n, survivors, "exit"))
         procs.wait_exit([procs.current[s] for s in survivors]
@@ -350,24 +350,24 @@ class DistRecovery:
                    restore=step)
 
     def _maybe_grow(self) -> None:
-        if self.grow_requested or self.e.stopping or not self.joiners:
+        if self.grow_requested or self.port.stopping or not self.joiners:
             return
         now = time.time()
-        if any(at <= now and self.e.procs.ready(p) for p, at in self.joiners):
+        if any(at <= now and self.port.procs.ready(p) for p, at in self.joiners):
             self.grow_requested = True
-            request(self.e.store)
+            request(self.port.store)
 
     def _grow(self, survivors: list[int]) -> None:
         """Everyone stopped at a step boundary because we asked: take the joiners in."""
         now = time.time()
         # Timed from here, not from the request: a failure may have come in between.
         self.grow_requested, self.t_grow = False, now
-        ready = [p for p, at in self.joiners if at <= now and self.e.procs.ready(p)]
+        ready = [p for p, at in self.joiners if at <= now and self.port.procs.ready(p)]
         self.joiners = [(p, at) for p, at in self.joiners if p not in ready]
         self.last_joined = [p.slot for p in ready]
         self.n += 1
         for p in ready:
-            self.e.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
+            self.port.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
         self.members = sorted(survivors + [p.slot for p in ready])
-        write_plan(self.e.store, Plan(self.n, self.members, "join" if ready else "start"))
+        write_plan(self.port.store, Plan(self.n, self.members, "join" if ready else "start"))
         self._to(GroupState.TRAINING)
