@@ -25,6 +25,7 @@ from trainthrough.engines.gloo.protocol import (
     serve,
 )
 from trainthrough.engines.gloo.recovery import DistRecovery
+from trainthrough.engines.gloo.timing import GRACE, report_deadline, stall_seconds
 from trainthrough.ft.strategy import resolve
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,3 +138,10 @@ def test_the_group_changes_state_only_as_the_table_says() -> None:
     with pytest.raises(GroupStateError, match="from training to starting"):
         rec._to(GroupState.STARTING)  # a restart is decided only once the reports are in
     assert rec.state is GroupState.TRAINING
+
+
+def test_a_member_is_presumed_hung_a_grace_after_the_first_report_or_a_timeout_later() -> None:
+    assert report_deadline(10.0, 12.0, collective_timeout=5.0) == 12.0 + GRACE
+    # A death seen first: the survivors may learn of it only by their collective timeout.
+    assert report_deadline(10.0, None, collective_timeout=5.0) == 15.0 + GRACE
+    assert stall_seconds(5.0) == 90.0 and stall_seconds(20.0) == 120.0

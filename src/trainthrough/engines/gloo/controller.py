@@ -3,7 +3,7 @@
 The controller is the parent of every rank. It owns the ``TCPStore`` (a free port on
 127.0.0.1, or on the address :mod:`.net` chooses for a run that spans hosts or names
 one) that outlives the ranks, starts them, and, woken by every event a rank
-posts and at least every :data:`TICK` seconds: drains their events (failures they
+posts and at least every :data:`~.timing.TICK` seconds: drains their events (failures they
 inflict on themselves, checkpoints, parameters to evaluate), notices processes that
 ended, and watches for reports (a group broke, or the ranks
 stopped because it asked). It never trains: evaluation is the only tensor work it
@@ -46,17 +46,12 @@ from trainthrough.engines.gloo.net import rank_net, store_host
 from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
+from trainthrough.engines.gloo.timing import TICK, stall_seconds
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.events import CheckpointCorrupt, Event
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
-
-# The longest the controller sleeps: ranks' events wake it at once (EventReader.bell);
-# what is not an event (a process ended, a joiner became ready, the wall limit) is
-# looked at this often.
-TICK = 0.05
-START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded machine
 
 
 class GlooEngine:
@@ -186,7 +181,7 @@ class GlooEngine:
 
     def _loop(self) -> None:
         idle_since = time.time()
-        stall = max(90.0, 6 * self.cfg.cost.timeout_seconds)
+        stall = stall_seconds(self.cfg.cost.timeout_seconds)
         while True:
             progressed = self.pump()
             progressed = self.rec.tick() or progressed

@@ -35,13 +35,9 @@ from typing import Any
 import torch.distributed as dist
 
 from trainthrough.engines.gloo.messages import Message, Reported
+from trainthrough.engines.gloo.timing import PLAN_WAIT_SECONDS
 
 RankSpec = dict[str, Any]  # plain values only: it crosses the spawn pipe
-
-# How long a rank waits for the controller's next plan before giving up: the
-# controller decides within a grace period of the last report, so this only ends
-# ranks whose controller is gone.
-PLAN_WAIT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)

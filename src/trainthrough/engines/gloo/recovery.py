@@ -6,7 +6,7 @@ published), TRAINING (a group is running; watch for reports and deaths), REPORTI
 (the group ended: wait for the reports), and back. When a group breaks, the survivors report; the controller waits
 until every member whose process is still alive has reported, or a grace period
 after the first report (after the collective timeout when a death came first: see
-``_report_deadline``; a hung rank never reports: it is then presumed failed and
+``timing.report_deadline``; a hung rank never reports: it is then presumed failed and
 SIGKILLed). Who reported is who is alive: that is the agreement. The strategy's
 policy (the same as ``sim``'s) then decides:
 
@@ -42,6 +42,7 @@ from trainthrough.engines.gloo.messages import (
 )
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
+from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline
 from trainthrough.engines.signals import note_injected
 from trainthrough.events import (
     CheckpointCorrupt,
@@ -62,7 +63,6 @@ from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_r
 if TYPE_CHECKING:
     from trainthrough.engines.gloo.port import ControllerPort
 
-GRACE = 0.5  # after the first survivor reports, the others follow within milliseconds
 
 
 class DistRecovery:
@@ -149,8 +149,9 @@ class DistRecovery:
                 why = getattr(p.process, "why", "")
                 raise RuntimeError(f"dist engine: rank {p.slot} ended while starting "
                                    f"(exit code {p.exitcode}{': ' + why if why else ''})")
-            if time.time() - self.started_at > 120:
-                raise RuntimeError("dist engine: rank processes did not start within 120 s")
+            if time.time() - self.started_at > START_SECONDS:
+                raise RuntimeError("dist engine: rank processes did not start within "
+                                   f"{START_SECONDS:g} s")
             if not all(self.port.procs.ready(p) for p in self.waiting):
                 return False
             self.members = sorted(p.slot for p in self.waiting)
@@ -180,7 +181,10 @@ class DistRecovery:
             self.first_report = now
         if self.state is GroupState.REPORTING:
             expected = [s for s in self.members if self.port.procs.alive(s)]
-            if all(s in reports for s in expected) or now > self._report_deadline():
+            assert self.first_sign is not None
+            deadline = report_deadline(self.first_sign, self.first_report,
+                                       self.port.cfg.cost.timeout_seconds)
+            if all(s in reports for s in expected) or now > deadline:
                 self._decide(reports)
                 return True
         self._maybe_grow()
@@ -242,21 +246,6 @@ class DistRecovery:
         self.port.result.recoveries.append(r)
         self.port.emit(RecoveryEnded(recovery=r, phase=rec.phase,
                                   detection_seconds=rec.t_detect - rec.t_fail))
-
-    def _report_deadline(self) -> float:
-        """When a live member that has not reported is presumed hung.
-
-        Once one survivor reported, the others follow within milliseconds (they hit the
-        same broken collective). A death seen before any report is another matter: a
-        survivor learns of it from its own collective, between steps only at the next
-        one and at worst by the collective timeout, later still on a loaded machine.
-        Presuming it hung sooner would kill healthy ranks and turn the loss of one
-        into a restart of all.
-        """
-        assert self.first_sign is not None
-        if self.first_report is not None:
-            return self.first_report + GRACE
-        return self.first_sign + self.port.cfg.cost.timeout_seconds + GRACE
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
