@@ -107,7 +107,7 @@ def test_survivors_split_on_the_last_commit_catch_up_and_complete_nothing(split:
 
 def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> None:
     rec, store, emitted = _controller("rollback")
-    rec.fail_events[0] = replace(rec.fail_events[0], phase="update", phase_kind="update")
+    rec.log.fail_events[0] = replace(rec.log.fail_events[0], phase="update", phase_kind="update")
     rec._decide({s: Report(s, "error", "allreduce", 0, executed=11, logical=10)
                  for s in (0, 1, 2)})
     plan = get(store, "plan/1")
@@ -134,7 +134,7 @@ def test_the_group_changes_state_only_as_the_table_says() -> None:
     rec, _, _ = _controller("rollback")
     rec._decide({s: Report(s, "error", "allreduce", 0, executed=10, logical=9)
                  for s in (0, 1, 2)})
-    assert rec.state is GroupState.TRAINING and rec.open[0].failed == [3]
+    assert rec.state is GroupState.TRAINING and rec.log.open[0].failed == [3]
     with pytest.raises(GroupStateError, match="from training to starting"):
         rec._to(GroupState.STARTING)  # a restart is decided only once the reports are in
     assert rec.state is GroupState.TRAINING

@@ -274,28 +274,28 @@ class GlooEngine:
             self.request_stop()
 
     def _finish(self) -> RunResult:
-        r, rec, c = self.result, self.rec, self.saves.checkpointer
-        r.failures = rec.failures
+        r, log, c = self.result, self.rec.log, self.saves.checkpointer
+        r.failures = log.failures
         r.checkpoints, r.checkpoint_bytes, r.checkpoint_blocked_seconds = c.count, c.bytes, c.blocked
         r.checkpoints_failed = c.failed
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
-        live = sorted(rec.members)
+        live = sorted(self.rec.members)
         hashes = [self.hashes.get(s) for s in live]
         r.extras.update(self.devices.record())
         r.extras.update(
-            paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=rec.smallest,
-            reforms=rec.reforms, restarts=rec.restarts, ranks_joined=rec.joined,
-            samples_dropped=rec.samples_dropped, logical_iterations=self.logical,
-            detection_seconds=rec.detections, reform_seconds=rec.reform_times,
-            restart_seconds=rec.restart_times,
+            paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=log.smallest,
+            reforms=log.reforms, restarts=log.restarts, ranks_joined=log.joined,
+            samples_dropped=log.samples_dropped, logical_iterations=self.logical,
+            detection_seconds=log.detections, reform_seconds=log.reform_times,
+            restart_seconds=log.restart_times,
             replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
             store_address=f"{self.host}:{self.store.port}",
             time_to_target=r.sim_seconds_to_target)
         if self.ctx.strategy.relaxed:
             r.extras.update(sync=self.ctx.strategy.sync, sync_every=self.cfg.sync_every,
                             outer_steps=self.outer_steps,
-                            local_steps_lost=rec.local_steps_lost,
-                            local_steps_lost_total=sum(rec.local_steps_lost))
+                            local_steps_lost=log.local_steps_lost,
+                            local_steps_lost_total=sum(log.local_steps_lost))
         if self.program is not None:
             r.extras.update(returned=self.returned.get(min(self.returned, default=0)),
                             committed=_lineage(self.histories))

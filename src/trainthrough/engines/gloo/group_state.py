@@ -12,8 +12,9 @@ mean something in which state:
   was first seen broken, and when its first report came;
 * ``joiners``, ``grow_requested``: warm replacements and whether the group was asked
   to take them in; cleared by a restart;
-* ``open``: the recoveries decided and not yet ended by a commit (:class:`OpenRecovery`),
-  in any state: a failure during a recovery opens a second.
+* ``log.open`` (:class:`~.ledger.RecoveryLog`): the recoveries decided and not yet
+  ended by a commit (:class:`OpenRecovery`), in any state: a failure during a recovery
+  opens a second.
 """
 
 from __future__ import annotations

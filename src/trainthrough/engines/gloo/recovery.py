@@ -33,30 +33,12 @@ from trainthrough.engines.gloo.group_state import (
     GroupStateError,
     OpenRecovery,
 )
-from trainthrough.engines.gloo.messages import (
-    Failed,
-    Message,
-    Reformed,
-    Resumed,
-    StepCompleted,
-)
+from trainthrough.engines.gloo.ledger import RecoveryLog
+from trainthrough.engines.gloo.messages import Failed, Message
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
 from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline
-from trainthrough.engines.signals import note_injected
-from trainthrough.events import (
-    CheckpointCorrupt,
-    Completed,
-    Detection,
-    Event,
-    Failure,
-    RankJoined,
-    Recovery,
-    RecoveryEnded,
-    Reform,
-    Restored,
-    TrainingResumed,
-)
+from trainthrough.events import CheckpointCorrupt, Detection, Event, Restored
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
 
@@ -85,18 +67,8 @@ class DistRecovery:
         # REPORTING only: a report or a death (the group broke), and the first report.
         self.first_sign: float | None = None
         self.first_report: float | None = None
-        # Any state: failures posted and not yet matched to a decision; open recoveries.
-        self.fail_events: list[Failed] = []
-        self.open: list[OpenRecovery] = []  # recoveries waiting for their first commit
-        self.failures = self.reforms = self.restarts = self.joined = self.samples_dropped = 0
-        self.smallest = cfg.ranks
-        self.detections: list[float] = []
-        self.reform_times: list[float] = []
-        self.restart_times: list[float] = []
-        self.join_times: list[float] = []
-        self.t_detect = self.t_grow = 0.0
-        self.last_joined: list[int] = []
-        self.local_steps_lost: list[int] = []  # relaxed sync: per lost rank
+        # Any state: failures not yet matched to a decision, open recoveries, counters.
+        self.log = RecoveryLog(port, cfg.ranks)
 
     # -- starting -----------------------------------------------------------------
     def start(self, slots: range | list[int], mode: str, attempt: int, executed: int,
@@ -191,61 +163,19 @@ class DistRecovery:
         return bool(dead)
 
     def on_event(self, m: Message) -> Event:
-        """Bookkeeping for a message from the ranks (:class:`~.messages.Failed`,
-        :class:`~.messages.Reformed`, :class:`~.messages.StepCompleted`,
-        :class:`~.messages.Resumed`); returns the event the controller records for it.
+        """Bookkeeping for a message from the ranks (:meth:`.ledger.RecoveryLog.on_event`
+        says which); a failure's order is spent. Returns the event the controller
+        records for it.
 
         Raises:
             RuntimeError: a message of a kind the recovery does not handle.
         """
-        t = m.t
         if isinstance(m, Failed):
-            self.failures += 1
-            if m.pid:  # the rank struck itself: its death is this failure
-                note_injected(m.pid)
-            self.fail_events.append(m)
-            if m.local_steps is not None:
-                self.local_steps_lost.append(m.local_steps)
             for i, o in enumerate(self.orders):  # that order is spent
                 if (o["slot"], o["spec"], o["phase"]) == (m.ids[0], m.spec, m.phase):
                     del self.orders[i]
                     break
-            return Failure(kind=m.kind, ids=list(m.ids), spec=m.spec, phase=m.phase,
-                           phase_kind=m.phase_kind, mode=m.mode, iteration=m.iteration,
-                           logical=m.logical, pid=m.pid)
-        if isinstance(m, Reformed) and m.action == "join":
-            self.join_times.append(t - self.t_grow)
-            self.joined += len(self.last_joined)
-            return RankJoined(n=m.n, ranks=m.ranks, action="join",
-                              join_seconds=t - self.t_grow, slots=self.last_joined)
-        if isinstance(m, Reformed):
-            self.reform_times.append(t - self.t_detect)
-            for rec in self.open:  # measured by the first member of the recovering group
-                if rec.n == m.n and m.perturbation is not None:
-                    rec.perturbation = m.perturbation
-            return Reform(n=m.n, ranks=m.ranks, action=m.action,
-                          reform_seconds=t - self.t_detect)
-        if isinstance(m, StepCompleted):
-            self.samples_dropped += m.samples_dropped
-            self.port.result.updates_lost += len(self.open[-1].failed) if self.open else 0
-            return Completed(micro_dropped=m.micro_dropped, samples_dropped=m.samples_dropped)
-        if isinstance(m, Resumed):
-            for rec in self.open:
-                self._close(rec, t)
-            self.open = []
-            return TrainingResumed(iteration=m.iteration)
-        raise RuntimeError(f"dist engine: a rank sent an unknown message {m.TYPE!r}")
-
-    def _close(self, rec: OpenRecovery, t: float) -> None:
-        if rec.restart:
-            self.restart_times.append(t - rec.t_detect)
-        # Unknown (NaN) if the attempt that carried it out broke before it reported.
-        r = Recovery(failed=[f"rank{i}" for i in rec.failed], at_iteration=rec.iteration,
-                     recovery_seconds=t - rec.t_fail, perturbation_norm=rec.perturbation,
-                     action=rec.action, restored_from=rec.restored_from)
-        self.port.result.recoveries.append(r)
-        self.port.emit(RecoveryEnded(recovery=r, phase=rec.phase,
-                                  detection_seconds=rec.t_detect - rec.t_fail))
+        return self.log.on_event(m)
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
@@ -265,8 +195,8 @@ class DistRecovery:
         if not errors and not failed:
             self._grow(survivors)
             return
-        victims = [e for e in self.fail_events if e.ids[0] in failed]
-        self.fail_events = [e for e in self.fail_events if e not in victims]
+        victims = [e for e in self.log.fail_events if e.ids[0] in failed]
+        self.log.fail_events = [e for e in self.log.fail_events if e not in victims]
         struck = victims[0].phase_kind if victims else "boundary"
         phase = group_phase(struck)
         died = [t for s in failed if (t := procs.current[s].died_at) is not None]
@@ -274,8 +204,8 @@ class DistRecovery:
         # An injected failure says when it struck; a loss nobody injected (a node gone)
         # is dated by its first sign: a death seen, or the first survivor's error.
         t_fail = victims[0].t if victims else min([*died, t_detect])
-        self.t_detect = t_detect
-        self.detections.append(t_detect - t_fail)
+        self.log.t_detect = t_detect
+        self.log.detections.append(t_detect - t_fail)
         # With no survivor, the victims' own last words say how far the run got.
         # An interrupted attempt counts as executed (as in sim); one not begun does not.
         executed = max([r.executed for r in reports.values()]
@@ -294,7 +224,7 @@ class DistRecovery:
                               detection_seconds=t_detect - t_fail, survivors=survivors))
         rec = OpenRecovery(failed, at_iteration, logical, t_fail, t_detect, d.action.value,
                            struck)
-        self.open.append(rec)
+        self.log.open.append(rec)
         if d.action is RecoveryAction.ROLLBACK_ALL:
             rec.restart = True
             self._restart(survivors, executed, rec)
@@ -310,8 +240,8 @@ class DistRecovery:
                                       uncount=phase == "boundary" and not self.port.strategy.relaxed,
                                       sync=behind, logical=logical))
         self._to(GroupState.TRAINING)
-        self.reforms += 1
-        self.smallest = min(self.smallest, len(survivors))
+        self.log.reforms += 1
+        self.log.smallest = min(self.log.smallest, len(survivors))
         join = self.replacement.decide(tuple(failed), now)
         if join is not None:
             ctl = self.port.store.add("ctl", 0)
@@ -329,7 +259,7 @@ class DistRecovery:
                         + [p for p, _ in self.joiners], timeout=10)
         e.pump()  # the first survivor's replica before the interrupted step, if it sent it
         self.joiners, self.grow_requested = [], False
-        self.restarts += 1
+        self.log.restarts += 1
         step, rec.perturbation = e.saves.choose(
             lambda msg: e.emit(CheckpointCorrupt(message=msg)))
         restored = rec.restored_from = 0 if step is None else step
@@ -350,10 +280,10 @@ class DistRecovery:
         """Everyone stopped at a step boundary because we asked: take the joiners in."""
         now = time.time()
         # Timed from here, not from the request: a failure may have come in between.
-        self.grow_requested, self.t_grow = False, now
+        self.grow_requested, self.log.t_grow = False, now
         ready = [p for p, at in self.joiners if at <= now and self.port.procs.ready(p)]
         self.joiners = [(p, at) for p, at in self.joiners if p not in ready]
-        self.last_joined = [p.slot for p in ready]
+        self.log.last_joined = [p.slot for p in ready]
         self.n += 1
         for p in ready:
             self.port.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
