@@ -25,6 +25,7 @@ from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector, Stri
 from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.gloo.checkpoints import ControllerSaves, RankSaves
+from trainthrough.engines.gloo.messages import Saved
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.dp_checkpoint import ReplicaCheckpoint
@@ -85,7 +86,7 @@ def test_a_save_holds_the_replica_and_the_cursor_and_loads_exactly_the_step_aske
 def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: Path) -> None:
     cfg = RunConfig(paradigm="dp", strategy="checkpoint-restart", checkpoint_every=5)
     strategy, url = resolve(cfg.strategy), str(tmp_path)
-    posted: list[dict[str, Any]] = []
+    posted: list[Saved] = []
     events: list[dict[str, Any]] = []
     rank = RankSaves(cfg, strategy, url, _rank(), 5, posted.append)
     ctl = ControllerSaves(cfg, strategy, url, _rank(), 5,
@@ -105,9 +106,8 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
     assert saves[0]["names"] == ["ckpt-00000005"] and saves[0]["fraction"] == 1.0
     assert ctl.checkpointer.bytes == sum(e["bytes"] for e in saves) > 2 * replica.state_bytes
     # A report the policy did not ask for is not a checkpoint; a failed write is reported.
-    ctl.on_saved({"iteration": 12, "payload": 1, "blocked_seconds": 0.0, "bytes": 9,
-                  "name": "x"})
-    ctl.on_saved({"iteration": 15, "payload": 1, "blocked_seconds": 0.0, "error": "disk full"})
+    ctl.on_saved(Saved(iteration=12, payload=1, blocked_seconds=0.0, bytes=9, name="x"))
+    ctl.on_saved(Saved(iteration=15, payload=1, blocked_seconds=0.0, error="disk full"))
     assert ctl.checkpointer.count == 2 and events[-1]["type"] == "checkpoint-failed"
     assert ctl.checkpointer.failed == 1
     # Rank 0's own write refused by the storage: posted as a failed save, not raised
@@ -117,8 +117,8 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
     store = rank.saver.store  # type: ignore[union-attr]
     store._open_write = store._write = full  # type: ignore[method-assign]
     rank.after_commit(replica, 20, Cursor(0, 20), [0, 1])
-    assert "ckpt-00000020 could not be written" in posted[-1]["error"]
-    assert "No space left on device" in posted[-1]["error"]
+    assert "ckpt-00000020 could not be written" in str(posted[-1].error)
+    assert "No space left on device" in str(posted[-1].error)
     posted.clear()
     del store._open_write, store._write
     # A restart: the controller picks one checkpoint (skipping a corrupt one, once) for

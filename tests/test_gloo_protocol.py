@@ -3,7 +3,9 @@ replaces polling, and what the controller decides from the survivors' reports.""
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +13,8 @@ import pytest
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.group_state import GroupState, GroupStateError
+from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Saved, parse
 from trainthrough.engines.gloo.protocol import (
     Doorbell,
     EventReader,
@@ -21,6 +25,7 @@ from trainthrough.engines.gloo.protocol import (
     serve,
 )
 from trainthrough.engines.gloo.recovery import DistRecovery
+from trainthrough.engines.gloo.timing import GRACE, report_deadline, stall_seconds
 from trainthrough.ft.strategy import resolve
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,12 +58,12 @@ def test_the_controller_sleeps_until_an_event_and_drains_each_once() -> None:
     t0 = time.monotonic()
     reader.bell.wait(0.2)  # nothing posted: the full timeout
     assert time.monotonic() - t0 >= 0.19
-    post(store, {"type": "x", "n": 1}, b"blob")
+    post(store, Reported(n=1, slot=2), b"blob")
     t0 = time.monotonic()
     reader.bell.wait(5.0)  # woken by the post, long before the timeout
     assert time.monotonic() - t0 < 2.0
     [(event, blob)] = reader.drain()
-    assert (event["type"], event["n"], blob) == ("x", 1, b"blob")
+    assert parse(event) == Reported(n=1, slot=2, t=event["t"]) and blob == b"blob"
     assert reader.drain() == [] and not store.check(["evq/0"])  # read and rung: deleted
     reader.bell.close()
 
@@ -70,15 +75,17 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
                             kill=lambda p: None, alive=lambda s: s != 3)
     e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
                                       replace=False),
-                        ctx=SimpleNamespace(strategy=resolve(strategy)), store=store,
+                        strategy=resolve(strategy), store=store,
                         procs=procs, pump=lambda: None,
                         emit=lambda ev: emitted.append(ev.to_record()),
                         saves=SimpleNamespace(checkpointer=SimpleNamespace(count=0)),
                         iteration=0, logical=0, result=SimpleNamespace(updates_lost=0))
     rec = DistRecovery(e, [])  # type: ignore[arg-type]
-    rec.members, rec.state = [0, 1, 2, 3], "training"
-    rec.on_event({"type": "failure", "ids": [3], "spec": "rank=3@iter=9", "phase": "allreduce:0",
-                  "phase_kind": "allreduce", "iteration": 9, "logical": 9, "t": time.time()})
+    # A group of four broke: the controller waits for the reports.
+    rec.members, rec.state = [0, 1, 2, 3], GroupState.REPORTING
+    rec.on_event(parse({"type": "failure", "ids": [3], "spec": "rank=3@iter=9",
+                        "phase": "allreduce:0", "phase_kind": "allreduce", "iteration": 9,
+                        "logical": 9, "t": time.time()}))
     return rec, store, emitted
 
 
@@ -100,7 +107,7 @@ def test_survivors_split_on_the_last_commit_catch_up_and_complete_nothing(split:
 
 def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> None:
     rec, store, emitted = _controller("rollback")
-    rec.fail_events[0].update(phase="update", phase_kind="update")
+    rec.log.fail_events[0] = replace(rec.log.fail_events[0], phase="update", phase_kind="update")
     rec._decide({s: Report(s, "error", "allreduce", 0, executed=11, logical=10)
                  for s in (0, 1, 2)})
     plan = get(store, "plan/1")
@@ -108,3 +115,33 @@ def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> 
     # when the loss was found did not count.
     assert plan["action"] == "rollback" and plan["uncount"] and not plan["sync"]
     assert [x["type"] for x in emitted] == ["detection"]
+
+
+def test_a_message_crosses_as_json_and_a_stranger_is_refused() -> None:
+    sent = [Failed(ids=[3], spec="rank=3@iter=9", phase="allreduce:0", phase_kind="allreduce",
+                   iteration=9, logical=9, pid=7, local_steps=2),
+            Saved(iteration=5, payload=10, blocked_seconds=0.1, name="ckpt-00000005"),
+            Reformed(n=2, ranks=[0, 1], action="lossy", perturbation=0.5)]
+    for m in sent:
+        assert parse(json.loads(json.dumps(m.wire()))) == m
+    with pytest.raises(RuntimeError, match="unknown message 'x'"):
+        parse({"type": "x"})
+    with pytest.raises(RuntimeError, match="unknown fields"):
+        parse({**sent[2].wire(), "extra": 1})
+
+
+def test_the_group_changes_state_only_as_the_table_says() -> None:
+    rec, _, _ = _controller("rollback")
+    rec._decide({s: Report(s, "error", "allreduce", 0, executed=10, logical=9)
+                 for s in (0, 1, 2)})
+    assert rec.state is GroupState.TRAINING and rec.log.open[0].failed == [3]
+    with pytest.raises(GroupStateError, match="from training to starting"):
+        rec._to(GroupState.STARTING)  # a restart is decided only once the reports are in
+    assert rec.state is GroupState.TRAINING
+
+
+def test_a_member_is_presumed_hung_a_grace_after_the_first_report_or_a_timeout_later() -> None:
+    assert report_deadline(10.0, 12.0, collective_timeout=5.0) == 12.0 + GRACE
+    # A death seen first: the survivors may learn of it only by their collective timeout.
+    assert report_deadline(10.0, None, collective_timeout=5.0) == 15.0 + GRACE
+    assert stall_seconds(5.0) == 90.0 and stall_seconds(20.0) == 120.0

@@ -24,6 +24,7 @@ from trainthrough.dp.devices import cuda_count, resolve_device
 from trainthrough.dp.hooks import Hooks
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
 from trainthrough.dp.rank import micro_seed
+from trainthrough.engines.gloo.messages import Returned
 from trainthrough.engines.gloo.protocol import RankSpec, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
@@ -79,7 +80,7 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
         except (TypeError, ValueError):
             raise UserError("train(loop) must return a JSON value (numbers, strings, "
                             f"lists, dicts), not {type(value).__name__}") from None
-        post(store, {"type": "returned", "slot": slot, "value": json.loads(text)})
+        post(store, Returned(slot=slot, value=json.loads(text)))
 
 
 def _same(asked: str, actual: torch.device, resolved: torch.device) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.dp.batching import Cursor
 from trainthrough.dp.rank import Replica, Tensors
+from trainthrough.engines.gloo.messages import Saved
 from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, Emit, SaveReport
@@ -56,13 +57,13 @@ class RankSaves:
     """
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, replica: Replica,
-                 every: int, post: Callable[[dict[str, Any]], None]) -> None:
+                 every: int, post: Callable[[Saved], None]) -> None:
         """``every``: the checkpoint interval (``cfg.checkpoint_every`` resolved)."""
         self.policy, self.post = strategy.checkpoint_policy(every), post
         self.saver = _saver(cfg, strategy, url, replica)
         self.host = HostSnapshot()
         self._writing: threading.Thread | None = None
-        self._done: dict[str, Any] | None = None  # the finished write's report
+        self._done: Saved | None = None  # the finished write's report
 
     def after_commit(self, rank: Replica, logical: int, cursor: Cursor, members: list[int]) -> None:
         """The first member committed ``logical``: save now if the policy asks, and report."""
@@ -74,15 +75,18 @@ class RankSaves:
         t = time.perf_counter()
         self.flush()  # one write in flight: the snapshot's buffers are reused
         p = self.saver.plan(rank, logical, cursor, members)
-        report = {"type": "saved", "iteration": logical, "payload": p.payload_bytes}
         if not d.asynchronous:
-            self.post({**report, **self._write(p), "blocked_seconds": time.perf_counter() - t})
+            written = self._write(p)
+            self.post(Saved(iteration=logical, payload=p.payload_bytes,
+                            blocked_seconds=time.perf_counter() - t, **written))
             return
         snap = self.host.take(p.tensors)
-        report["blocked_seconds"] = time.perf_counter() - t
+        blocked = time.perf_counter() - t
 
         def write() -> None:
-            self._done = {**report, **self._write(replace(p, tensors=snap.tensors()))}
+            written = self._write(replace(p, tensors=snap.tensors()))
+            self._done = Saved(iteration=logical, payload=p.payload_bytes,
+                               blocked_seconds=blocked, **written)
 
         self._writing = threading.Thread(target=write, name="checkpoint-write", daemon=True)
         self._writing.start()
@@ -136,13 +140,12 @@ class ControllerSaves:
         self._reports: dict[int, SaveReport] = {}
         self.before: Tensors | None = None  # a survivor's replica before the failed step
 
-    def on_saved(self, event: dict[str, Any]) -> None:
+    def on_saved(self, m: Saved) -> None:
         """Rank 0 reported a save: the Checkpointer decides about every iteration up to it."""
-        error = event.get("error")
-        self._reports[int(event["iteration"])] = SaveReport(
-            int(event.get("bytes", 0)), int(event["payload"]), float(event["blocked_seconds"]),
-            [event["name"]] if "name" in event else [], [error] if error else [])
-        self.checkpointer.after_iteration(int(event["iteration"]))
+        self._reports[m.iteration] = SaveReport(
+            m.bytes, m.payload, m.blocked_seconds,
+            [m.name] if m.name is not None else [], [m.error] if m.error else [])
+        self.checkpointer.after_iteration(m.iteration)
         self._reports.clear()  # a report the policy did not ask for is not a checkpoint
 
     def save(self, d: CheckpointDecision, iteration: int,

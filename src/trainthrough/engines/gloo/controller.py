@@ -3,7 +3,7 @@
 The controller is the parent of every rank. It owns the ``TCPStore`` (a free port on
 127.0.0.1, or on the address :mod:`.net` chooses for a run that spans hosts or names
 one) that outlives the ranks, starts them, and, woken by every event a rank
-posts and at least every :data:`TICK` seconds: drains their events (failures they
+posts and at least every :data:`~.timing.TICK` seconds: drains their events (failures they
 inflict on themselves, checkpoints, parameters to evaluate), notices processes that
 ended, and watches for reports (a group broke, or the ranks
 stopped because it asked). It never trains: evaluation is the only tensor work it
@@ -29,21 +29,29 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
+from trainthrough.engines.gloo.messages import (
+    Before,
+    Copies,
+    Exit,
+    Message,
+    Metrics,
+    Params,
+    RankError,
+    Reported,
+    Returned,
+    Saved,
+    parse,
+)
 from trainthrough.engines.gloo.net import rank_net, store_host
 from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
+from trainthrough.engines.gloo.timing import TICK, stall_seconds
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.events import CheckpointCorrupt, Event
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
-
-# The longest the controller sleeps: ranks' events wake it at once (EventReader.bell);
-# what is not an event (a process ended, a joiner became ready, the wall limit) is
-# looked at this often.
-TICK = 0.05
-START_SECONDS = 120.0  # spawning and importing torch: slow on a loaded machine
 
 
 class GlooEngine:
@@ -75,7 +83,7 @@ class GlooEngine:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
         self.schedule, self.orders = schedule, resolve_orders(schedule)
         self.max_iter = ctx.limits.max_iterations
-        self.result = ctx.result
+        self.result, self.strategy = ctx.result, ctx.strategy
         self.stopping = False
         self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
@@ -173,7 +181,7 @@ class GlooEngine:
 
     def _loop(self) -> None:
         idle_since = time.time()
-        stall = max(90.0, 6 * self.cfg.cost.timeout_seconds)
+        stall = stall_seconds(self.cfg.cost.timeout_seconds)
         while True:
             progressed = self.pump()
             progressed = self.rec.tick() or progressed
@@ -187,14 +195,14 @@ class GlooEngine:
                 idle_since = now
             elif now - idle_since > stall:
                 raise RuntimeError(f"dist engine: no progress for {stall:.0f} s "
-                                   f"(state {self.rec.state}); giving up")
+                                   f"(state {self.rec.state.value}); giving up")
             self.events.bell.wait(TICK)  # an event wakes us at once
 
     def pump(self) -> bool:
-        """Handle every event the ranks posted so far; returns whether there were any."""
+        """Handle every message the ranks posted so far; returns whether there were any."""
         events = self.events.drain()
-        for event, blob in events:
-            self._on_event(event, blob)
+        for wire, blob in events:
+            self._on_event(parse(wire), blob)
         return bool(events)
 
     def request_stop(self) -> None:
@@ -208,84 +216,86 @@ class GlooEngine:
         self.ctx.emit(event)
 
     # -- what the ranks tell us ---------------------------------------------------
-    def _on_event(self, event: dict[str, Any], blob: bytes | None) -> None:
-        kind = event.get("type")
-        if kind == "error" and "user" in event:  # ends the run in one line (exit code 2)
-            raise UserError(str(event["user"]))
-        if kind == "error":
-            raise RuntimeError(f"dist engine: rank {event['slot']} failed with a bug:\n"
-                               f"{event['traceback']}")
-        if kind in ("params", "metrics"):  # the first member's state after a commit
-            self.logical = int(event["logical"])  # goes back on a restart
-            self.iteration = max(self.iteration, int(event["iteration"]))
-            self.result.updates_applied = int(event["applied"])
-            if kind == "params":
+    def _on_event(self, m: Message, blob: bytes | None) -> None:
+        if isinstance(m, RankError) and m.user is not None:  # one line (exit code 2)
+            raise UserError(m.user)
+        if isinstance(m, RankError):
+            raise RuntimeError(f"dist engine: rank {m.slot} failed with a bug:\n{m.traceback}")
+        if isinstance(m, (Params, Metrics)):  # the first member's state after a commit
+            self.logical = m.logical  # goes back on a restart
+            self.iteration = max(self.iteration, m.iteration)
+            self.result.updates_applied = m.applied
+            if isinstance(m, Params):
                 assert blob is not None
-                self.evals.on_params(event, safetensors.torch.load(blob))
-            elif event["iteration"] != self.last_eval or not event["final"]:
+                self.evals.on_params(m, safetensors.torch.load(blob))
+            elif m.iteration != self.last_eval or not m.final:
                 # A user's loop evaluated its own model on its first rank.
-                self._evaluate(event, {}, Evaluation(float(event["metric"]),
-                                                     float(event["loss"])))
+                self.evaluate(m, {}, Evaluation(m.metric, m.loss))
             return
-        if kind == "copies":  # kept by the first member, for a look-back
+        if isinstance(m, Copies):  # kept by the first member, for a look-back
             assert blob is not None
-            self.evals.on_copies(event, safetensors.torch.load(blob))
+            self.evals.on_copies(m, safetensors.torch.load(blob))
             return
-        if kind == "returned":
-            self.returned[int(event["slot"])] = event["value"]
+        if isinstance(m, Returned):
+            self.returned[m.slot] = m.value
             return
-        if kind == "exit":
-            self.hashes[int(event["slot"])] = event["params_sha256"]
-            self.outer_steps = max(self.outer_steps, int(event.get("outer_steps", 0)))
-            self.histories.setdefault(int(event["slot"]), []).extend(event.get("history", []))
-            self.result.iterations = max(self.result.iterations, int(event["executed"]))
+        if isinstance(m, Exit):
+            self.hashes[m.slot] = m.params_sha256
+            self.outer_steps = max(self.outer_steps, m.outer_steps)
+            self.histories.setdefault(m.slot, []).extend(m.history)
+            self.result.iterations = max(self.result.iterations, m.executed)
             return
-        if kind == "saved":  # a report to the Checkpointer, which emits the event
-            self.saves.on_saved(event)
+        if isinstance(m, Saved):  # a report to the Checkpointer, which emits the event
+            self.saves.on_saved(m)
             return
-        if kind == "before":  # what the restart under way is measured against
+        if isinstance(m, Before):  # what the restart under way is measured against
             assert blob is not None
             self.saves.before = safetensors.torch.load(blob)
             return
-        if kind == "report":  # a member wrote its report: the recovery reads them now
-            self.rec.reported = self.rec.reported or int(event["n"]) >= self.rec.n
+        if isinstance(m, Reported):  # a member wrote its report: the recovery reads them now
+            self.rec.reported = self.rec.reported or m.n >= self.rec.n
             return
-        self.emit(self.rec.on_event(event))  # the wire message, as its event
+        self.emit(self.rec.on_event(m))  # the wire message, as its event
 
-    def _evaluate(self, event: dict[str, Any], params: dict[str, torch.Tensor],
-                  scored: Evaluation, look_back: bool = False) -> None:
-        it = int(event["iteration"])
+    @property
+    def group_size(self) -> int:
+        return len(self.rec.members)
+
+    def evaluate(self, m: Params | Metrics, params: dict[str, torch.Tensor],
+                 scored: Evaluation, look_back: bool = False) -> None:
+        """Record an evaluation of the state ``m`` describes; stop at the target."""
+        it = m.iteration
         self.last_eval = it
         done = self.ctx.evaluate(params, it, scored=scored, look_back=look_back,
-                                 logical_iteration=int(event["logical"]),
-                                 ranks=len(self.rec.members))
+                                 logical_iteration=m.logical,
+                                 ranks=self.group_size)
         self.cb.after_step(it, self.ctx.wall())
         if done:
             self.request_stop()
 
     def _finish(self) -> RunResult:
-        r, rec, c = self.result, self.rec, self.saves.checkpointer
-        r.failures = rec.failures
+        r, log, c = self.result, self.rec.log, self.saves.checkpointer
+        r.failures = log.failures
         r.checkpoints, r.checkpoint_bytes, r.checkpoint_blocked_seconds = c.count, c.bytes, c.blocked
         r.checkpoints_failed = c.failed
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
-        live = sorted(rec.members)
+        live = sorted(self.rec.members)
         hashes = [self.hashes.get(s) for s in live]
         r.extras.update(self.devices.record())
         r.extras.update(
-            paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=rec.smallest,
-            reforms=rec.reforms, restarts=rec.restarts, ranks_joined=rec.joined,
-            samples_dropped=rec.samples_dropped, logical_iterations=self.logical,
-            detection_seconds=rec.detections, reform_seconds=rec.reform_times,
-            restart_seconds=rec.restart_times,
+            paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=log.smallest,
+            reforms=log.reforms, restarts=log.restarts, ranks_joined=log.joined,
+            samples_dropped=log.samples_dropped, logical_iterations=self.logical,
+            detection_seconds=log.detections, reform_seconds=log.reform_times,
+            restart_seconds=log.restart_times,
             replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
             store_address=f"{self.host}:{self.store.port}",
             time_to_target=r.sim_seconds_to_target)
         if self.ctx.strategy.relaxed:
             r.extras.update(sync=self.ctx.strategy.sync, sync_every=self.cfg.sync_every,
                             outer_steps=self.outer_steps,
-                            local_steps_lost=rec.local_steps_lost,
-                            local_steps_lost_total=sum(rec.local_steps_lost))
+                            local_steps_lost=log.local_steps_lost,
+                            local_steps_lost_total=sum(log.local_steps_lost))
         if self.program is not None:
             r.extras.update(returned=self.returned.get(min(self.returned, default=0)),
                             committed=_lineage(self.histories))

@@ -37,11 +37,12 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.engines.evaluation import EvalAction, EvalPolicy
+from trainthrough.engines.gloo.messages import Copies, Params
 from trainthrough.engines.gloo.protocol import get, post, put
 from trainthrough.workloads.base import Evaluation
 
 if TYPE_CHECKING:
-    from trainthrough.engines.gloo.controller import GlooEngine
+    from trainthrough.engines.gloo.port import ControllerPort
 
 KEY = "evalctl"
 Tensors = dict[str, torch.Tensor]
@@ -113,31 +114,31 @@ class RankEvals:
             return
         copies = [[i, *self.kept[i][:2]] for i in iterations]
         tensors = {f"{i}/{n}": v for i in iterations for n, v in self.kept[i][2].items()}
-        post(self.store, {"type": "copies", "id": ask, "copies": copies}, _blob(tensors))
+        post(self.store, Copies(id=ask, copies=copies), _blob(tensors))
 
     def _post(self, executed: int, logical: int, applied: int, params: Tensors) -> None:
-        post(self.store, {"type": "params", "iteration": executed, "logical": logical,
-                          "final": False, "applied": applied}, _blob(params))
+        post(self.store, Params(iteration=executed, logical=logical, final=False,
+                                applied=applied), _blob(params))
 
 
 class ControllerEvals:
     """The controller's side: score what the first member posts, look back when asked."""
 
-    def __init__(self, engine: GlooEngine) -> None:
-        self.e, self.ctx = engine, engine.ctx
+    def __init__(self, port: ControllerPort) -> None:
+        self.port, self.ctx = port, port.ctx
         self.asked = 0
         # The evaluation waiting for its look-back, and what arrived after it.
-        self.pending: tuple[dict[str, Any], Tensors, Evaluation] | None = None
-        self.queue: list[tuple[dict[str, Any], Tensors]] = []
+        self.pending: tuple[Params, Tensors, Evaluation] | None = None
+        self.queue: list[tuple[Params, Tensors]] = []
 
     def start(self) -> None:
         """Set the key the ranks read (before any rank starts)."""
         self._publish(None)
 
-    def on_params(self, event: dict[str, Any], params: Tensors) -> None:
+    def on_params(self, event: Params, params: Tensors) -> None:
         """Parameters the first member posted for evaluation."""
-        it = int(event["iteration"])
-        if event["final"] and self._seen(it):  # the last step was posted already
+        it = event.iteration
+        if event.final and self._seen(it):  # the last step was posted already
             return
         if self.pending is not None:
             self.queue.append((event, params))
@@ -151,16 +152,16 @@ class ControllerEvals:
             return
         self._score(event, params, ev, look_back)
 
-    def on_copies(self, event: dict[str, Any], tensors: Tensors) -> None:
+    def on_copies(self, event: Copies, tensors: Tensors) -> None:
         """Copies the first member sent (asked for, or left behind): keep them; an answer
         to the ask under way releases the evaluation held back."""
-        for it, logical, _applied in event["copies"]:
+        for it, logical, _applied in event.copies:
             if self.ctx.result.iterations_to_target is None and it > self.ctx.evals.scored:
                 prefix = f"{it}/"
                 params = {n[len(prefix):]: v for n, v in tensors.items() if n.startswith(prefix)}
                 self.ctx.keep(it, params, logical_iteration=logical,
-                              ranks=len(self.e.rec.members))
-        if self.pending is not None and int(event["id"]) == self.asked:
+                              ranks=self.port.group_size)
+        if self.pending is not None and event.id == self.asked:
             self.close()
 
     def close(self) -> None:
@@ -175,18 +176,18 @@ class ControllerEvals:
     def _seen(self, iteration: int) -> bool:
         held = [e for e, _ in self.queue] + ([self.pending[0]] if self.pending else [])
         return iteration <= self.ctx.evals.scored or any(
-            int(e["iteration"]) == iteration for e in held)
+            e.iteration == iteration for e in held)
 
     def _missing(self, iteration: int) -> bool:
         """Whether iterations before ``iteration`` since the last evaluation lack a copy."""
         have = {k.iteration for k in self.ctx.evals.gap(iteration)}
         return len(have) < iteration - self.ctx.evals.scored - 1
 
-    def _score(self, event: dict[str, Any], params: Tensors, ev: Evaluation,
+    def _score(self, event: Params, params: Tensors, ev: Evaluation,
                look_back: bool) -> None:
-        self.e._evaluate(event, params, ev, look_back=look_back)
+        self.port.evaluate(event, params, ev, look_back=look_back)
         self._publish(None)
 
     def _publish(self, ask: list[int] | None) -> None:
-        put(self.e.store, KEY, {"acked": self.ctx.evals.scored, "ask": ask,
+        put(self.port.store, KEY, {"acked": self.ctx.evals.scored, "ask": ask,
                                 "reached": self.ctx.result.iterations_to_target is not None})

@@ -66,14 +66,15 @@ class Injector:
 
     ``logical`` reads the rank's logical iteration, which the failure event reports
     (the controller needs it when no survivor is left to say how far the run got);
-    ``extra``, more fields for it (relaxed sync: the local steps the rank takes along).
+    ``local_steps``, what it adds (relaxed sync: the local steps the rank takes along;
+    None otherwise).
     """
 
     def __init__(self, orders: list[dict[str, object]], store: dist.Store, t0: float,
                  logical: Callable[[], int],
-                 extra: Callable[[], dict[str, object]] = dict) -> None:
+                 local_steps: Callable[[], int | None] = lambda: None) -> None:
         self.orders = [Order(**o) for o in orders]  # type: ignore[arg-type]
-        self.store, self.t0, self.logical, self.extra = store, t0, logical, extra
+        self.store, self.t0, self.logical, self.local_steps = store, t0, logical, local_steps
 
     async def at(self, point: str, step: int) -> None:
         """Fail now if an order for ``point`` is due (this call then never returns)."""
@@ -86,13 +87,14 @@ class Injector:
                 self._die(o, phase, step, self.logical())
 
     def _die(self, o: Order, phase: str, executed: int, logical: int) -> None:
+        from trainthrough.engines.gloo.messages import Failed
         from trainthrough.engines.gloo.protocol import post
 
         # Posted before dying, so the controller knows what failed, where and when.
-        post(self.store, {"type": "failure", "kind": "rank", "ids": [o.slot], "spec": o.spec,
-                          "phase": o.phase, "phase_kind": phase, "mode": o.mode,
-                          "iteration": executed, "logical": logical, "pid": os.getpid(),
-                          **self.extra()})
+        post(self.store, Failed(kind="rank", ids=[o.slot], spec=o.spec, phase=o.phase,
+                                phase_kind=phase, mode=o.mode, iteration=executed,
+                                logical=logical, pid=os.getpid(),
+                                local_steps=self.local_steps()))
         strike_self(signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
         # A stopped rank resumes here only if someone sends SIGCONT; it must not go on.
         os._exit(3)

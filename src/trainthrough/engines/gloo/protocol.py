@@ -34,12 +34,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-RankSpec = dict[str, Any]  # plain values only: it crosses the spawn pipe
+from trainthrough.engines.gloo.messages import Message, Reported
+from trainthrough.engines.gloo.timing import PLAN_WAIT_SECONDS
 
-# How long a rank waits for the controller's next plan before giving up: the
-# controller decides within a grace period of the last report, so this only ends
-# ranks whose controller is gone.
-PLAN_WAIT_SECONDS = 120.0
+RankSpec = dict[str, Any]  # plain values only: it crosses the spawn pipe
 
 
 @dataclass(frozen=True)
@@ -211,18 +209,18 @@ def has(store: dist.Store, key: str) -> bool:
     return bool(store.check([key]))
 
 
-def post(store: dist.Store, event: dict[str, Any], blob: bytes | None = None) -> None:
-    """Append an event to the queue the controller drains; ``blob`` travels beside it.
+def post(store: dist.Store, message: Message, blob: bytes | None = None) -> None:
+    """Append a message to the queue the controller drains; ``blob`` travels beside it.
 
-    The blob is stored before the event names it, and the slot number is taken
+    The blob is stored before the message names it, and the slot number is taken
     atomically, so concurrent posters never overwrite each other.
     """
     i = store.add("evq", 1) - 1
+    wire = message.wire()
     if blob is not None:
         store.set(f"blob/{i}", blob)  # type: ignore[arg-type]  # bytes are accepted as is
-        event = {**event, "blob": f"blob/{i}"}
-    event.setdefault("t", time.time())
-    put(store, f"evq/{i}", event)
+        wire["blob"] = f"blob/{i}"
+    put(store, f"evq/{i}", wire)
 
 
 class EventReader:
@@ -246,10 +244,10 @@ class EventReader:
             if raw == CLOSED.encode():
                 break  # its poster took the number but has not written it yet
             event = json.loads(raw)
-            blob = None
-            if "blob" in event:
-                blob = self.store.get(event["blob"])
-                self.store.delete_key(event["blob"])
+            key, blob = event.pop("blob", None), None  # transport only: not the message's
+            if key is not None:
+                blob = self.store.get(key)
+                self.store.delete_key(key)
             out.append((event, blob))
             self.seen += 1
         while self.deleted < min(self.seen, self.bell.start + self.bell.rung):
@@ -276,7 +274,7 @@ def write_report(store: dist.Store, n: int, report: Report) -> None:
     """Write a member's report, then announce it in the event queue (the controller
     reads reports only when announced, rather than polling every member's key)."""
     put(store, f"report/{n}/{report.slot}", asdict(report))
-    post(store, {"type": "report", "n": n, "slot": report.slot})
+    post(store, Reported(n=n, slot=report.slot))
 
 
 def read_reports(store: dist.Store, n: int, slots: list[int]) -> dict[int, Report]:

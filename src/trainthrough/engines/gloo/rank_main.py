@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.messages import RankError
 from trainthrough.engines.gloo.net import IFNAME_ENV, LOOPBACK, gloo_interface
 from trainthrough.engines.gloo.protocol import PLAN_WAIT_SECONDS, RankSpec, connect, post
 from trainthrough.engines.gloo.session import RankSession
@@ -54,10 +55,10 @@ def main(spec: RankSpec) -> int:
         else:
             _run(spec, store)
     except UserError as e:  # the user's to fix (a diverged loss): one line, no traceback
-        post(store, {"type": "error", "slot": spec["slot"], "user": str(e)})
+        post(store, RankError(slot=int(spec["slot"]), user=str(e)))
         return 1
     except Exception:  # a bug: tell the controller rather than leave peers waiting
-        post(store, {"type": "error", "slot": spec["slot"], "traceback": traceback.format_exc()})
+        post(store, RankError(slot=int(spec["slot"]), traceback=traceback.format_exc()))
         return 1
     return 0
 

@@ -1,11 +1,12 @@
 """Membership and recovery for the ``dist`` controller: start, fail, re-form, restart, grow.
 
-States: ``starting`` (processes spawned, waiting until every one is ready, then the
-start plan is published), ``training`` (a group is running; watch for reports and
-deaths), and back. When a group breaks, the survivors report; the controller waits
+States (:mod:`.group_state`, which says which fields mean something when): STARTING
+(processes spawned, waiting until every one is ready, then the start plan is
+published), TRAINING (a group is running; watch for reports and deaths), REPORTING
+(the group ended: wait for the reports), and back. When a group breaks, the survivors report; the controller waits
 until every member whose process is still alive has reported, or a grace period
 after the first report (after the collective timeout when a death came first: see
-``_report_deadline``; a hung rank never reports: it is then presumed failed and
+``timing.report_deadline``; a hung rank never reports: it is then presumed failed and
 SIGKILLed). Who reported is who is alive: that is the agreement. The strategy's
 policy (the same as ``sim``'s) then decides:
 
@@ -26,69 +27,72 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainthrough.dp.step import group_phase
+from trainthrough.engines.gloo.group_state import (
+    TRANSITIONS,
+    GroupState,
+    GroupStateError,
+    OpenRecovery,
+)
+from trainthrough.engines.gloo.ledger import RecoveryLog
+from trainthrough.engines.gloo.messages import Failed, Message
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
-from trainthrough.engines.signals import note_injected
-from trainthrough.events import (
-    CheckpointCorrupt,
-    Completed,
-    Detection,
-    Event,
-    Failure,
-    RankJoined,
-    Recovery,
-    RecoveryEnded,
-    Reform,
-    Restored,
-    TrainingResumed,
-)
+from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline
+from trainthrough.events import CheckpointCorrupt, Detection, Event, Restored
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
 
 if TYPE_CHECKING:
-    from trainthrough.engines.gloo.controller import GlooEngine
+    from trainthrough.engines.gloo.port import ControllerPort
 
-GRACE = 0.5  # after the first survivor reports, the others follow within milliseconds
 
 
 class DistRecovery:
     """The controller's view of who is in the group, and what happens on a change."""
 
-    def __init__(self, engine: GlooEngine, orders: list[dict[str, Any]]) -> None:
-        self.e, self.orders = engine, orders
-        cfg = engine.cfg
-        self.policy = group_recovery_policy(engine.ctx.strategy.recovery)
+    def __init__(self, port: ControllerPort, orders: list[dict[str, Any]]) -> None:
+        self.port, self.orders = port, orders
+        cfg = port.cfg
+        self.policy = group_recovery_policy(port.strategy.recovery)
         self.replacement = ReplacementPolicy(cfg.replace, cfg.recovery_delay)
-        self.n, self.members, self.state = 0, list[int](), "starting"
+        self.state = GroupState.NEW
+        # STARTING: the processes spawned, and when.
         self.waiting: list[Proc] = []
         self.started_at = 0.0
+        # From TRAINING on: attempt n's group, and the replacements waiting to join it.
+        self.n, self.members = 0, list[int]()
         self.joiners: list[tuple[Proc, float]] = []
         self.grow_requested = False
-        self.first_sign: float | None = None  # a report or a death: the group broke
-        self.first_report: float | None = None
         self.reported = False  # a member announced a report (protocol.write_report)
-        self.fail_events: list[dict[str, Any]] = []
-        self.open: list[dict[str, Any]] = []  # recoveries waiting for their first commit
-        self.failures = self.reforms = self.restarts = self.joined = self.samples_dropped = 0
-        self.smallest = cfg.ranks
-        self.detections: list[float] = []
-        self.reform_times: list[float] = []
-        self.restart_times: list[float] = []
-        self.join_times: list[float] = []
-        self.t_detect = self.t_grow = 0.0
-        self.last_joined: list[int] = []
-        self.local_steps_lost: list[int] = []  # relaxed sync: per lost rank
+        # REPORTING only: a report or a death (the group broke), and the first report.
+        self.first_sign: float | None = None
+        self.first_report: float | None = None
+        # Any state: failures not yet matched to a decision, open recoveries, counters.
+        self.log = RecoveryLog(port, cfg.ranks)
 
     # -- starting -----------------------------------------------------------------
     def start(self, slots: range | list[int], mode: str, attempt: int, executed: int,
               restore: int | None = None) -> None:
         """Spawn a process per slot; attempt ``attempt`` starts once all are ready."""
-        ctl = self.e.store.add("ctl", 0)
-        self.waiting = [self.e.procs.spawn(s, mode, attempt, executed, ctl,
+        ctl = self.port.store.add("ctl", 0)
+        self.waiting = [self.port.procs.spawn(s, mode, attempt, executed, ctl,
                                            self._orders_for(s, executed),
-                                           self.e.result.updates_applied, restore)
+                                           self.port.result.updates_applied, restore)
                         for s in slots]
-        self.n, self.state, self.started_at = attempt, "starting", time.time()
+        self._to(GroupState.STARTING)
+        self.n, self.started_at = attempt, time.time()
+
+    def _to(self, to: GroupState) -> None:
+        """Go to state ``to``: the only place the state changes.
+
+        Raises:
+            GroupStateError: :data:`~.group_state.TRANSITIONS` has no such change.
+        """
+        if to not in TRANSITIONS[self.state]:
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state])) or "none"
+            raise GroupStateError(f"dist engine: the group cannot go from {self.state.value} "
+                                  f"to {to.value} (from {self.state.value}: {allowed})")
+        self.state = to
 
     def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
         """Orders a new process of ``slot`` carries: all of the slot's pending ones.
@@ -102,132 +106,76 @@ class DistRecovery:
 
     def finished(self) -> bool:
         """The members of the running attempt all ended cleanly: the run is over."""
-        cur = self.e.procs.current
-        return (self.state == "training" and bool(self.members)
+        cur = self.port.procs.current
+        # REPORTING too: the run ends with its members' clean exits, whatever came before.
+        return (self.state in (GroupState.TRAINING, GroupState.REPORTING) and bool(self.members)
                 and all(cur[s].exitcode == 0 for s in self.members))
 
     # -- every tick ---------------------------------------------------------------
     def tick(self) -> bool:
         """Advance the state machine; returns whether anything happened."""
-        if self.state == "starting":
+        if self.state is GroupState.STARTING:
             ended = [p for p in self.waiting if p.exitcode is not None]
             if ended:
                 p = ended[0]
                 why = getattr(p.process, "why", "")
                 raise RuntimeError(f"dist engine: rank {p.slot} ended while starting "
                                    f"(exit code {p.exitcode}{': ' + why if why else ''})")
-            if time.time() - self.started_at > 120:
-                raise RuntimeError("dist engine: rank processes did not start within 120 s")
-            if not all(self.e.procs.ready(p) for p in self.waiting):
+            if time.time() - self.started_at > START_SECONDS:
+                raise RuntimeError("dist engine: rank processes did not start within "
+                                   f"{START_SECONDS:g} s")
+            if not all(self.port.procs.ready(p) for p in self.waiting):
                 return False
             self.members = sorted(p.slot for p in self.waiting)
-            write_plan(self.e.store, Plan(self.n, self.members, "start"))
-            self.state = "training"
+            write_plan(self.port.store, Plan(self.n, self.members, "start"))
+            self._to(GroupState.TRAINING)
             return True
         now = time.time()
-        dead = [p for p in self.e.procs.newly_dead() if p.exitcode != 0]
+        dead = [p for p in self.port.procs.newly_dead() if p.exitcode != 0]
         if any(p.slot not in self.members for p in dead):
             raise RuntimeError("dist engine: a replacement rank process ended before joining")
         # Reports are read only once a member said it wrote one (a ``report`` event)
         # or a process ended: not N store round trips every tick.
-        if not (self.reported or dead or self.first_sign is not None):
+        if not (self.reported or dead or self.state is GroupState.REPORTING):
             self._maybe_grow()
             return False
-        reports = read_reports(self.e.store, self.n, self.members)
+        reports = read_reports(self.port.store, self.n, self.members)
         # With a relaxed sync the survivors find a loss only at their next outer step,
         # after up to H inner steps: a death starts the wait for their reports only if
         # nobody is left to report (a hung member is found by their collective timeout).
-        relaxed = self.e.ctx.strategy.relaxed
-        sign = reports or (dead and (not relaxed or not any(self.e.procs.alive(s)
+        relaxed = self.port.strategy.relaxed
+        sign = reports or (dead and (not relaxed or not any(self.port.procs.alive(s)
                                                             for s in self.members)))
-        if sign and self.first_sign is None:
+        if sign and self.state is GroupState.TRAINING:
+            self._to(GroupState.REPORTING)
             self.first_sign = now
         if reports and self.first_report is None:
             self.first_report = now
-        if self.first_sign is not None:
-            expected = [s for s in self.members if self.e.procs.alive(s)]
-            if all(s in reports for s in expected) or now > self._report_deadline():
+        if self.state is GroupState.REPORTING:
+            expected = [s for s in self.members if self.port.procs.alive(s)]
+            assert self.first_sign is not None
+            deadline = report_deadline(self.first_sign, self.first_report,
+                                       self.port.cfg.cost.timeout_seconds)
+            if all(s in reports for s in expected) or now > deadline:
                 self._decide(reports)
                 return True
         self._maybe_grow()
         return bool(dead)
 
-    def on_event(self, event: dict[str, Any]) -> Event:
-        """Bookkeeping for a message from the ranks (``failure``, ``reformed``,
-        ``completed``, ``resumed``: protocol.py's wire messages); returns the event the
-        controller records for it.
+    def on_event(self, m: Message) -> Event:
+        """Bookkeeping for a message from the ranks (:meth:`.ledger.RecoveryLog.on_event`
+        says which); a failure's order is spent. Returns the event the controller
+        records for it.
 
         Raises:
-            RuntimeError: a message of a kind no rank sends.
+            RuntimeError: a message of a kind the recovery does not handle.
         """
-        kind, t = event.get("type"), float(event.get("t", time.time()))
-        if kind == "failure":
-            self.failures += 1
-            if event.get("pid"):  # the rank struck itself: its death is this failure
-                note_injected(int(event["pid"]))
-            self.fail_events.append(event)
-            if "local_steps" in event:
-                self.local_steps_lost.append(int(event["local_steps"]))
+        if isinstance(m, Failed):
             for i, o in enumerate(self.orders):  # that order is spent
-                if (o["slot"], o["spec"], o["phase"]) == (event["ids"][0], event["spec"],
-                                                         event["phase"]):
+                if (o["slot"], o["spec"], o["phase"]) == (m.ids[0], m.spec, m.phase):
                     del self.orders[i]
                     break
-            return Failure(kind=event.get("kind", "rank"), ids=list(event["ids"]),
-                           spec=event["spec"], phase=event["phase"],
-                           phase_kind=event["phase_kind"], mode=event.get("mode"),
-                           iteration=int(event["iteration"]), logical=int(event["logical"]),
-                           pid=event.get("pid"))
-        if kind == "reformed" and event.get("action") == "join":
-            self.join_times.append(t - self.t_grow)
-            self.joined += len(self.last_joined)
-            return RankJoined(n=event["n"], ranks=event["ranks"], action="join",
-                              join_seconds=t - self.t_grow, slots=self.last_joined)
-        if kind == "reformed":
-            self.reform_times.append(t - self.t_detect)
-            for rec in self.open:  # measured by the first member of the recovering group
-                if rec.get("n") == event["n"] and "perturbation" in event:
-                    rec["perturbation"] = float(event["perturbation"])
-            return Reform(n=event["n"], ranks=event["ranks"], action=event["action"],
-                          reform_seconds=t - self.t_detect)
-        if kind == "completed":
-            self.samples_dropped += int(event["samples_dropped"])
-            self.e.result.updates_lost += len(self.open[-1]["failed"]) if self.open else 0
-            return Completed(micro_dropped=int(event["micro_dropped"]),
-                             samples_dropped=int(event["samples_dropped"]))
-        if kind == "resumed":
-            for rec in self.open:
-                self._close(rec, t)
-            self.open = []
-            return TrainingResumed(iteration=int(event["iteration"]))
-        raise RuntimeError(f"dist engine: a rank sent an unknown message {kind!r}")
-
-    def _close(self, rec: dict[str, Any], t: float) -> None:
-        if rec.get("restart"):
-            self.restart_times.append(t - rec["t_detect"])
-        # Unknown (NaN) if the attempt that carried it out broke before it reported.
-        norm = rec.get("perturbation", float("nan"))
-        r = Recovery(failed=[f"rank{i}" for i in rec["failed"]], at_iteration=rec["iteration"],
-                     recovery_seconds=t - rec["t_fail"], perturbation_norm=norm,
-                     action=rec["action"], restored_from=rec.get("restored_from"))
-        self.e.result.recoveries.append(r)
-        self.e.emit(RecoveryEnded(recovery=r, phase=rec["phase"],
-                                  detection_seconds=rec["t_detect"] - rec["t_fail"]))
-
-    def _report_deadline(self) -> float:
-        """When a live member that has not reported is presumed hung.
-
-        Once one survivor reported, the others follow within milliseconds (they hit the
-        same broken collective). A death seen before any report is another matter: a
-        survivor learns of it from its own collective, between steps only at the next
-        one and at worst by the collective timeout, later still on a loaded machine.
-        Presuming it hung sooner would kill healthy ranks and turn the loss of one
-        into a restart of all.
-        """
-        assert self.first_sign is not None
-        if self.first_report is not None:
-            return self.first_report + GRACE
-        return self.first_sign + self.e.cfg.cost.timeout_seconds + GRACE
+        return self.log.on_event(m)
 
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
@@ -235,9 +183,9 @@ class DistRecovery:
         self.first_report = None
         # A victim posts its failure before it dies, and survivors report after: drain
         # once more, so the failure event is in even if it came within this tick.
-        self.e.pump()
+        self.port.pump()
         now = time.time()
-        procs = self.e.procs
+        procs = self.port.procs
         self.first_sign = None
         survivors = sorted(reports)
         failed = [s for s in self.members if s not in reports]
@@ -247,96 +195,98 @@ class DistRecovery:
         if not errors and not failed:
             self._grow(survivors)
             return
-        victims = [e for e in self.fail_events if e["ids"][0] in failed]
-        self.fail_events = [e for e in self.fail_events if e not in victims]
-        struck = victims[0]["phase_kind"] if victims else "boundary"
+        victims = [e for e in self.log.fail_events if e.ids[0] in failed]
+        self.log.fail_events = [e for e in self.log.fail_events if e not in victims]
+        struck = victims[0].phase_kind if victims else "boundary"
         phase = group_phase(struck)
         died = [t for s in failed if (t := procs.current[s].died_at) is not None]
         t_detect = min((r.t for r in errors), default=now)
         # An injected failure says when it struck; a loss nobody injected (a node gone)
         # is dated by its first sign: a death seen, or the first survivor's error.
-        t_fail = float(victims[0]["t"]) if victims else min([*died, t_detect])
-        self.t_detect = t_detect
-        self.detections.append(t_detect - t_fail)
+        t_fail = victims[0].t if victims else min([*died, t_detect])
+        self.log.t_detect = t_detect
+        self.log.detections.append(t_detect - t_fail)
         # With no survivor, the victims' own last words say how far the run got.
         # An interrupted attempt counts as executed (as in sim); one not begun does not.
         executed = max([r.executed for r in reports.values()]
-                       + [int(e["iteration"]) + (e["phase"] != "boundary") for e in victims],
-                       default=self.e.iteration)
-        at_iteration = min((int(e["iteration"]) for e in victims), default=executed)
+                       + [e.iteration + (e.phase != "boundary") for e in victims],
+                       default=self.port.iteration)
+        at_iteration = min((e.iteration for e in victims), default=executed)
         logical = max([r.logical for r in reports.values()]
-                      + [int(e["logical"]) for e in victims], default=self.e.logical)
+                      + [e.logical for e in victims], default=self.port.logical)
         done = min((r.buckets_done if r.phase == "allreduce" else 0 for r in errors), default=0)
         # A member's last collective may complete where another's failed (a ring's
         # last messages): those behind catch up with one that committed.
         behind = len({r.logical for r in reports.values()}) > 1
         d = self.policy.decide(GroupFailure(tuple(failed), len(survivors), phase,  # type: ignore[arg-type]
-                                            done, self.e.saves.checkpointer.count > 0))
-        self.e.emit(Detection(iteration=at_iteration, failed=[f"rank{i}" for i in failed],
+                                            done, self.port.saves.checkpointer.count > 0))
+        self.port.emit(Detection(iteration=at_iteration, failed=[f"rank{i}" for i in failed],
                               detection_seconds=t_detect - t_fail, survivors=survivors))
-        rec = {"failed": failed, "iteration": at_iteration, "logical": logical, "t_fail": t_fail,
-               "t_detect": t_detect, "action": d.action.value, "phase": struck}
-        self.open.append(rec)
+        rec = OpenRecovery(failed, at_iteration, logical, t_fail, t_detect, d.action.value,
+                           struck)
+        self.log.open.append(rec)
         if d.action is RecoveryAction.ROLLBACK_ALL:
-            rec["restart"] = True
+            rec.restart = True
             self._restart(survivors, executed, rec)
             return
         action = "rollback" if d.action is RecoveryAction.MINI_BATCH_ROLLBACK else "lossy"
         self.n += 1
-        rec["n"] = self.n
+        rec.n = self.n
         self.members = survivors
-        write_plan(self.e.store, Plan(self.n, survivors, action,
+        write_plan(self.port.store, Plan(self.n, survivors, action,
                                       complete=d.complete_step and not behind,
                                       buckets_done=done,
                                       # relaxed: the survivors went on with inner steps
-                                      uncount=phase == "boundary" and not self.e.ctx.strategy.relaxed,
+                                      uncount=phase == "boundary" and not self.port.strategy.relaxed,
                                       sync=behind, logical=logical))
-        self.reforms += 1
-        self.smallest = min(self.smallest, len(survivors))
+        self._to(GroupState.TRAINING)
+        self.log.reforms += 1
+        self.log.smallest = min(self.log.smallest, len(survivors))
         join = self.replacement.decide(tuple(failed), now)
         if join is not None:
-            ctl = self.e.store.add("ctl", 0)
+            ctl = self.port.store.add("ctl", 0)
             for s in join.slots:  # warm now, join once the delay is over
                 p = procs.spawn(s, "join", -1, executed, ctl, self._orders_for(s, executed))
                 self.joiners.append((p, join.at_seconds))
 
-    def _restart(self, survivors: list[int], executed: int, rec: dict[str, Any]) -> None:
+    def _restart(self, survivors: list[int], executed: int, rec: OpenRecovery) -> None:
         """Checkpoint-restart: every process leaves; fresh ones all load the checkpoint
         chosen here, once."""
-        procs, e = self.e.procs, self.e
+        procs, e = self.port.procs, self.port
         self.n += 1
         write_plan(e.store, Plan(self.n, survivors, "exit"))
         procs.wait_exit([procs.current[s] for s in survivors]
                         + [p for p, _ in self.joiners], timeout=10)
         e.pump()  # the first survivor's replica before the interrupted step, if it sent it
         self.joiners, self.grow_requested = [], False
-        self.restarts += 1
-        step, rec["perturbation"] = e.saves.choose(
+        self.log.restarts += 1
+        step, rec.perturbation = e.saves.choose(
             lambda msg: e.emit(CheckpointCorrupt(message=msg)))
-        restored = rec["restored_from"] = 0 if step is None else step
-        e.result.updates_lost += (rec["logical"] - restored) * e.cfg.ranks
+        restored = rec.restored_from = 0 if step is None else step
+        e.result.updates_lost += (rec.logical - restored) * e.cfg.ranks
         e.emit(Restored(step=restored))
         self.start(range(e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed,
                    restore=step)
 
     def _maybe_grow(self) -> None:
-        if self.grow_requested or self.e.stopping or not self.joiners:
+        if self.grow_requested or self.port.stopping or not self.joiners:
             return
         now = time.time()
-        if any(at <= now and self.e.procs.ready(p) for p, at in self.joiners):
+        if any(at <= now and self.port.procs.ready(p) for p, at in self.joiners):
             self.grow_requested = True
-            request(self.e.store)
+            request(self.port.store)
 
     def _grow(self, survivors: list[int]) -> None:
         """Everyone stopped at a step boundary because we asked: take the joiners in."""
         now = time.time()
         # Timed from here, not from the request: a failure may have come in between.
-        self.grow_requested, self.t_grow = False, now
-        ready = [p for p, at in self.joiners if at <= now and self.e.procs.ready(p)]
+        self.grow_requested, self.log.t_grow = False, now
+        ready = [p for p, at in self.joiners if at <= now and self.port.procs.ready(p)]
         self.joiners = [(p, at) for p, at in self.joiners if p not in ready]
-        self.last_joined = [p.slot for p in ready]
+        self.log.last_joined = [p.slot for p in ready]
         self.n += 1
         for p in ready:
-            self.e.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
+            self.port.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
         self.members = sorted(survivors + [p.slot for p in ready])
-        write_plan(self.e.store, Plan(self.n, self.members, "join" if ready else "start"))
+        write_plan(self.port.store, Plan(self.n, self.members, "join" if ready else "start"))
+        self._to(GroupState.TRAINING)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from trainthrough.dp.collective import PeerLost
 from trainthrough.engines.gloo.group import Group
+from trainthrough.engines.gloo.messages import Exit
 from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
@@ -144,5 +145,5 @@ class RankSession:
             self.g = None
         self.tr.close()
         out = {**self.tr.finish(), "history": self.tr.history}
-        post(self.store, {"type": "exit", **out})
+        post(self.store, Exit(**out))
         return out

@@ -41,6 +41,14 @@ from trainthrough.engines.gloo.checkpoints import RankSaves
 from trainthrough.engines.gloo.evals import RankEvals
 from trainthrough.engines.gloo.faults import Injector
 from trainthrough.engines.gloo.group import Group
+from trainthrough.engines.gloo.messages import (
+    Before,
+    Metrics,
+    Params,
+    Reformed,
+    Resumed,
+    StepCompleted,
+)
 from trainthrough.engines.gloo.protocol import Doorbell, Plan, post
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.ft.perturbation import perturbation
@@ -63,7 +71,7 @@ class Trainer:
                  mean: bool = True, joining: bool = False) -> None:
         self.cfg, self.slot, self.store = cfg, slot, store
         self.inj = Injector(orders, store, t0, logical=lambda: self.logical,
-                            extra=self._failure_fields)
+                            local_steps=self._local_steps)
         strategy = resolve(cfg.strategy)
         # Relaxed sync: the replica carries the outer state (dp/relaxed.py); the outer
         # steps due after the last inner step, run (again, after a loss) before the next.
@@ -76,7 +84,7 @@ class Trainer:
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
         self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets), mean)
         self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica, checkpoint_every,
-                               lambda event: post(store, event))
+                               lambda saved: post(store, saved))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
         self.limit_epochs: int | None = None  # a user's loop ends after so many epochs
         self.last_share: list[MicroBatch] = []  # this rank's part of the last commit
@@ -133,8 +141,8 @@ class Trainer:
             dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
             reference = full if full is not None else self.replica.params
             if g.rank == 0 and dropped:
-                post(self.store, {"type": "completed", "micro_dropped": dropped,
-                                  "samples_dropped": dropped * self.micro})
+                post(self.store, StepCompleted(micro_dropped=dropped,
+                                               samples_dropped=dropped * self.micro))
             self._commit(g, fl)
         if plan.uncount:
             self.executed -= 1
@@ -143,17 +151,17 @@ class Trainer:
         if plan.action == "start" and self.executed == 0 and g.rank == 0:
             self.post_params()  # the initial evaluation, as sim does
         if g.rank == 0 and plan.action != "start":
-            event = {"type": "reformed", "n": plan.n, "ranks": g.members, "action": plan.action}
-            if plan.action in ("rollback", "lossy"):
-                event["perturbation"] = perturbation(reference, self.replica.params)[0]
-            post(self.store, event)
+            norm = (perturbation(reference, self.replica.params)[0]
+                    if plan.action in ("rollback", "lossy") else None)
+            post(self.store, Reformed(n=plan.n, ranks=list(g.members), action=plan.action,
+                                      perturbation=norm))
 
     def post_before(self) -> None:
         """The group restarts: send the replica as it was before the interrupted step
         (as it is: an uncommitted step never touched it), the restart's reference.
         A checkpoint still being written is finished first: the restart may load it."""
         self.saves.flush()
-        post(self.store, {"type": "before"}, _blob(self.replica.params))
+        post(self.store, Before(), _blob(self.replica.params))
         self.evals.leave(restart=True)
 
     def _share_state(self, g: Group, holder: bool) -> None:
@@ -240,12 +248,12 @@ class Trainer:
             self.outer_steps += 1
         return ctl
 
-    def _failure_fields(self) -> dict[str, object]:
+    def _local_steps(self) -> int | None:
         """What this rank's failure event adds: with a relaxed sync, the local steps it
         takes along (applied since its last outer step)."""
         if isinstance(self.replica, RelaxedReplica):
-            return {"local_steps": self.replica.since_sync}
-        return {}
+            return self.replica.since_sync
+        return None
 
     def shown(self) -> Tensors:
         """The parameters evaluated and compared: the replica's (with a relaxed sync,
@@ -276,7 +284,7 @@ class Trainer:
         if g.rank != 0:
             return
         if self.resumed:
-            post(self.store, {"type": "resumed", "iteration": self.executed})
+            post(self.store, Resumed(iteration=self.executed))
         recovered, self.resumed = self.resumed, False
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
         # Relaxed sync: the parameters evaluated change only at outer steps, so one
@@ -293,12 +301,13 @@ class Trainer:
         if final:
             self.evals.leave()
         if self.evaluate_here is not None:
-            post(self.store, {"type": "metrics", "iteration": self.executed,
-                              "logical": self.logical, "final": final,
-                              "applied": self.applied, **self.evaluate_here()})
+            scored = self.evaluate_here()
+            post(self.store, Metrics(iteration=self.executed, logical=self.logical, final=final,
+                                     applied=self.applied, metric=scored["metric"],
+                                     loss=scored["loss"]))
             return
-        post(self.store, {"type": "params", "iteration": self.executed, "logical": self.logical,
-                          "final": final, "applied": self.applied}, _blob(self.shown()))
+        post(self.store, Params(iteration=self.executed, logical=self.logical, final=final,
+                                applied=self.applied), _blob(self.shown()))
 
     def finish(self) -> dict[str, Any]:
         """What every rank reports at the end: counters and a hash of its replica."""

@@ -1,0 +1,194 @@
+"""The messages rank processes post to the controller (protocol.py, :func:`~.protocol.post`).
+
+One frozen dataclass per kind; its :attr:`Message.TYPE` is the ``type`` it carries on the
+wire. A rank builds one and posts it (``post(store, Resumed(iteration=7))``); the
+controller turns each drained dict back into one with :func:`parse`, once, and then
+dispatches on the class. The wire stays JSON (:meth:`Message.wire`): nothing is pickled,
+so a message's fields are plain values only. Parameters travel beside a message as a
+blob (:class:`Params`, :class:`Copies`, :class:`Before`), never inside it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """What every message has: when it was posted (the poster's wall clock)."""
+
+    TYPE: ClassVar[str] = ""
+    t: float = field(default_factory=time.time)
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object posted for it."""
+        return {"type": self.TYPE, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankError(Message):
+    """A rank ends: ``user`` (the user's to fix, one line) or ``traceback`` (a bug)."""
+
+    TYPE = "error"
+    slot: int
+    user: str | None = None
+    traceback: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Params(Message):
+    """The first member's replica after a commit, for evaluation (blob: safetensors)."""
+
+    TYPE = "params"
+    iteration: int
+    logical: int
+    final: bool
+    applied: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metrics(Message):
+    """A user's loop evaluated its own model on its first member (no blob)."""
+
+    TYPE = "metrics"
+    iteration: int
+    logical: int
+    final: bool
+    applied: int
+    metric: float
+    loss: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Copies(Message):
+    """Look-back copies kept by the first member: ``[iteration, logical, applied]`` each,
+    their tensors in the blob under ``<iteration>/<name>``; ``id`` the ask answered (0:
+    unasked, sent as the member leaves)."""
+
+    TYPE = "copies"
+    id: int
+    copies: list[list[int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Returned(Message):
+    """What a user's ``train(loop)`` returned on ``slot`` (a JSON value)."""
+
+    TYPE = "returned"
+    slot: int
+    value: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exit(Message):
+    """A rank process's last words: counters, a hash of its replica, its commits."""
+
+    TYPE = "exit"
+    slot: int
+    executed: int
+    logical: int
+    params_sha256: str
+    outer_steps: int = 0
+    history: list[list[Any]] = field(default_factory=list)  # (logical, attempt, members)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Saved(Message):
+    """Rank 0 wrote (or failed to write: ``error``) the checkpoint of ``iteration``."""
+
+    TYPE = "saved"
+    iteration: int
+    payload: int
+    blocked_seconds: float
+    bytes: int = 0
+    name: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Before(Message):
+    """The first survivor's replica before the interrupted step (blob), on a restart."""
+
+    TYPE = "before"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reported(Message):
+    """A member wrote its report of attempt ``n`` (protocol.write_report)."""
+
+    TYPE = "report"
+    n: int
+    slot: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed(Message):
+    """A rank struck itself as an order said, posted just before it dies.
+
+    ``phase`` is the order's injection point, ``phase_kind`` the step phase it is in;
+    ``local_steps``: with a relaxed sync, the local steps it takes along.
+    """
+
+    TYPE = "failure"
+    ids: list[int]
+    spec: str
+    phase: str
+    phase_kind: str
+    iteration: int
+    logical: int
+    kind: str = "rank"
+    mode: str | None = None
+    pid: int | None = None
+    local_steps: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reformed(Message):
+    """The first member of attempt ``n`` carried out its plan's ``action``;
+    ``perturbation``: measured after a rollback or lossy re-formation."""
+
+    TYPE = "reformed"
+    n: int
+    ranks: list[int]
+    action: str
+    perturbation: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCompleted(Message):
+    """The survivors completed the interrupted step without the lost shares."""
+
+    TYPE = "completed"
+    micro_dropped: int
+    samples_dropped: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Message):
+    """The first commit after a recovery: the recoveries open end here."""
+
+    TYPE = "resumed"
+    iteration: int
+
+
+KINDS: dict[str, type[Message]] = {
+    m.TYPE: m for m in (RankError, Params, Metrics, Copies, Returned, Exit, Saved, Before,
+                        Reported, Failed, Reformed, StepCompleted, Resumed)}
+
+
+def parse(wire: dict[str, Any]) -> Message:
+    """The message a drained JSON object holds.
+
+    Raises:
+        RuntimeError: a kind no rank sends, or fields its kind does not have.
+    """
+    cls = KINDS.get(str(wire.get("type")))
+    if cls is None:
+        raise RuntimeError(f"dist engine: a rank sent an unknown message {wire.get('type')!r}")
+    names = {f.name for f in fields(cls)}
+    extra = sorted(set(wire) - names - {"type"})
+    if extra:
+        raise RuntimeError(f"dist engine: a {cls.TYPE!r} message with unknown fields {extra}")
+    return cls(**{k: v for k, v in wire.items() if k != "type"})
