@@ -49,6 +49,9 @@ ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_
        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
        "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "2",
        "RAY_health_check_initial_delay_ms": "0", "TT_STEP_SLEEP": str(STEP_SLEEP),
+       # As docs/running.md advises for a cluster's nodes: actors at the priority of the
+       # rest, not Ray's nice 15 (beside two busy loops a rank took 100 s to import torch).
+       "RAY_worker_niceness": "0",
        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 
 

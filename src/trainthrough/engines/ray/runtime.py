@@ -12,7 +12,8 @@ caller may already have done).
 Ray's session files go under a short temp dir of their own, never under the run
 folder: Unix socket paths are limited to 107 bytes and Ray nests sockets several
 levels deep, and Ray insists on an absolute path. The temp dir is removed when the
-cluster this module started shuts down.
+cluster this module started shuts down. Its workers run at the driver's priority, not
+Ray's default nice 15 (``RAY_worker_niceness``; see where the cluster starts).
 
 Joining a cluster (``address``) is bounded: the address is checked to accept TCP
 connections first, because ``ray.init`` against a closed port retries for minutes.
@@ -165,6 +166,12 @@ def ensure_ray(address: str | None = None,
                               ).setLevel(logging.ERROR)
             tmp = tempfile.mkdtemp(prefix="ttray-", dir=_short_temp_root())
             _started_temp.append(tmp)
+            # Ray starts its workers at nice 15: beside any other busy process (a test,
+            # a data loader, a second job) an actor then gets ~3% of a core, and a rank
+            # took over 100 s to import torch beside two busy loops. Our actors are the
+            # training itself: they run at the driver's priority (the raylet reads this
+            # when ray.init starts it; a user's own setting wins).
+            os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=tmp,
                      num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
                      configure_logging=False)
