@@ -145,3 +145,31 @@ def test_a_member_is_presumed_hung_a_grace_after_the_first_report_or_a_timeout_l
     # A death seen first: the survivors may learn of it only by their collective timeout.
     assert report_deadline(10.0, None, collective_timeout=5.0) == 15.0 + GRACE
     assert stall_seconds(5.0) == 90.0 and stall_seconds(20.0) == 120.0
+
+
+def _until(cond: Any, seconds: float = 5.0) -> bool:
+    end = time.time() + seconds
+    while not cond() and time.time() < end:
+        time.sleep(0.01)
+    return bool(cond())
+
+
+def test_a_closing_doorbell_never_hides_the_next_request() -> None:
+    """A process that ends closes its doorbell by marking the key its thread waits on.
+    The mark is not a request (peers still listening do not act on it), and the next
+    request takes the key after it: a doorbell started later (a restart's fresh ranks,
+    from the counter) hears it. Before, the mark reused the next request's key, and a
+    stop asked after a checkpoint-restart was never heard (the run trained on to its
+    iteration budget)."""
+    store = serve("127.0.0.1", timeout=5)
+    live = Doorbell(store, "ctl", 1)  # a member that keeps running
+    ending = Doorbell(store, "ctl", 1)
+    ending.close()  # marks ctl/1
+    assert _until(lambda: live.rung == 1) and live.last == 0  # woken, no request
+    fresh = Doorbell(store, "ctl", int(store.add("ctl", 0)) + 1)  # a restarted rank
+    assert _until(lambda: fresh.rung == 1) and fresh.last == 0
+    value = request(store)
+    assert value == 2  # ctl/1 is the mark's
+    assert _until(lambda: fresh.last == 2) and _until(lambda: live.last == 2)
+    live.close()
+    fresh.close()
