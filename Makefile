@@ -26,7 +26,7 @@ test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
 	PYTHONPATH=src $(BIN)/lint-imports --no-logo
-	$(BIN)/python -m pytest -n 3 --dist loadgroup
+	$(BIN)/python -m pytest -n 3 --dist loadgroup --durations=15
 
 # The quick tier, for the edit-test loop: every test that starts no process (no gloo
 # rank, no Ray, no ZooKeeper, no CLI subprocess; tests/conftest.py says which).
