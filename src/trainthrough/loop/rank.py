@@ -35,12 +35,13 @@ from trainthrough.workloads.user_loop import TrainingLoop
 
 
 def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
-    """Run the user's ``train(loop)`` as rank ``spec["slot"]`` to its end."""
-    cfg = RunConfig.from_dict(spec["config"])
-    marked = reference.load(spec["loop"])
+    """Run the user's ``train(loop)`` as rank ``spec.slot`` to its end."""
+    cfg = RunConfig.from_dict(spec.run.config)
+    assert spec.run.loop is not None  # rank_main runs this only for a user's loop
+    marked = reference.load(spec.run.loop)
     if not isinstance(marked, TrainingLoop):
-        raise UserError(f"{spec['loop']} is not marked with @training_loop")
-    slot = int(spec["slot"])
+        raise UserError(f"{spec.run.loop} is not marked with @training_loop")
+    slot = spec.slot
     # torchrun's LOCAL_RANK convention: the rank's slot picks its GPU (modulo the GPUs).
     device = resolve_device(cfg.device, slot, cuda_count())
 
@@ -53,10 +54,10 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
         if cfg.device != "auto" and not _same(cfg.device, replica.device, device):
             raise UserError(f"--device {cfg.device}, but rank {slot}'s model is on "
                             f"{replica.device}: build it with .to(loop.device)")
-        tr = Trainer(cfg, slot, store, spec["orders"], spec["t0"], spec["checkpoint_url"],
+        tr = Trainer(cfg, slot, store, spec.orders, spec.run.t0, spec.run.checkpoint_url,
                      replica, samples, batch_size,
                      cfg.checkpoint_every or marked.checkpoint_every,
-                     joining=spec["mode"] == "join")
+                     joining=spec.mode == "join")
         tr.evaluate_here = _metrics(marked, replica, evaluate)
         tr.before_step = lambda epoch, committed: hooks.before(
             epoch, committed, micro_seed(cfg.seed, committed, -2))
@@ -68,7 +69,7 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
     except Retired:
         value = None
     if loop._session is None:
-        raise UserError(f"{spec['loop']} returned without calling loop.attach(...)")
+        raise UserError(f"{spec.run.loop} returned without calling loop.attach(...)")
     session = loop._session
     if not session.over and session.g is not None:
         session.close(final=True)  # the loop ended on its own before its epochs were done

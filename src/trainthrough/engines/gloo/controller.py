@@ -44,7 +44,7 @@ from trainthrough.engines.gloo.messages import (
 )
 from trainthrough.engines.gloo.net import rank_net, store_host
 from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
-from trainthrough.engines.gloo.protocol import EventReader, request, serve
+from trainthrough.engines.gloo.protocol import EventReader, RunSpec, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.gloo.timing import TICK, stall_seconds
 from trainthrough.engines.result import RunResult
@@ -132,11 +132,9 @@ class GlooEngine:
         self.host = store_host(self.cfg.bind_address, cluster_ip)
         store = serve(self.host, timeout=30)
         cfg = replace(self.cfg, max_iterations=self.max_iter)
-        base = {"config": cfg.to_dict(), "host": self.host, "port": store.port, "t0": self.t0,
-                "checkpoint_url": self.url, "loop": self.program,
-                "net": rank_net(self.cfg.bind_address, cluster=cluster_ip is not None),
-                "collective": self.devices.collective.backend,
-                "gpus_per_rank": self.devices.gpus_per_rank}
+        base = RunSpec(cfg.to_dict(), self.host, store.port, self.t0, self.url, self.program,
+                       rank_net(self.cfg.bind_address, cluster=cluster_ip is not None),
+                       self.devices.collective.backend, self.devices.gpus_per_rank)
         self.store, self.events = store, EventReader(store)
         self.evals = ControllerEvals(self)
         self.evals.start()

@@ -30,7 +30,7 @@ from typing import Protocol
 import torch.distributed as dist
 
 from trainthrough.engines.gloo import zygote
-from trainthrough.engines.gloo.protocol import RankSpec, has
+from trainthrough.engines.gloo.protocol import RankSpec, RunSpec, has
 from trainthrough.engines.signals import ProcessIdentity, identify, send
 from trainthrough.errors import UserError
 
@@ -88,7 +88,7 @@ class LocalProcess:
             stdin=subprocess.PIPE, close_fds=True)
         assert self.popen.stdin is not None
         with self.popen.stdin as pipe:  # the spec is plain values (protocol.RankSpec)
-            pipe.write(json.dumps(spec).encode())
+            pipe.write(json.dumps(spec.to_dict()).encode())
         self.pid: int | None = self.popen.pid
         # None: it ended before it was identified (then there is nothing to signal).
         self.ident: ProcessIdentity | None = identify(self.popen.pid)
@@ -130,7 +130,7 @@ def local_launch() -> Launch:
 class Procs:
     """Every rank process of one run; ``current[slot]`` is the incarnation in use."""
 
-    def __init__(self, store: dist.Store, base: RankSpec, launch: Launch) -> None:
+    def __init__(self, store: dist.Store, base: RunSpec, launch: Launch) -> None:
         self.store, self.base, self.launch = store, base, launch
         self.current: dict[int, Proc] = {}
         self.started: list[Proc] = []
@@ -146,9 +146,8 @@ class Procs:
         ``restore``: the checkpoint step a restarted process loads (None: x0).
         """
         inc = self._inc[slot] = self._inc.get(slot, -1) + 1
-        spec = {**self.base, "slot": slot, "inc": inc, "mode": mode, "attempt": attempt,
-                "executed": executed, "ctl": ctl, "orders": orders, "applied": applied,
-                "restore": restore}
+        spec = RankSpec(self.base, slot, inc, mode, attempt, executed, ctl,
+                        [dict(o) for o in orders], applied, restore)
         p = Proc(slot, inc, mode, self.launch(spec))
         self.current[slot] = p
         self.started.append(p)

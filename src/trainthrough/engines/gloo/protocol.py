@@ -37,7 +37,54 @@ import torch.distributed as dist
 from trainthrough.engines.gloo.messages import Message, Reported
 from trainthrough.engines.gloo.timing import PLAN_WAIT_SECONDS
 
-RankSpec = dict[str, Any]  # plain values only: it crosses the spawn pipe
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What every rank process of a run is started with (plain values: it crosses the
+    spawn pipe as JSON). ``config``: the resolved RunConfig as a dict; ``host``/``port``:
+    the controller's store; ``t0``: the run's start (wall clock, for @time triggers);
+    ``loop``: a user's own loop by reference (None: a workload's step); ``net``: where
+    the rank's gloo binds (net.py); ``collective``/``gpus_per_rank``: dp/devices.py's
+    choice for every rank."""
+
+    config: dict[str, Any]
+    host: str
+    port: int
+    t0: float
+    checkpoint_url: str
+    loop: str | None = None
+    net: dict[str, Any] | None = None
+    collective: str = "gloo"
+    gpus_per_rank: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank process: the run's :class:`RunSpec` and this incarnation of its slot.
+
+    ``inc``: the slot's incarnation; ``mode``: ``fresh``, ``restart`` (loads checkpoint
+    ``restore``; None: x0) or ``join``; ``attempt``: the plan it starts from;
+    ``executed``/``ctl``/``applied``: the run's counters it carries on from; ``orders``:
+    the failures it carries (faults.py).
+    """
+
+    run: RunSpec
+    slot: int
+    inc: int
+    mode: str
+    attempt: int
+    executed: int
+    ctl: int
+    orders: list[dict[str, Any]]
+    applied: int = 0
+    restore: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankSpec:
+        return cls(**{**d, "run": RunSpec(**d["run"])})
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.gloo.messages import RankError
-from trainthrough.engines.gloo.net import IFNAME_ENV, LOOPBACK, gloo_interface
+from trainthrough.engines.gloo.net import IFNAME_ENV, gloo_interface
 from trainthrough.engines.gloo.protocol import PLAN_WAIT_SECONDS, RankSpec, connect, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
@@ -44,21 +44,21 @@ def main(spec: RankSpec) -> int:
     """Run one rank process to its end; its exit code (1: a bug, posted with its traceback)."""
     # Ranks share a few cores: one intra-op thread each.
     torch.set_num_threads(1)
-    store = connect(spec.get("host", LOOPBACK), spec["port"], timeout=PLAN_WAIT_SECONDS)
+    store = connect(spec.run.host, spec.run.port, timeout=PLAN_WAIT_SECONDS)
     try:
         # Gloo binds to the interface net.py chooses (loopback for a local run), set
         # before any group is formed.
-        os.environ[IFNAME_ENV] = _SET[IFNAME_ENV] = gloo_interface(spec.get("net"),
+        os.environ[IFNAME_ENV] = _SET[IFNAME_ENV] = gloo_interface(spec.run.net,
                                                                    _user_ifname())
-        if spec.get("loop"):  # a user's own training loop drives the session
-            loop_program(spec["loop"])(spec, store)
+        if spec.run.loop:  # a user's own training loop drives the session
+            loop_program(spec.run.loop)(spec, store)
         else:
             _run(spec, store)
     except UserError as e:  # the user's to fix (a diverged loss): one line, no traceback
-        post(store, RankError(slot=int(spec["slot"]), user=str(e)))
+        post(store, RankError(slot=spec.slot, user=str(e)))
         return 1
     except Exception:  # a bug: tell the controller rather than leave peers waiting
-        post(store, RankError(slot=int(spec["slot"]), traceback=traceback.format_exc()))
+        post(store, RankError(slot=spec.slot, traceback=traceback.format_exc()))
         return 1
     return 0
 
@@ -98,9 +98,9 @@ def loop_program(ref: str) -> RankProgram:
 
 
 def _run(spec: RankSpec, store: dist.TCPStore) -> None:
-    cfg = RunConfig.from_dict(spec["config"])
-    tr = Trainer.for_workload(cfg, spec["slot"], store, spec["orders"], spec["t0"],
-                              spec["checkpoint_url"], joining=spec["mode"] == "join")
+    cfg = RunConfig.from_dict(spec.run.config)
+    tr = Trainer.for_workload(cfg, spec.slot, store, spec.orders, spec.run.t0,
+                              spec.run.checkpoint_url, joining=spec.mode == "join")
     session = RankSession(spec, store, tr)
     session.begin()
     while session.step():
@@ -109,4 +109,4 @@ def _run(spec: RankSpec, store: dist.TCPStore) -> None:
 
 
 if __name__ == "__main__":  # started by procs.py: the spec arrives as JSON on stdin
-    sys.exit(main(json.loads(sys.stdin.read())))
+    sys.exit(main(RankSpec.from_dict(json.loads(sys.stdin.read()))))

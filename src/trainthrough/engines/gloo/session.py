@@ -45,12 +45,12 @@ class RankSession:
 
     def __init__(self, spec: RankSpec, store: dist.Store, trainer: Trainer) -> None:
         self.spec, self.store, self.tr = spec, store, trainer
-        self.slot, self.n = int(spec["slot"]), int(spec["attempt"])
+        self.slot, self.n = spec.slot, spec.attempt
         self.g: Group | None = None
         self.over = False  # the run ended for this process (normally or retired)
         self.retired = False  # it ended because a plan left it out
         # The controller's choice for every rank of the run (dp/devices.py).
-        self.backend = str(spec.get("collective", "gloo"))
+        self.backend = spec.run.collective
         if self.backend == "nccl" and trainer.replica.device.type != "cuda":
             raise UserError(f"the run's collective is NCCL, but rank {self.slot}'s model is on "
                             f"{trainer.replica.device}: move it to loop.device")
@@ -58,13 +58,13 @@ class RankSession:
     def begin(self) -> None:
         """Restore, say ready, and take part in the first plan that includes us."""
         spec, tr = self.spec, self.tr
-        if spec["mode"] == "restart":
-            tr.restore(spec["restore"])
+        if spec.mode == "restart":
+            tr.restore(spec.restore)
             tr.resumed = True  # its first commit ends the recovery
-        tr.executed, tr.ctl_seen, tr.applied = spec["executed"], float(spec["ctl"]), spec["applied"]
-        self.store.set(f"ready/{self.slot}/{spec['inc']}", "1")
-        if spec["mode"] == "join":  # the controller says which attempt takes us in
-            key = f"join/{self.slot}/{spec['inc']}"
+        tr.executed, tr.ctl_seen, tr.applied = spec.executed, float(spec.ctl), spec.applied
+        self.store.set(f"ready/{self.slot}/{spec.inc}", "1")
+        if spec.mode == "join":  # the controller says which attempt takes us in
+            key = f"join/{self.slot}/{spec.inc}"
             self.store.wait([key], timedelta(seconds=PLAN_WAIT_SECONDS))
             self.n = int(self.store.get(key))
         self._enter()

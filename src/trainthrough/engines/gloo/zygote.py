@@ -80,7 +80,7 @@ class Zygote:
 
     def fork(self, spec: RankSpec) -> ForkedProcess:
         """Fork one rank running ``spec``, writing to this process's descriptors 1 and 2."""
-        request = json.dumps({"spec": spec, "env": dict(os.environ),
+        request = json.dumps({"spec": spec.to_dict(), "env": dict(os.environ),
                               "cwd": os.getcwd()}).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._lock:  # the zygote serves one request at a time

@@ -77,7 +77,7 @@ def _child(request: dict[str, Any], fds: list[int], keep_closed: list[int]) -> N
         os.environ.update(request["env"])
         sys.path[0] = cwd  # what ``python -m`` started in cwd puts first
         _reseed()
-        code = rank_main.main(request["spec"])
+        code = rank_main.main(rank_main.RankSpec.from_dict(request["spec"]))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - a rank must end with a code, never return here

@@ -64,10 +64,11 @@ class RankActor:
     def run(self, spec_json: str) -> int:
         from trainthrough.engines.gloo.rank_main import main
 
-        spec = json.loads(spec_json)
-        if spec.get("net") is not None and spec["net"].get("cluster"):
+        spec = RankSpec.from_dict(json.loads(spec_json))
+        net = spec.run.net
+        if net is not None and net.get("cluster"):
             # This node's address on the cluster: gloo binds to the interface holding it.
-            spec["net"]["node_ip"] = ray.util.get_node_ip_address()
+            net["node_ip"] = ray.util.get_node_ip_address()
         return main(spec)
 
 
@@ -106,9 +107,9 @@ class RayRank:
             # an actor that asks for none (CUDA_VISIBLE_DEVICES is emptied).
             self.actor = RankActor.options(  # type: ignore[attr-defined]
                 scheduling_strategy=NodeAffinitySchedulingStrategy(target, soft=False),
-                num_gpus=float(self.spec.get("gpus_per_rank", 0.0))).remote()
+                num_gpus=self.spec.run.gpus_per_rank).remote()
             self._who = self.actor.whoami.remote()
-            self._done = self.actor.run.remote(json.dumps(self.spec))
+            self._done = self.actor.run.remote(json.dumps(self.spec.to_dict()))
         return self.actor is not None
 
     def _never_ran(self) -> bool:
@@ -203,7 +204,7 @@ class RayDataParallel(GlooEngine):
         """A rank actor; a replacement on a cluster is placed :data:`PLACE_LEAD` seconds
         before it may join (``recovery_delay`` after the failure), not at once: a node
         that joined meanwhile (a lost host's successor) can then get it."""
-        slot, mode = int(spec["slot"]), str(spec["mode"])
+        slot, mode = spec.slot, spec.mode
         delay = 0.0
         if mode == "join" and self.cfg.ray_address:
             delay = max(0.0, self.cfg.recovery_delay - PLACE_LEAD)
