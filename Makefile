@@ -19,14 +19,14 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/trainthrough compare
 
-# The whole suite, what CI runs: four workers on two cores (the tests wait on processes
+# The whole suite, what CI runs: three workers on two cores (the tests wait on processes
 # about half the time); every test that uses the session's Ray runs on one of them, and
 # the README's and the examples' commands each on one, in order (loadgroup).
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
 	PYTHONPATH=src $(BIN)/lint-imports --no-logo
-	$(BIN)/python -m pytest -n 4 --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -n 3 --dist loadgroup --durations=15
 
 # The quick tier, for the edit-test loop: every test that starts no process (no gloo
 # rank, no Ray, no ZooKeeper, no CLI subprocess; tests/conftest.py says which).
