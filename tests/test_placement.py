@@ -22,33 +22,41 @@ def test_the_first_ranks_go_round_the_nodes_by_slot() -> None:
 def test_a_lost_hosts_ranks_wait_for_its_successor_then_all_go_there() -> None:
     # b hosted slots 0 and 2 and was lost; a keeps slot 1; Ray lists b dead.
     ranks = [RankAt(B, False, True), RankAt(A, True, False), RankAt(B, False, True)]
-    assert place(0, "join", _alive(A), {A, B}, ranks, 1.0) is None  # nothing to take it
+    assert place(0, "join", _alive(A), {A, B}, ranks, 1.0, home=B) is None  # b is gone
     # c joined: the first replacement takes it as a free node, the second as the
     # lost host's successor (not the survivors' host, which has as many ranks).
-    first = place(0, "join", _alive(A, C), {A, B}, ranks, 3.0)
+    first = place(0, "join", _alive(A, C), {A, B}, ranks, 3.0, home=B)
     assert first is not None and first.node == C and "none of the run's" in first.why
-    second = place(2, "join", _alive(A, C), {A, B}, [*ranks, RankAt(C, True, False)], 3.0)
+    second = place(2, "join", _alive(A, C), {A, B}, [*ranks, RankAt(C, True, False)], 3.0,
+                   home=B)
     assert second is not None and second.node == C
     assert second.why == "a node that joined after a host was lost"
 
 
 def test_no_successor_within_the_wait_goes_beside_the_survivors() -> None:
     ranks = [RankAt(B, False, True), RankAt(A, True, False)]
-    p = place(0, "join", _alive(A), {A, B}, ranks, NODE_WAIT)
+    p = place(0, "join", _alive(A), {A, B}, ranks, NODE_WAIT, home=B)
     assert p is not None and p.node == A and "no new node within" in p.why
 
 
-def test_a_process_crash_on_a_live_node_does_not_wait() -> None:
+def test_a_process_crash_on_a_live_node_is_replaced_where_it_was() -> None:
     # One node (a local Ray): its rank died, the node lives; nowhere else to go.
     ranks = [RankAt(A, False, True), RankAt(A, True, False)]
-    p = place(0, "join", _alive(A), {A}, ranks, 0.0)
-    assert p is not None and p.node == A and p.why == "the fewest live ranks"
+    p = place(0, "join", _alive(A), {A}, ranks, 0.0, home=A)
+    assert p is not None and p.node == A and p.why == "the node its rank ran on"
+    # Two nodes, a crash on b: back to b, not to the node with fewer ranks.
+    ranks = [RankAt(B, False, True), RankAt(B, True, False), RankAt(A, True, False)]
+    p = place(0, "join", _alive(A, B), {A, B}, ranks, 0.0, home=B)
+    assert p is not None and p.node == B
 
 
-def test_a_node_still_listed_alive_where_a_rank_died_is_taken_last() -> None:
-    # b's rank died but Ray has not yet declared b dead: a node with live ranks and no
-    # death (a) ties b on nothing: b has fewer live ranks, so it is tried (and placed
-    # again if it turns out dead: dp.py); with equal loads, the node without a death.
-    ranks = [RankAt(B, False, True), RankAt(A, True, False), RankAt(B, True, False)]
-    p = place(0, "restart", _alive(A, B), {A, B}, ranks, 0.0)
-    assert p is not None and p.node == A
+def test_two_ranks_of_a_host_not_yet_declared_dead_both_go_back_to_it() -> None:
+    # Ray still lists b alive right after both its ranks died: both replacements go to
+    # b (not one to b and the other, the tie broken, to the survivors' a for good). b
+    # is gone, so neither actor starts: dp.py places them again, b now avoided and dead.
+    ranks = [RankAt(B, False, True), RankAt(A, True, False), RankAt(B, False, True)]
+    first = place(0, "join", _alive(A, B), {A, B}, ranks, 0.0, home=B)
+    second = place(2, "join", _alive(A, B), {A, B}, [*ranks, RankAt(B, True, False)], 0.0,
+                   home=B)
+    assert first is not None and second is not None and first.node == second.node == B
+    assert place(0, "join", _alive(A), {A, B}, ranks, 1.0, home=None) is None  # waits

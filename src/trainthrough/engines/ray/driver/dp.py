@@ -78,7 +78,7 @@ class RayRank:
     :meth:`RayDataParallel.start_rank_actor`). Until then it is a process not yet
     started: not ended, nothing to signal."""
 
-    def __init__(self, spec: RankSpec, place: Callable[[float], str | None],
+    def __init__(self, spec: RankSpec, place: Callable[[float, set[str]], str | None],
                  start_at: float = 0.0) -> None:
         self.spec, self._place, self.start_at = spec, place, start_at
         self.target: str | None = None
@@ -90,13 +90,14 @@ class RayRank:
         self.why = ""  # Ray's word on why it ended, if it did not end normally
         self.placed = 0  # how many times an actor was started for it
         self.killed = False  # the controller ended it
+        self.never_on: set[str] = set()  # nodes where its actor never started
         self._started()
 
     def _started(self) -> bool:
         """Start the actor if it is time and ``place`` names a node (it may wait for
         one: None); whether it has started."""
         if self.actor is None and self._code is None and time.time() >= self.start_at:
-            target = self._place(time.time() - self.start_at)
+            target = self._place(time.time() - self.start_at, self.never_on)
             if target is None:
                 return False
             # Hard: soft affinity was measured to leave a node empty now and then, and to
@@ -137,6 +138,7 @@ class RayRank:
                 except ray.exceptions.RayError as e:
                     if self._never_ran():  # its node died first: place it again
                         self.actor = None
+                        self.never_on.add(str(self.target))
                         return None
                     died = isinstance(e, ray.exceptions.RayActorError)  # or its node
                     self._code, self.why = (-9 if died else 1), _first_line(e)
@@ -208,33 +210,38 @@ class RayDataParallel(GlooEngine):
         delay = 0.0
         if mode == "join" and self.cfg.ray_address:
             delay = max(0.0, self.cfg.recovery_delay - PLACE_LEAD)
-        return RayRank(spec, lambda waited: self.place(slot, mode, waited),
+        return RayRank(spec, lambda waited, avoid: self.place(slot, mode, waited, avoid),
                        time.time() + delay)
 
-    def place(self, slot: int, mode: str, waited: float) -> str | None:
+    def place(self, slot: int, mode: str, waited: float, avoid: set[str]) -> str | None:
         """The node for a rank (None: not yet, wait for one), recorded as an event. A
         replacement still waiting when the run stops is never placed (it is killed)."""
         if mode == "join" and self.stopping:
             return None
-        p = self.placement(slot, mode, waited)
+        p = self.placement(slot, mode, waited, avoid)
         if p is not None and self.cfg.ray_address:  # a local Ray has one node: no news
             self.emit(RankPlaced(slot=slot, mode=mode, node=p.node, address=p.address,
                                  why=p.why, waited_seconds=round(waited, 3)))
         return None if p is None else p.node
 
-    def placement(self, slot: int, mode: str, waited: float) -> Placement | None:
+    def placement(self, slot: int, mode: str, waited: float,
+                  avoid: set[str]) -> Placement | None:
         """Where a rank goes (placement.py decides; ``waited``: seconds since it could
-        first have been placed). None while a replacement waits for a node."""
+        first have been placed; ``avoid``: nodes where its actor never started). None
+        while a replacement waits for a node."""
         alive = {n["NodeID"]: str(n.get("NodeManagerAddress", "")) for n in ray.nodes()
                  if n["Alive"]}
         if mode == "fresh":
             self.known.update(alive)
-        ranks = [RankAt(str(p.process.target), p.exitcode is None,
-                        p.exitcode is not None and p.exitcode < 0)
-                 for p in self.procs.started
-                 # not placed yet: asking it would start it, placing it here
-                 if isinstance(p.process, RayRank) and p.process.actor is not None]
-        return place(slot, mode, alive, self.known, ranks, waited)
+        placed = [(p, str(p.process.target)) for p in self.procs.started
+                  # not placed yet: asking it would start it, placing it here
+                  if isinstance(p.process, RayRank) and p.process.actor is not None]
+        ranks = [RankAt(node, p.exitcode is None, p.exitcode is not None and p.exitcode < 0)
+                 for p, node in placed]
+        home = next((node for p, node in reversed(placed) if p.slot == slot), None)
+        if home in avoid:
+            home = None
+        return place(slot, mode, alive, self.known, ranks, waited, home)
 
     def cluster_ip(self) -> str | None:
         """This driver's Ray address on a cluster it joined (None on a local Ray)."""

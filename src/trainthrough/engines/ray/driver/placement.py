@@ -7,11 +7,19 @@ and starts the actor with hard affinity on the node it names. The rules, in orde
 1. ``fresh`` (the run's first ranks): round the live nodes by slot, in id order, so
    every node gets ranks (Ray's best-effort SPREAD did not always do that);
 2. a live node that hosts none of the run's ranks and saw none die;
-3. a replacement (``join``) whose rank went with its host (a node where a rank died is
+3. the node the slot's previous process ran on (``home``), while Ray lists it alive:
+   right after a death nobody knows yet whether the process or its host was lost (Ray
+   declares a node dead only after missed health checks). A process crash is replaced
+   where it was; on a host that is gone the actor never starts, and dp.py places it
+   again, by the next rule;
+4. a replacement (``join``) whose rank went with its host (a node where a rank died is
    no longer alive): a node that joined after the run began, the lost host's
    successor, which takes all of that host's ranks back; while there is none, wait
    (None), at most :data:`NODE_WAIT` seconds;
-4. the live node with the fewest of the run's live ranks, one where none died first.
+5. the live node with the fewest of the run's live ranks, one where none died first.
+
+Without rule 3, two ranks of a host not yet declared dead were placed one on it (it
+had fewer live ranks) and the other, the tie broken, on the survivors' host, for good.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ class RankAt:
 
 
 def place(slot: int, mode: str, alive: Mapping[str, str], known: set[str],
-          ranks: list[RankAt], waited: float) -> Placement | None:
+          ranks: list[RankAt], waited: float, home: str | None = None) -> Placement | None:
     """The node for rank ``slot`` (None: wait for one; see the module docstring).
 
     Args:
@@ -55,6 +63,7 @@ def place(slot: int, mode: str, alive: Mapping[str, str], known: set[str],
         known: the live nodes when the run's first ranks were placed.
         ranks: the run's rank processes placed so far.
         waited: seconds since the rank could first have been placed.
+        home: the node the slot's previous process ran on (None: it has none).
     """
     nodes = sorted(alive)
     if mode == "fresh":
@@ -70,6 +79,8 @@ def place(slot: int, mode: str, alive: Mapping[str, str], known: set[str],
     free = [n for n in nodes if live[n] == 0 and n not in died]
     if free:
         return Placement(free[0], alive[free[0]], "a node with none of the run's ranks")
+    if home is not None and home in alive:
+        return Placement(home, alive[home], "the node its rank ran on")
     host_lost = any(n not in alive for n in died)
     if mode == "join" and host_lost:
         new = [n for n in nodes if n not in known and n not in died]
