@@ -55,11 +55,11 @@ def _one(variant: str, hosts: Hosts, fail_at: int) -> dict[str, Any]:
                     failures=[f"rank=1@iter={fail_at}"], cost=CostModel(timeout_seconds=5.0))
     validate_run(cfg)
     s = run_silent(cfg)
-    ends = s["returned"]["ends"]
+    ends = s.extras["returned"]["ends"]
     free = ends[2:fail_at - 1]
     return {"steps_per_s": (len(free) - 1) / (free[-1] - free[0]),
-            "detect": s["detection_seconds"][0], "reform": s["reform_seconds"][0],
-            "params": s["returned"]["params"], "nodes": s.get("rank_nodes")}
+            "detect": s.extras["detection_seconds"][0], "reform": s.extras["reform_seconds"][0],
+            "params": s.extras["returned"]["params"], "nodes": s.extras.get("rank_nodes")}
 
 
 def inside(tag: str, rounds: int, fail_at: int) -> None:

@@ -40,9 +40,9 @@ def _run(engine: str, strategy: str) -> dict[str, Any]:
                     cost=CostModel(timeout_seconds=5.0))
     validate_run(cfg)
     s = run_silent(cfg)
-    rebuild = s["restart_seconds"] or s["reform_seconds"]
-    return {"detect": s["detection_seconds"][0], "rebuild": rebuild[0],
-            "per_it": s["wall_seconds"] / max(1, s["iterations"])}
+    rebuild = s.extras["restart_seconds"] or s.extras["reform_seconds"]
+    return {"detect": s.extras["detection_seconds"][0], "rebuild": rebuild[0],
+            "per_it": s.wall_seconds / max(1, s.iterations)}
 
 
 def main() -> None:

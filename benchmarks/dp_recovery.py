@@ -66,7 +66,7 @@ def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
     validate_run(cfg)
     cb = _Record()
     s = run_silent(cfg, cb)
-    assert s["logical_iterations"] == steps, (strategy, s["logical_iterations"])
+    assert s.extras["logical_iterations"] == steps, (strategy, s.extras["logical_iterations"])
     clock = "wall_seconds" if engine == "dist" else "sim_seconds"
     ev = cb.evals
     rates = [(b[clock] - a[clock]) / (b["logical_iteration"] - a["logical_iteration"])
@@ -110,14 +110,14 @@ def main() -> None:
         noise = statistics.median(r["overhead"] for r in free)
         mid = sorted(hit, key=lambda r: r["overhead"])[len(hit) // 2]
         s = mid["summary"]
-        detect = s["detection_seconds"][0]
-        rebuild = (s["restart_seconds"] or s["reform_seconds"])[0]
+        detect = s.extras["detection_seconds"][0]
+        rebuild = (s.extras["restart_seconds"] or s.extras["reform_seconds"])[0]
         rows.append({"strategy": strategy, "step": mid["step"], "overhead": mid["overhead"],
                      "detect": detect, "rebuild": rebuild,
-                     "blocked": s["checkpoint_blocked_seconds"] / max(1, s["checkpoints"])})
+                     "blocked": s.checkpoint_blocked_seconds / max(1, s.checkpoints)})
         print(f"[dist] {strategy}: step {mid['step'] * 1e3:.1f} ms, overhead "
               f"{mid['overhead']:.3f} s (failure-free run: {noise:+.3f} s), detection "
-              f"{detect * 1e3:.0f} ms, {'restart' if s['restart_seconds'] else 'reform'} "
+              f"{detect * 1e3:.0f} ms, {'restart' if s.extras['restart_seconds'] else 'reform'} "
               f"{rebuild:.3f} s", flush=True)
     w = make_workload("mlr")
     print(f"\n{'strategy':<20}{'dist overhead':>14}{'detect+rebuild':>15}{'lost work':>11}"

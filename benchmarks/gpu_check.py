@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from trainthrough.config import CostModel, RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.lab import runner
 
@@ -75,15 +76,14 @@ class Table:
 
 
 def ours(a: argparse.Namespace, name: str, strategy: str = "rollback",
-         fail: tuple[str, ...] = (), checkpoint_every: int | None = None) -> dict[str, Any]:
-    """One trainthrough run of the loop; its summary (``returned``: rank 0's result)."""
+         fail: tuple[str, ...] = (), checkpoint_every: int | None = None) -> RunResult:
+    """One trainthrough run of the loop; its result (``extras["returned"]``: rank 0's)."""
     cfg = RunConfig(workload=LOOP, paradigm="dp", engine="gloo", ranks=a.ranks,
                     strategy=strategy, failures=list(fail), seed=0, device=a.device,
                     replace=True, recovery_delay=0.2, checkpoint_every=checkpoint_every,
                     cost=CostModel(timeout_seconds=10.0))
     print(f"run {name} ...", file=sys.stderr, flush=True)
-    s = runner.run(cfg, Path(a.out) / name, overwrite=True)
-    return s
+    return runner.run(cfg, Path(a.out) / name, overwrite=True).result
 
 
 def ddp(a: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def throughput(a: argparse.Namespace, table: Table) -> None:
     """Interleaved rounds: ours, plain DDP, ours with checkpoint-async (the order turns
     each round, so drift in the machine's speed falls on every column alike)."""
     runs: dict[str, Callable[[int], dict[str, Any]]] = {
-        "ours": lambda i: ours(a, f"plain-{i}")["returned"],
+        "ours": lambda i: ours(a, f"plain-{i}").extras["returned"],
         "ddp": lambda i: ddp(a, f"ddp-{i}"),
         "async": lambda i: _with_blocked(ours(a, f"ckpt-async-{i}",
                                               "base=checkpoint-restart,persist=async",
@@ -182,9 +182,9 @@ def throughput(a: argparse.Namespace, table: Table) -> None:
               abs(acc["ours"] - acc["ddp"]) * 100 <= ACCURACY_POINTS)
 
 
-def _with_blocked(s: dict[str, Any]) -> dict[str, Any]:
+def _with_blocked(s: RunResult) -> dict[str, Any]:
     """Rank 0's result, with the seconds a save blocked training (mean per save)."""
-    return {**s["returned"], "blocked": s["checkpoint_blocked_seconds"] / max(1, s["checkpoints"])}
+    return {**s.extras["returned"], "blocked": s.checkpoint_blocked_seconds / max(1, s.checkpoints)}
 
 
 def recoveries(a: argparse.Namespace, table: Table) -> None:
@@ -192,35 +192,35 @@ def recoveries(a: argparse.Namespace, table: Table) -> None:
     # Long enough for the replacement (started 0.2 s after the kill, a fresh CUDA
     # context in a new process) to join before the end.
     os.environ["TT_GPU_EPOCHS"] = str(max(a.epochs, RECOVERY_EPOCHS))
-    reference = ours(a, "failure-free-long")["returned"]
+    reference = ours(a, "failure-free-long").extras["returned"]
     for strategy, action, every in (("rollback", "mini-batch-rollback", None),
                                     ("lossy-forward", "lossy-forward", None),
                                     ("checkpoint-restart", "rollback-all", 10)):
         s = ours(a, f"killed-{strategy}", strategy, (KILL,), every)
-        got = s.get("returned") or {}
-        recs = s.get("recoveries", [])
+        got = s.extras.get("returned") or {}
+        recs = s.recoveries
         problems = []
-        if s.get("failures") != 1:
-            problems.append(f"{s.get('failures')} failures recorded")
-        if [r.get("action") for r in recs][:1] != [action]:
-            problems.append(f"recoveries {[r.get('action') for r in recs]}")
-        if s.get("replicas_identical") is not True:
+        if s.failures != 1:
+            problems.append(f"{s.failures} failures recorded")
+        if [r.action for r in recs][:1] != [action]:
+            problems.append(f"recoveries {[r.action for r in recs]}")
+        if s.extras.get("replicas_identical") is not True:
             problems.append("replicas differ")
         if strategy == "checkpoint-restart":
             # Saves follow commits 10, 20, 30: the kill strikes the 31st step.
-            if [r.get("restored_from") for r in recs][:1] != [30]:
-                problems.append(f"restored from {[r.get('restored_from') for r in recs]}")
-        elif not s.get("ranks_joined"):
+            if [r.restored_from for r in recs][:1] != [30]:
+                problems.append(f"restored from {[r.restored_from for r in recs]}")
+        elif not s.extras.get("ranks_joined"):
             problems.append("no replacement joined")
         gap = 100 * (reference["accuracy"] - got.get("accuracy", 0.0))
         if gap > ACCURACY_POINTS:
             problems.append(f"accuracy {gap:.2f} points below failure-free")
-        rec_s = recs[0].get("recovery_seconds", float("nan")) if recs else float("nan")
+        rec_s = recs[0].recovery_seconds if recs else float("nan")
         table.add(f"SIGKILL mid-allreduce, {strategy}",
                   "; ".join(problems) or
                   f"recovered in {rec_s:.2f} s, accuracy {got.get('accuracy', 0):.4f} "
                   f"({-gap:+.2f} pts), replicas identical"
-                  + (f", {s.get('ranks_joined')} joined" if strategy != "checkpoint-restart"
+                  + (f", {s.extras.get('ranks_joined')} joined" if strategy != "checkpoint-restart"
                      else ", restored from step 30"),
                   "recovered, identical", not problems)
 

@@ -54,12 +54,12 @@ import tempfile
 import time
 import uuid
 import zlib
-from typing import Any
 
 import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
+from trainthrough.engines.result import RunResult
 from trainthrough.ft.checkpoint.durable import Syncing, fsync_path
 from trainthrough.lab.runner import run_silent
 
@@ -117,14 +117,17 @@ def settle(limit: float = 20.0) -> float:
     return time.perf_counter() - t0
 
 
-def one_run(strategy: str, seconds: float, every: int) -> dict[str, Any]:
+def one_run(strategy: str, seconds: float, every: int) -> RunResult:
     settle()
     cfg = RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1, workers=4,
                     consistency="async", checkpoint_every=every, eval_every=10**6,
                     stop_at_target=False, max_iterations=10**7, wall_limit=seconds)
-    s = run_silent(cfg)
-    s["rate"] = s["updates_applied"] / s["wall_seconds"]
-    return s
+    return run_silent(cfg)
+
+
+def rate(s: RunResult) -> float:
+    """Updates applied a second of the run."""
+    return s.updates_applied / s.wall_seconds
 
 
 def quartiles(xs: list[float]) -> tuple[float, float]:
@@ -257,7 +260,7 @@ def main() -> None:
                  if unknown else "--repeats must be >= 1")
     strategies = tuple(x for x in STRATEGIES if x == "none" or x in chosen)
     rng = random.Random(args.seed)
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
+    runs: dict[str, list[RunResult]] = {s: [] for s in strategies}
     ratios: dict[str, list[float]] = {s: [] for s in strategies}
     t_start = time.perf_counter()
     ensure_ray()
@@ -274,9 +277,9 @@ def main() -> None:
             this = {s: one_run(s, args.seconds, args.checkpoint_every) for s in order}
             for s in strategies:
                 runs[s].append(this[s])
-                ratios[s].append(this[s]["rate"] / this["none"]["rate"])
+                ratios[s].append(rate(this[s]) / rate(this["none"]))
             print(f"repetition {rep + 1}/{args.repeats}: "
-                  + ", ".join(f"{s} {this[s]['rate']:.0f}" for s in order), flush=True)
+                  + ", ".join(f"{s} {rate(this[s]):.0f}" for s in order), flush=True)
     finally:
         shutdown_ray()
     disk_rows = (disks(args.mid_mb, args.large_mb) if "checkpoint-async" in strategies
@@ -293,10 +296,10 @@ def disks(*sizes_mb: float) -> list[tuple[str, dict[str, float]]]:
         for mb in sizes_mb]
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+def report(args: argparse.Namespace, runs: dict[str, list[RunResult]],
            ratios: dict[str, list[float]], disk_rows: list[tuple[str, dict[str, float]]],
            took: float) -> None:
-    none_rates = [r["rate"] for r in runs["none"]]
+    none_rates = [rate(r) for r in runs["none"]]
     noise = (max(none_rates) - min(none_rates)) / statistics.median(none_rates)
     print()
     print(f"failure-free throughput on Ray: cnn, 1 shard, 4 async workers, chains of 3, "
@@ -310,8 +313,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         rs = ratios[s]
         med = statistics.median(rs)
         lo, hi = quartiles(rs)
-        rate = statistics.median(r["rate"] for r in runs[s])
-        print(f"{s:<18}{rate:>10.1f}{med:>9.3f}{min(rs):>7.3f}-{max(rs):<6.3f}"
+        median = statistics.median(rate(r) for r in runs[s])
+        print(f"{s:<18}{median:>10.1f}{med:>9.3f}{min(rs):>7.3f}-{max(rs):<6.3f}"
               f"{lo:>7.3f}-{hi:<6.3f}{100 * (1 - med):>9.1f}%")
         if s != "none" and med > 1 + max(0.03, noise / 2):
             suspect.append(s)
@@ -322,9 +325,9 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
               f"rerun (more --repeats, quieter machine) before reading these ratios")
     if "checkpoint-async" in runs:
         ca = runs["checkpoint-async"]
-        writes = sum(r.get("checkpoint_writes", 0) for r in ca)
-        skipped = sum(r.get("checkpoint_skipped", 0) for r in ca)
-        secs = sum(r.get("checkpoint_write_seconds", 0.0) for r in ca)
+        writes = sum(r.extras.get("checkpoint_writes", 0) for r in ca)
+        skipped = sum(r.extras.get("checkpoint_skipped", 0) for r in ca)
+        secs = sum(r.extras.get("checkpoint_write_seconds", 0.0) for r in ca)
         print(f"checkpoint-async in the runs: {writes} writes, {skipped} saves skipped "
               f"(a write still running), {1e3 * secs / max(writes, 1):.2f} ms per write "
               f"in the background")
@@ -332,13 +335,14 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         # seconds writing) or with the machine (none's rate in that repetition)?
         none_med = statistics.median(none_rates)
         for i, (r, ratio) in enumerate(zip(ca, ratios["checkpoint-async"])):
-            wall = max(r["wall_seconds"], 1e-9)
-            print(f"  repetition {i + 1}: ratio {ratio:.3f}; none {runs['none'][i]['rate']:.0f}/s "
-                  f"({100 * (runs['none'][i]['rate'] / none_med - 1):+.1f}% of its median); "
-                  f"blocked {1e3 * r.get('checkpoint_blocked_seconds', 0.0):.1f} ms and writing "
-                  f"{1e3 * r.get('checkpoint_write_seconds', 0.0):.0f} ms "
-                  f"({100 * r.get('checkpoint_write_seconds', 0.0) / wall:.1f}% of the run) in "
-                  f"{r.get('checkpoint_writes', 0)} writes")
+            wall = max(r.wall_seconds, 1e-9)
+            writing = r.extras.get("checkpoint_write_seconds", 0.0)
+            none_rate = rate(runs["none"][i])
+            print(f"  repetition {i + 1}: ratio {ratio:.3f}; none {none_rate:.0f}/s "
+                  f"({100 * (none_rate / none_med - 1):+.1f}% of its median); "
+                  f"blocked {1e3 * r.checkpoint_blocked_seconds:.1f} ms and writing "
+                  f"{1e3 * writing:.0f} ms ({100 * writing / wall:.1f}% of the run) in "
+                  f"{r.extras.get('checkpoint_writes', 0)} writes")
     if disk_rows:
         disk_report(disk_rows)
     print("targets (median ratio vs none; the range shows whether it holds every time):")

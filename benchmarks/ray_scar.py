@@ -43,15 +43,15 @@ def main() -> int:
         full = run_silent(RunConfig(workload="mlr", strategy="checkpoint-restart", shards=4,
                                     workers=2, checkpoint_every=EVERY, max_iterations=EVERY,
                                     stop_at_target=False))
-        full_bytes = full["checkpoint_payload_bytes"] / full["checkpoints"]
+        full_bytes = full.extras["checkpoint_payload_bytes"] / full.checkpoints
         for seed in range(args.seeds):
-            base = run_baseline(cfg("sim", "none", seed))["iterations_to_target"]
+            base = run_baseline(cfg("sim", "none", seed)).iterations_to_target
             for engine in ("sim", "ray"):  # alternated, same seed
                 for strategy in ("scar-partial", "scar"):
                     s = run_silent(cfg(engine, strategy, seed))
-                    per_n = s["checkpoint_payload_bytes"] / (s["iterations"] / EVERY)
-                    rows.append((seed, engine, strategy, s["iterations_to_target"] - base,
-                                 per_n / full_bytes, s["wall_seconds"]))
+                    per_n = s.extras["checkpoint_payload_bytes"] / (s.iterations / EVERY)
+                    rows.append((seed, engine, strategy, s.iterations_to_target - base,
+                                 per_n / full_bytes, s.wall_seconds))
                     print(f"seed {seed} {engine:<4} {strategy:<13} rework "
                           f"{rows[-1][3]:>4}  bytes per N / full {rows[-1][4]:.3f}  "
                           f"wall {rows[-1][5]:.1f}s", flush=True)

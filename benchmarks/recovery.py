@@ -38,12 +38,12 @@ def one(strategy: str, delay: float, out: Path, workload: str = "cnn", shards: i
                     consistency="async", failures=["shards=0@iter=40"], recovery_delay=delay,
                     checkpoint_every=20, eval_every=20, stop_at_target=False,
                     max_iterations=10**6, wall_limit=4 + 2 * delay)
-    s = run(cfg, out)
+    s = run(cfg, out).result
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     detect = [e["detection_seconds"] for e in events if e["type"] == "detection"]
-    rec = s["recoveries"][0] if s["recoveries"] else {}
-    busy = (s.get("busy_during_outage") or [None])[0]
-    return {"detect": detect[0] if detect else None, "recovery": rec.get("recovery_seconds"),
+    busy = (s.extras.get("busy_during_outage") or [None])[0]
+    return {"detect": detect[0] if detect else None,
+            "recovery": s.recoveries[0].recovery_seconds if s.recoveries else None,
             "busy": busy}
 
 

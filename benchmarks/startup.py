@@ -56,7 +56,7 @@ def one(cold: bool) -> float:
                     workers=4, consistency="async", stop_at_target=False,
                     max_iterations=10**6, wall_limit=1.5)
     s = run_silent(cfg)
-    return float(s["startup_seconds"])
+    return float(s.extras["startup_seconds"])
 
 
 def main() -> None:

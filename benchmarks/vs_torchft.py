@@ -227,14 +227,14 @@ def run_trainthrough(strategy: str, steps: int, kills: list[int],
             os.environ.pop("TRAINTHROUGH_RANK_START")
         else:
             os.environ["TRAINTHROUGH_RANK_START"] = before
-    done = int(s["logical_iterations"])
+    done = int(s.extras["logical_iterations"])
     note = "" if done == steps else f"committed {done} steps, not {steps}"
-    stalls = [float(r["recovery_seconds"]) for r in s["recoveries"]]
+    stalls = [r.recovery_seconds for r in s.recoveries]
     end = max(w.times.values(), default=0.0)
     # One rank is down at a time: every committed step applied N or N-1 replicas' updates.
-    full = (int(s["updates_applied"]) - (REPLICAS - 1) * done) / done
+    full = (s.updates_applied - (REPLICAS - 1) * done) / done
     return Measured(_rate(w.times, kills[0] if kills else done), _rate(w.times, done),
-                    s["final_metric"], stalls, _rejoins(w.failures, w.joins, end), full=full,
+                    s.final_metric, stalls, _rejoins(w.failures, w.joins, end), full=full,
                     note=note)
 
 

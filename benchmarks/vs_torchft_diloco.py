@@ -120,10 +120,10 @@ def ours_config(strategy: str, steps: int, kills: list[int], h: int, seed: int) 
 def ours_run(strategy: str, steps: int, kills: list[int], h: int, seed: int) -> Figures:
     w = base._Watch()
     s = run_silent(ours_config(strategy, steps, kills, h, seed), w)
-    done = int(s["logical_iterations"])
+    done = int(s.extras["logical_iterations"])
     note = "" if done == steps else f"committed {done} steps, not {steps}"
-    share = int(s["updates_applied"]) / (done * base.REPLICAS) if done else None
-    return Figures(base._rate(w.times, done), s["final_metric"], note, share)
+    share = int(s.updates_applied) / (done * base.REPLICAS) if done else None
+    return Figures(base._rate(w.times, done), s.final_metric, note, share)
 
 
 @dataclass(frozen=True)

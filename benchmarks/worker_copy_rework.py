@@ -16,7 +16,8 @@ import statistics
 import sys
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.runner import add_rework, run_baseline, run_silent
+from trainthrough.lab.rework import rework
+from trainthrough.lab.runner import run_baseline, run_silent
 from trainthrough.lab.suites.scar import FRACTIONS, SETTINGS, failure_free_twin
 
 STRATEGIES = ("checkpoint-restart", "scar", "worker-copy")
@@ -35,9 +36,7 @@ def _reworks(w: str, frac: str, seeds: int) -> dict[str, list[int | None]]:
                             workload_options=dict(st.options))
             if base is None:
                 base = run_baseline(failure_free_twin(cfg))
-            summary = run_silent(cfg)
-            add_rework(summary, base)
-            out[s].append(summary["rework_iterations"])
+            out[s].append(rework(run_silent(cfg), base).rework_iterations)
     return out
 
 

@@ -186,8 +186,8 @@ def compare(engine: str, ranks: int, out: str) -> int:
     for strategy in ("rollback", "checkpoint-restart"):
         hit = launch(train, out=f"{out}/{strategy}", strategy=strategy,
                      fail=["rank=1@iter=25"], recovery_delay=1.0, **common)
-        a, b = hit.summary["final_metric"], clean.summary["final_metric"]
-        same = hit.summary.get("replicas_identical")
+        a, b = hit.summary.result.final_metric, clean.summary.result.final_metric
+        same = hit.summary.result.extras.get("replicas_identical")
         print(f"{strategy}: {hit}")
         print(f"  validation loss {a:.4f} vs {b:.4f} without failures "
               f"({100 * (a - b) / b:+.3f}%); replicas identical: {same}")

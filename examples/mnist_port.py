@@ -113,7 +113,7 @@ def compare(engine: str, ranks: int, out: str) -> int:
         hit = launch(main, out=f"{out}/{strategy}", strategy=strategy,
                      fail=["rank=1@iter=35"], recovery_delay=1.0, **common)
         gap = 100 * (hit.returned["accuracy"] - clean.returned["accuracy"])
-        same = hit.summary.get("replicas_identical")
+        same = hit.summary.result.extras.get("replicas_identical")
         print(f"{strategy}: {hit}")
         print(f"  accuracy {hit.returned['accuracy']:.4f} vs {clean.returned['accuracy']:.4f} "
               f"without failures ({gap:+.2f} points); final lr {hit.returned['lr']:.4f} vs "

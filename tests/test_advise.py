@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import parse_one
 from trainthrough.ft import strategy as strategy_module
@@ -445,8 +446,10 @@ def test_failure_cost_is_the_run_minus_its_failure_free_time_at_its_own_pace() -
 
 
 def test_save_cost_is_the_pairs_mean_difference_per_interval_with_its_spread() -> None:
-    def run(seconds: float) -> dict[str, float]:
-        return {"sim_seconds": seconds, "iterations": 100}
+    def run(seconds: float) -> RunResult:
+        return RunResult(workload="mlr", strategy="none", engine="sim", seed=0,
+                         metric_name="accuracy", target=0.9, direction="max",
+                         iterations=100, sim_seconds=seconds)
     cost, spread = save_cost([(run(10.0), run(11.0)), (run(12.0), run(13.4))], every=5)
     assert cost == pytest.approx((1.0 + 1.4) / 2 * 5 / 100)
     assert spread == pytest.approx(statistics.stdev([0.05, 0.07]))
@@ -463,7 +466,7 @@ def test_on_sim_whole_run_costs_agree_with_the_recorded_ones() -> None:
     ck = next(m for m in measured if m.name == "checkpoint-restart")
     s = run_silent(replace(cfg, strategy="checkpoint-restart", stop_at_target=False,
                            max_iterations=200, checkpoint_every=50))
-    assert ck.checkpoint_seconds == pytest.approx(s["checkpoint_blocked_seconds"] / 4, rel=0.02)
+    assert ck.checkpoint_seconds == pytest.approx(s.checkpoint_blocked_seconds / 4, rel=0.02)
     for m in measured:
         assert m.lost_steps == pytest.approx(m.rework, abs=2), m
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.lab.advise import advise_dp, trace_spec
 from trainthrough.lab.advise.measured_report import table_text, verdict
 
@@ -23,14 +24,15 @@ def _runs(times: dict[str, tuple[float | None, float]]) -> tuple[Any, list[RunCo
     target, 1,000 samples committed either way; None: the target not reached."""
     seen: list[RunConfig] = []
 
-    def run(cfg: RunConfig) -> dict[str, Any]:
+    def run(cfg: RunConfig) -> RunResult:
         seen.append(cfg)
         hit, free = times[cfg.strategy]
         t = hit if cfg.failures else free
-        return {"converged": t is not None, "sim_seconds_to_target": t,
-                "sim_seconds": t or 100.0, "samples_committed": 1000,
-                "failures": 3 if cfg.failures else 0, "final_metric": 0.2,
-                "metric_name": "loss"}
+        return RunResult(workload=cfg.workload, strategy=cfg.strategy, engine=cfg.engine,
+                         seed=cfg.seed, metric_name="loss", target=1.0, direction="min",
+                         converged=t is not None, sim_seconds_to_target=t,
+                         sim_seconds=t or 100.0, failures=3 if cfg.failures else 0,
+                         final_metric=0.2, extras={"samples_committed": 1000})
     return run, seen
 
 
@@ -78,8 +80,9 @@ def test_a_run_that_does_not_stop_at_the_target_is_refused() -> None:
     from trainthrough.errors import UserError
 
     cfg = replace(RunConfig.from_toml(EXAMPLE), stop_at_target=False)
+    never = _runs({})[0]  # refused before any run: a run would raise KeyError
     with pytest.raises(UserError, match="stop_at_target"):
-        advise_dp(cfg, trace_spec("dp", "2s", None), run=lambda c: {})
+        advise_dp(cfg, trace_spec("dp", "2s", None), run=never)
 
 
 @pytest.mark.timeout(120)

@@ -33,6 +33,7 @@ from fsspec.core import url_to_fs
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import CheckpointStore, require_ints, run_location
 from trainthrough.ft.checkpoint.manifest import MAX_MANIFEST_BYTES
@@ -433,18 +434,18 @@ class CorruptAtFailure(Callback):
             self.how(newest)
 
 
-def _run(tmp_path: Path, cb: CorruptAtFailure, **kw: Any) -> tuple[dict[str, Any], list[dict]]:
+def _run(tmp_path: Path, cb: CorruptAtFailure, **kw: Any) -> tuple[RunResult, list[dict]]:
     summary = run(RunConfig(checkpoint_dir=str(cb.folder), **kw), tmp_path / "run", [cb])
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
-    return summary, events
+    return summary.result, events
 
 
-def _assert_skipped(cb: CorruptAtFailure, summary: dict[str, Any], events: list[dict]) -> None:
+def _assert_skipped(cb: CorruptAtFailure, result: RunResult, events: list[dict]) -> None:
     assert cb.corrupted is not None and cb.expected is not None
     skipped = [e["message"] for e in events if e["type"] == "checkpoint-corrupt"]
     assert skipped and all(cb.corrupted in m for m in skipped), skipped
-    assert summary["converged"], summary
-    assert summary["failures"] == 1
+    assert result.converged, result
+    assert result.failures == 1
 
 
 @pytest.mark.parametrize("how", sorted(IN_RUN))
@@ -453,20 +454,20 @@ def test_sim_parameter_server_resumes_from_the_previous_checkpoint(tmp_path: Pat
     # Each shard saves itself (tag shard<i>); shard 0's newest is corrupted, so the
     # rollback of every shard lands on the previous checkpoint for all of them.
     cb = CorruptAtFailure(tmp_path / "ck", "shard0", IN_RUN[how])
-    summary, events = _run(tmp_path, cb, workload="mlr", strategy="checkpoint-restart",
+    result, events = _run(tmp_path, cb, workload="mlr", strategy="checkpoint-restart",
                            checkpoint_every=50, failures=["shards=50%@iter=230"], seed=1)
-    _assert_skipped(cb, summary, events)
+    _assert_skipped(cb, result, events)
     assert cb.corrupted == "shard0-00000200" and cb.expected == 150
-    assert summary["recoveries"][0]["restored_from"] == 150
+    assert result.recoveries[0].restored_from == 150
 
 
 def test_sim_data_parallel_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
     cb = CorruptAtFailure(tmp_path / "ck", "ckpt", _flip_tensor_byte)
-    summary, events = _run(tmp_path, cb, paradigm="dp", strategy="checkpoint-restart",
+    result, events = _run(tmp_path, cb, paradigm="dp", strategy="checkpoint-restart",
                            checkpoint_every=10, failures=["rank=1@iter=25"])
-    _assert_skipped(cb, summary, events)
+    _assert_skipped(cb, result, events)
     assert cb.corrupted == "ckpt-00000020" and cb.expected == 10
-    assert summary["recoveries"][0]["restored_from"] == 10
+    assert result.recoveries[0].restored_from == 10
 
 
 @pytest.mark.timeout(90)
@@ -474,11 +475,11 @@ def test_sim_data_parallel_resumes_from_the_previous_checkpoint(tmp_path: Path) 
 def test_ray_shard_is_restored_from_the_previous_checkpoint(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     cb = CorruptAtFailure(tmp_path / "ck", "shard0", _flip_tensor_byte)
-    summary, events = _run(tmp_path, cb, workload="mlr", strategy="checkpoint-sync",
+    result, events = _run(tmp_path, cb, workload="mlr", strategy="checkpoint-sync",
                            engine="ray", shards=1, workers=2, consistency="async",
                            target=0.35, eval_every=5, checkpoint_every=5, recovery_delay=0.5,
                            failures=["shards=0@iter=30"], wall_limit=60.0)
-    _assert_skipped(cb, summary, events)
+    _assert_skipped(cb, result, events)
     up = [e for e in events if e["type"] == "up"]
     assert up and up[0]["restored_from"] == cb.expected, (cb.corrupted, up)
 
@@ -486,13 +487,13 @@ def test_ray_shard_is_restored_from_the_previous_checkpoint(tmp_path: Path) -> N
 @pytest.mark.timeout(180)
 def test_dist_ranks_restart_from_the_previous_checkpoint(tmp_path: Path) -> None:
     cb = CorruptAtFailure(tmp_path / "ck", "ckpt", _flip_tensor_byte)
-    summary, events = _run(tmp_path, cb, engine="dist", paradigm="dp", ranks=2,
+    result, events = _run(tmp_path, cb, engine="dist", paradigm="dp", ranks=2,
                            strategy="checkpoint-restart", checkpoint_every=5,
                            failures=["rank=1@iter=12"], target=0.3, max_iterations=400,
                            wall_limit=120)
-    _assert_skipped(cb, summary, events)
+    _assert_skipped(cb, result, events)
     assert cb.corrupted == "ckpt-00000010" and cb.expected == 5
-    assert summary["recoveries"][0]["restored_from"] == 5
+    assert result.recoveries[0].restored_from == 5
 
 
 @pytest.mark.timeout(60)

@@ -419,8 +419,8 @@ def test_user_files_in_a_tt_ckpt_folder_survive_the_run(tmp_path: Path) -> None:
     s = run(RunConfig(workload="ridge", checkpoint_every=20, failures=["shards=1@iter=50"],
                       checkpoint_dir=str(mine)), tmp_path / "run")
     assert (mine / "notes.txt").read_text() == "precious"
-    assert s["checkpoint_url"] == run_location(str(mine), s["run_id"])
-    assert _ckpt_steps(Path(s["checkpoint_url"]))  # the run's own checkpoints are kept too
+    assert s.checkpoint_url == run_location(str(mine), s.run_id)
+    assert _ckpt_steps(Path(s.checkpoint_url))  # the run's own checkpoints are kept too
 
 
 def test_scratch_checkpoints_remove_only_what_they_created(tmp_path: Path) -> None:
@@ -443,21 +443,21 @@ def test_runs_sharing_a_checkpoint_dir_never_see_each_others_checkpoints(tmp_pat
     shared = tmp_path / "ck"
     cfg = RunConfig(workload="mlr", checkpoint_every=50, seed=1, checkpoint_dir=str(shared))
     a = run(replace(cfg, max_iterations=700), tmp_path / "a")
-    a_loc = Path(a["checkpoint_url"])
+    a_loc = Path(a.checkpoint_url)
     assert _ckpt_steps(a_loc) == [550, 600, 650]
     # B fails at 230: it restores its own 200, not A's 650, and prunes none of A's.
     b = run(replace(cfg, failures=["shards=50%@iter=230"]), tmp_path / "b")
-    assert b["recoveries"][0]["restored_from"] == 200 and b["converged"]
-    assert b["run_id"] != a["run_id"] and _ckpt_steps(a_loc) == [550, 600, 650]
-    b_steps = _ckpt_steps(Path(b["checkpoint_url"]))
+    assert b.result.recoveries[0].restored_from == 200 and b.result.converged
+    assert b.run_id != a.run_id and _ckpt_steps(a_loc) == [550, 600, 650]
+    b_steps = _ckpt_steps(Path(b.checkpoint_url))
     assert len(b_steps) == 3
     # Another workload in the same folder (its keys differ: it used to crash), and A again.
     c = run(RunConfig(workload="ridge", checkpoint_every=20, failures=["shards=1@iter=50"],
                       checkpoint_dir=str(shared)), tmp_path / "c")
-    assert c["recoveries"][0]["restored_from"] == 40 and c["converged"]
+    assert c.result.recoveries[0].restored_from == 40 and c.result.converged
     run(replace(cfg, max_iterations=700), tmp_path / "a2")
     assert _ckpt_steps(a_loc) == [550, 600, 650]
-    assert _ckpt_steps(Path(b["checkpoint_url"])) == b_steps
+    assert _ckpt_steps(Path(b.checkpoint_url)) == b_steps
     assert len(list(shared.glob("run-*"))) == 4
 
 
@@ -466,7 +466,7 @@ def test_in_memory_only_what_the_run_created_is_freed(tmp_path: Path) -> None:
     theirs = f"/tt-user-{uuid.uuid4().hex}"
     fs.pipe_file(f"{theirs}/keep.txt", b"x")
     s = run(RunConfig(workload="ridge", checkpoint_dir=f"memory://{theirs}"), tmp_path / "a")
-    assert fs.exists(f"{theirs}/keep.txt") and not fs.exists(url_to_fs(s["checkpoint_url"])[1])
+    assert fs.exists(f"{theirs}/keep.txt") and not fs.exists(url_to_fs(s.checkpoint_url)[1])
     fresh = f"memory://tt-new-{uuid.uuid4().hex}"
     run(RunConfig(workload="ridge", checkpoint_dir=fresh), tmp_path / "b")
     assert not fs.exists(url_to_fs(fresh)[1])

@@ -115,7 +115,7 @@ def test_rollback_matches_sim_within_1e6_after_rank_0_rejoins(tmp_path: Path) ->
     failed = run_silent(RunConfig(paradigm="dp", strategy="rollback", max_iterations=12,
                                   stop_at_target=False,
                                   failures=["rank=0@iter=8,phase=allreduce:0"]))
-    sim_norm = failed["recoveries"][0]["perturbation_norm"]
+    sim_norm = failed.recoveries[0].perturbation_norm
     assert abs(r.recoveries[0].perturbation_norm - sim_norm) <= 1e-6, (r.recoveries, sim_norm)
     # Nothing was lost: the group never went back (a joiner sending x0 would rewind it).
     logical = [ev["logical_iteration"] for ev in cb.evals]
@@ -138,11 +138,11 @@ def test_lossy_forward_drops_the_same_share_as_sim(tmp_path: Path) -> None:
     r = _engine(tmp_path, cb, cost=CostModel(timeout_seconds=3), **kw).run()
     sim = Params()
     s = run_silent(RunConfig(paradigm="dp", **kw), sim)
-    assert r.failures == s["failures"] == 1 and r.extras["replicas_identical"]
-    assert r.extras["samples_dropped"] == s["samples_dropped"] == 32
-    assert r.updates_lost == s["updates_lost"] == 1
+    assert r.failures == s.failures == 1 and r.extras["replicas_identical"]
+    assert r.extras["samples_dropped"] == s.extras["samples_dropped"] == 32
+    assert r.updates_lost == s.updates_lost == 1
     # The same perturbation: the completed step's distance from the failure-free one.
-    norm, sim_norm = r.recoveries[0].perturbation_norm, s["recoveries"][0]["perturbation_norm"]
+    norm, sim_norm = r.recoveries[0].perturbation_norm, s.recoveries[0].perturbation_norm
     assert sim_norm > 0.01 and abs(norm - sim_norm) <= 1e-6, (norm, sim_norm)
     assert cb.logical == sim.logical == 30
     for n, v in sim.params.items():
@@ -178,7 +178,7 @@ def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path
     s = run_silent(RunConfig(paradigm="dp", **kw), sim)
     assert [c["iteration"] for c in saves] == [c["iteration"] for c in sim.of("checkpoint")]
     # The restart moved the model as far as in sim: from step 15 back to checkpoint 10.
-    sim_norm = s["recoveries"][0]["perturbation_norm"]
+    sim_norm = s.recoveries[0].perturbation_norm
     assert sim_norm > 0.1 and abs(rec.perturbation_norm - sim_norm) <= 1e-6, (rec, sim_norm)
 
 

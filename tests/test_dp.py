@@ -288,8 +288,8 @@ def test_lossy_forward_drops_the_failed_share_and_carries_on(phase: str | None) 
 def test_lossy_forward_converges_on_n_minus_1_ranks() -> None:
     s = run_silent(RunConfig(paradigm="dp", strategy="lossy-forward", replace=False,
                              allreduce_buckets=4, failures=["rank=1@iter=50,phase=allreduce:1"]))
-    assert s["converged"] and s["ranks_final"] == 3 and s["failures"] == 1
-    assert s["recoveries"][0]["perturbation_norm"] > 0
+    assert s.converged and s.extras["ranks_final"] == 3 and s.failures == 1
+    assert s.recoveries[0].perturbation_norm > 0
 
 
 def test_checkpoint_restart_rolls_back_every_rank() -> None:
@@ -346,8 +346,8 @@ def test_mtbf_failures_with_replacements_converge() -> None:
     cost = CostModel(detection_seconds=0.05, reform_seconds=0.05, replace_seconds=0.2)
     s = run_silent(RunConfig(paradigm="dp", strategy="rollback", seed=1, cost=cost,
                              failures=["rank=any@mtbf=0.4s"]))
-    assert s["converged"] and s["failures"] >= 3 and s["ranks_joined"] >= 1
-    assert s["iterations_to_target"] >= 678  # the failure-free run needs 678
+    assert s.converged and s.failures >= 3 and s.extras["ranks_joined"] >= 1
+    assert s.iterations_to_target >= 678  # the failure-free run needs 678
 
 
 def test_bad_dp_input_is_a_user_error() -> None:

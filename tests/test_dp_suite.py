@@ -20,9 +20,9 @@ def test_every_run_ends_on_exactly_l_committed_steps(strategy: str, phase: str) 
                              max_iterations=steps + extra, stop_at_target=False,
                              checkpoint_every=every, eval_every=20, cost=COST,
                              allreduce_buckets=4))
-    assert s["failures"] == 3 and s["logical_iterations"] == steps
+    assert s.failures == 3 and s.extras["logical_iterations"] == steps
     # Every failure struck at the planned committed step, whatever the strategy lost.
-    assert [r["at_iteration"] for r in s["recoveries"]] == [
+    assert [r.at_iteration for r in s.recoveries] == [
         int(x.split("@iter=")[1].split(",")[0]) for x in specs]
 
 

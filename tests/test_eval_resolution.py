@@ -22,6 +22,7 @@ from trainthrough.engines.evaluation import (
     EvalPolicy,
     near,
 )
+from trainthrough.engines.result import RunResult
 from trainthrough.lab.runner import run, run_silent
 from trainthrough.workloads import make_workload
 
@@ -109,8 +110,8 @@ def test_ps_evaluates_just_before_and_after_the_failure(tmp_path: Path) -> None:
         assert sparse.at(it)["metric"] == dense.at(it)["metric"]
         assert sparse.at(it)["logical_iteration"] == dense.at(it)["logical_iteration"]
     # The cost stays bounded: regular ones, the failure's, and look-backs.
-    regular = s["iterations"] // 10 + 2
-    assert s["evaluations"] == len(its)
+    regular = s.iterations // 10 + 2
+    assert s.extras["evaluations"] == len(its)
     assert len(its) <= regular + 1 + AFTER_DISRUPTION + (NEAR_LOOKS + 1) * 9
 
 
@@ -122,12 +123,12 @@ def test_noisy_sgd_finds_the_iteration_eval_every_1_finds() -> None:
     for failures in ([], ["shards=50%@iter=202"]):
         dense = run_silent(RunConfig(eval_every=1, failures=failures, **kw))
         sparse = run_silent(RunConfig(eval_every=10, failures=failures, **kw))
-        assert sparse["iterations_to_target"] == dense["iterations_to_target"]
-        assert sparse["evaluations"] < dense["evaluations"] / 5
+        assert sparse.iterations_to_target == dense.iterations_to_target
+        assert sparse.extras["evaluations"] < dense.extras["evaluations"] / 5
 
 
 # -- sim data parallel ---------------------------------------------------------------
-def _gd(engine: str, eval_every: int, failures: list[str]) -> dict[str, Any]:
+def _gd(engine: str, eval_every: int, failures: list[str]) -> RunResult:
     return run_silent(RunConfig(workload=GD, workload_options=GD_OPTIONS, paradigm="dp",
                                 engine=engine, ranks=2, strategy="checkpoint-restart",
                                 checkpoint_every=20, eval_every=eval_every, failures=failures,
@@ -135,14 +136,14 @@ def _gd(engine: str, eval_every: int, failures: list[str]) -> dict[str, Any]:
 
 
 def test_dp_rework_is_exact_and_matches_eval_every_1() -> None:
-    base = _gd("sim", 10, [])["iterations_to_target"]
-    assert base == _gd("sim", 1, [])["iterations_to_target"] == 57
+    base = _gd("sim", 10, []).iterations_to_target
+    assert base == _gd("sim", 1, []).iterations_to_target == 57
     for k in (1, 2, 3):
         s = _gd("sim", 10, [f"rank=1@iter={40 + k}"])
-        assert s["iterations_to_target"] == _gd("sim", 1, [f"rank=1@iter={40 + k}"])[
-            "iterations_to_target"]
-        assert s["iterations_to_target"] - base == k  # back to the checkpoint of 40
-        assert s["target_resolution"] == 1
+        assert s.iterations_to_target == _gd(
+            "sim", 1, [f"rank=1@iter={40 + k}"]).iterations_to_target
+        assert s.iterations_to_target - base == k  # back to the checkpoint of 40
+        assert s.extras["target_resolution"] == 1
 
 
 # -- a real engine: gloo processes -----------------------------------------------------
@@ -151,6 +152,6 @@ def test_gloo_finds_the_iteration_eval_every_1_finds() -> None:
     """Rank 0 keeps copies; the controller asks for them through the store when the
     evaluation at 60 finds the target reached (at 57, as sim's every-iteration run)."""
     s = _gd("gloo", 10, [])
-    assert s["iterations_to_target"] == _gd("sim", 1, [])["iterations_to_target"] == 57
-    assert s["target_resolution"] == 1
-    assert s["evaluations"] < 57
+    assert s.iterations_to_target == _gd("sim", 1, []).iterations_to_target == 57
+    assert s.extras["target_resolution"] == 1
+    assert s.extras["evaluations"] < 57

@@ -228,9 +228,9 @@ def test_your_loop_trains_with_diloco_through_a_lost_rank(tmp_path: Path,
     r = launch(ledger_train, engine="gloo", ranks=3, strategy="diloco", sync_every=4,
                fail="rank=2@iter=9,phase=inner", replace=False, out=tmp_path / "o",
                progress=False)
-    s = r.summary
-    assert s["failures"] == 1 and s["replicas_identical"]
-    assert [x["action"] for x in s["recoveries"]] == ["drop-local"]
+    s = r.summary.result
+    assert s.failures == 1 and s.extras["replicas_identical"]
+    assert [x.action for x in r.recoveries] == ["drop-local"]
     seen: dict[int, dict[int, set[int]]] = {}  # rank -> step -> attempts
     for f in tmp_path.glob("*.txt"):
         for line in f.read_text().splitlines():

@@ -35,7 +35,7 @@ def test_gloo_ranks_forked_warm_see_the_environment_set_after_the_zygote_started
     assert zygote.shared() is warm  # one zygote served the run
     pids = {int(f.stem) for f in ledger.iterdir()}  # each rank writes its own file
     assert len(pids) >= 2 and not pids & {os.getpid(), warm.proc.pid}, pids
-    assert r.summary["failures"] == 1 and r.summary["replicas_identical"]
+    assert r.summary.result.failures == 1 and r.summary.result.extras["replicas_identical"]
 
 
 def test_gloo_ranks_forked_and_started_cold_train_alike(
@@ -47,8 +47,8 @@ def test_gloo_ranks_forked_and_started_cold_train_alike(
     for how in ("exec", "fork"):
         monkeypatch.setenv("TRAINTHROUGH_RANK_START", how)
         out[how] = run_silent(cfg)
-    assert out["fork"]["final_metric"] == out["exec"]["final_metric"]
-    assert out["fork"]["failures"] == out["exec"]["failures"] == 1
+    assert out["fork"].final_metric == out["exec"].final_metric
+    assert out["fork"].failures == out["exec"].failures == 1
 
 
 def test_how_ranks_start_is_fork_exec_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.result import RunResult
 from trainthrough.lab.runner import run
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -32,15 +33,15 @@ def _delay(engine: str) -> dict[str, float]:
 
 
 def _run(engine: str, tmp: Path) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor],
-                                           dict[str, Any]]:
+                                           RunResult]:
     cfg = RunConfig(workload="mlr", strategy="checkpoint-restart", engine=engine,
                     consistency="bsp", shards=2, workers=2, checkpoint_every=20,
                     failures=["shards=0@iter=50"], max_iterations=100,
                     eval_every=5, stop_at_target=False, seed=4, **_delay(engine))
     cb = LastParams()
-    summary = run(cfg, tmp / engine, [cb])
+    result = run(cfg, tmp / engine, [cb]).result
     metrics = [json.loads(x) for x in (tmp / engine / "metrics.jsonl").read_text().splitlines()]
-    return metrics, cb.params, summary
+    return metrics, cb.params, result
 
 
 @pytest.mark.timeout(120)
@@ -48,8 +49,8 @@ def test_ray_bsp_follows_sims_trace(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     sim_m, sim_p, sim_s = _run("sim", tmp_path)
     ray_m, ray_p, ray_s = _run("ray", tmp_path)
-    assert sim_s["failures"] == ray_s["failures"] == 1
-    assert sim_s["recoveries"][0]["restored_from"] == ray_s["recoveries"][0]["restored_from"] == 40
+    assert sim_s.failures == ray_s.failures == 1
+    assert sim_s.recoveries[0].restored_from == ray_s.recoveries[0].restored_from == 40
     assert [(m["iteration"], m["logical_iteration"]) for m in ray_m] == \
         [(m["iteration"], m["logical_iteration"]) for m in sim_m]
     for a, b in zip(sim_m, ray_m):
@@ -71,17 +72,17 @@ def test_worker_copy_on_ray_rebuilds_the_lost_shard_from_worker_actors(tmp_path:
                         failures=["shards=1@iter=30"], max_iterations=40,
                         eval_every=5, stop_at_target=False, seed=4, **_delay(engine))
         cb = LastParams()
-        out[engine] = (run(cfg, tmp_path / engine, [cb]), cb.params)
+        out[engine] = (run(cfg, tmp_path / engine, [cb]).result, cb.params)
     (sim_s, sim_p), (ray_s, ray_p) = out["sim"], out["ray"]
-    rec = ray_s["recoveries"][0]
-    assert rec["action"] == "worker-copy" and rec["restored_from"] == 20
-    assert rec["perturbation_norm"] == 0.0
-    wc = rec["worker_copy"]
+    rec = ray_s.recoveries[0]
+    assert rec.action == "worker-copy" and rec.restored_from == 20
+    assert rec.perturbation_norm == 0.0
+    wc = rec.worker_copy
     assert wc["rows_from_workers"] == 32 and wc["rows_from_checkpoint"] == 0
     assert wc["rounds_replayed"] == 1 and wc["copy_lag"] == 1
     # Both workers asked for their version, worker 0 for the rows, both for their push.
-    assert wc["messages"] == 2 * 2 + 2 + 2 * 2 and ray_s["worker_copy_messages"] == 10
-    assert ray_s["worker_copy_bytes"] == wc["bytes"] == 32 * 8 * 3
-    assert sim_s["recoveries"][0]["worker_copy"] == wc  # the same record as sim's
+    assert wc["messages"] == 2 * 2 + 2 + 2 * 2 and ray_s.extras["worker_copy_messages"] == 10
+    assert ray_s.extras["worker_copy_bytes"] == wc["bytes"] == 32 * 8 * 3
+    assert sim_s.recoveries[0].worker_copy == wc  # the same record as sim's
     for n, v in sim_p.items():
         assert torch.allclose(v, ray_p[n], atol=1e-9, rtol=0), n

@@ -35,20 +35,21 @@ def test_a_real_sigkill_of_the_shard_and_training_reaches_its_target(strategy: s
     # of (buffered) steps during a 0.5 s outage, which would end the run at mlr's
     # default 3,000 iterations before the shard is back.
     s = run_silent(_ray_cfg(strategy, max_iterations=10**6))
-    assert s["failures"] == 1
-    assert s["converged"], s
-    assert len(s["recoveries"]) == 1
-    rec = s["recoveries"][0]
+    assert s.failures == 1
+    assert s.converged, s
+    assert len(s.recoveries) == 1
+    rec = s.recoveries[0]
     if strategy == "chain-sync":  # two replicas survived the head: nothing acknowledged lost
-        assert s["acknowledged_lost"] == 0 and s["acknowledged_lost_wiped"] == 0, s
+        x = s.extras
+        assert x["acknowledged_lost"] == 0 and x["acknowledged_lost_wiped"] == 0, s
     if strategy.startswith("chain"):
-        assert rec["action"] == "failover"
-        assert rec["recovery_seconds"] < 2.0
+        assert rec.action == "failover"
+        assert rec.recovery_seconds < 2.0
     else:
         # Down for the configured delay, then up and applying updates again.
-        assert rec["recovery_seconds"] >= 0.5
+        assert rec.recovery_seconds >= 0.5
         # The recovery policy's own action names, as on every engine.
-        assert rec["action"] in ("restore-lost", "reinit")
+        assert rec.action in ("restore-lost", "reinit")
 
 
 def test_a_killed_worker_is_replaced() -> None:
@@ -56,8 +57,8 @@ def test_a_killed_worker_is_replaced() -> None:
     # for the replacement (a new process importing torch) to come up.
     s = run_silent(_ray_cfg("checkpoint-async", failures=["worker=1@iter=20"],
                             stop_at_target=False, max_iterations=10**6, wall_limit=20.0))
-    assert s["converged"] and s["failures"] == 1
-    assert s["recoveries"][0]["action"] == "restart-worker"
+    assert s.converged and s.failures == 1
+    assert s.recoveries[0].action == "restart-worker"
 
 
 @ray.remote
@@ -108,14 +109,15 @@ def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took(strategy: str) -> 
     s = run_silent(_ray_cfg(strategy, replicas=2, failures=["replicas=0,1@iter=25"],
                             stop_at_target=False, max_iterations=120, wall_limit=60.0),
                    events)
-    assert s["failures"] == 2
+    assert s.failures == 2
     (up,) = [e for e in events.records if e["type"] == "up"]
     ckpt = up["restored_from"]
     assert (ckpt is None) == (strategy == "chain-sync"), up
-    assert {r["action"] for r in s["recoveries"]} >= {"reinit" if ckpt is None else "restore-lost"}
-    wiped = [e for e in s["acknowledged_lost_detail"] if e.get("wiped")]
+    assert {r.action for r in s.recoveries} >= {"reinit" if ckpt is None else "restore-lost"}
+    wiped = [e for e in s.extras["acknowledged_lost_detail"] if e.get("wiped")]
     assert sorted(e["worker"] for e in wiped) == [0, 1]
-    assert s["acknowledged_lost"] == s["acknowledged_lost_wiped"] == up["acknowledged_lost"] == 2
+    x = s.extras
+    assert x["acknowledged_lost"] == x["acknowledged_lost_wiped"] == up["acknowledged_lost"] == 2
     # What the workers had acknowledged, seen independently: while the shard is down
     # each worker waits with its step at its last acknowledged push (+1 if that push
     # is pending); a worker's sequence numbers count its steps. So the sum of the
@@ -259,10 +261,10 @@ def test_chain_failover_through_zookeeper_membership(zk_server) -> None:  # noqa
     chain fails over to the next replica."""
     s = run_silent(_ray_cfg("chain-sync", coordinator="zookeeper",
                             zookeeper_hosts=zk_server.hosts))
-    assert s["converged"] and s["failures"] == 1
-    assert s["recoveries"][0]["action"] == "failover"
+    assert s.converged and s.failures == 1
+    assert s.recoveries[0].action == "failover"
     # Detection waits for the 2 s session timeout, not Ray's ~20 ms notice.
-    assert 1.0 <= s["recoveries"][0]["recovery_seconds"] < 6.0
+    assert 1.0 <= s.recoveries[0].recovery_seconds < 6.0
 
 
 @pytest.mark.parametrize("position", [0, 1, 2], ids=["head", "middle", "tail"])

@@ -42,7 +42,7 @@ def _outcome(cfg: RunConfig) -> dict[str, Any]:
     tracker = IterateTracker()
     s = run_silent(cfg, tracker)
     return {"iterations": tracker.iterations, "params": tracker.iterates[-1],
-            "metric": s["final_metric"], "updates": s["updates_applied"]}
+            "metric": s.final_metric, "updates": s.updates_applied}
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -73,7 +73,7 @@ def test_killed_actors_do_not_come_back() -> None:
                              shards=1, workers=2, consistency="async",
                              failures=["worker=1@iter=5"], recovery_delay=0.2,
                              max_iterations=10**6, wall_limit=8.0, stop_at_target=False))
-    assert s["failures"] == 1
+    assert s.failures == 1
     idle = POOL.idle()
     assert idle
     # Every pooled actor answers: none is the killed worker.

@@ -125,7 +125,15 @@ def test_a_checkpoint_the_disk_cannot_take_is_said_and_the_run_goes_on(
 def test_a_complete_run_says_so(tmp_path: Path) -> None:
     s = run(RunConfig(**KW), tmp_path / "run")
     st = _status(tmp_path / "run")
-    assert st["state"] == "complete" and st["reason"] is None and st["run_id"] == s["run_id"]
+    assert st["state"] == "complete" and st["reason"] is None and st["run_id"] == s.run_id
+    # summary.json is what run() returned, flat: the result (its extras among its
+    # fields), the run's identity and the rework fields (null here: no baseline).
+    written = read_summary(tmp_path / "run")
+    assert written == json.loads(json.dumps(s.to_dict()))
+    assert written["iterations"] == s.result.iterations == 60 and written["run_id"] == s.run_id
+    assert "extras" not in written and set(s.result.extras) <= set(written)
+    assert {"recoveries", "checkpoint_url", "rework_iterations", "rework_bound",
+            "baseline_iterations_to_target", "contraction"} <= set(written)
 
 
 def test_sigterm_on_the_command_marks_the_folder(tmp_path: Path) -> None:
@@ -267,7 +275,7 @@ def test_a_reused_pid_is_not_taken_for_the_run(tmp_path: Path) -> None:
         st = {**_status(out), "state": "running", "pid": sleeper.pid,
               "pid_start": me.start_ticks + 1}
         (out / "status.json").write_text(json.dumps(st))
-        assert run(RunConfig(**KW), out, overwrite=True)["converged"] is not None
+        assert run(RunConfig(**KW), out, overwrite=True).result.iterations == 60
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -292,8 +300,8 @@ def test_resume_ends_where_the_uninterrupted_run_ends(cli, tmp_path: Path,  # no
     assert r.code == 0, r.err
     s = read_summary(out)
     assert s["run_id"] == run_id and s["resumed_from"] == 40  # the newest checkpoint, not 0
-    assert s["iterations"] == full["iterations"] == 60
-    assert s["final_metric"] == full["final_metric"]
+    assert s["iterations"] == full.result.iterations == 60
+    assert s["final_metric"] == full.result.final_metric
     # The curve: the first part up to the cut, the resume marked, then the second part,
     # whose every evaluation equals the uninterrupted run's at that iteration.
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
@@ -310,7 +318,7 @@ def test_resume_ends_where_the_uninterrupted_run_ends(cli, tmp_path: Path,  # no
     assert [m["metric"] for m in common] == [expected[m["iteration"]] for m in common]
     # The parameters themselves: the last checkpoint (iteration 60) of both runs.
     tag = "shard0" if paradigm == "ps" else "ckpt"
-    a, b = _final_tensors(tmp_path / "full", full["run_id"], tag), _final_tensors(out, run_id, tag)
+    a, b = _final_tensors(tmp_path / "full", full.run_id, tag), _final_tensors(out, run_id, tag)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert _status(out)["state"] == "complete"
 
@@ -371,7 +379,7 @@ def test_resume_to_a_new_iteration_budget(cli, tmp_path: Path) -> None:  # noqa:
     assert r.code == 0, r.err
     s = read_summary(out)
     assert s["resumed_from"] == 40 and s["iterations"] == 90
-    assert s["final_metric"] == longer["final_metric"]
+    assert s["final_metric"] == longer.result.final_metric
     assert RunConfig.from_toml(out / "config.toml").max_iterations == 90
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     assert [e["max_iterations"] for e in events if e["type"] == "resumed"] == [90]

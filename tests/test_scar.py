@@ -12,6 +12,7 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.sim.engine import SimEngine
 from trainthrough.ft.prioritized import PrioritizedEvery, row_change, select_rows
+from trainthrough.lab.rework import rework
 from trainthrough.lab.runner import build_engine, resolve_defaults, run_baseline, run_silent
 
 
@@ -97,26 +98,27 @@ def test_restore_assembles_the_freshest_saved_copy_of_every_row() -> None:
 def test_partial_recovery_perturbs_only_the_lost_shards() -> None:
     s = run_silent(RunConfig(workload="mlr", strategy="scar-partial", checkpoint_every=50,
                              failures=["shards=1@iter=130"]))
-    r = s["recoveries"][0]
-    assert r["action"] == "restore-lost" and r["restored_from"] == 100
-    assert math.isclose(r["perturbation_norm"], r["perturbation_norm_lost"], rel_tol=1e-9)
+    r = s.recoveries[0]
+    assert r.action == "restore-lost" and r.restored_from == 100
+    assert math.isclose(r.perturbation_norm, r.perturbation_norm_lost, rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_scar_partial_never_worse_than_checkpoint_restart(seed: int) -> None:
-    def rework(strategy: str) -> int:
+    def to_target(strategy: str) -> int | None:
         return run_silent(RunConfig(workload="mlr", strategy=strategy, seed=seed, eval_every=1,
                                     checkpoint_every=50, failures=["shards=50%@iter=240"])
-                          )["iterations_to_target"]
+                          ).iterations_to_target
 
-    assert rework("scar-partial") <= rework("checkpoint-restart")
+    partial, full = to_target("scar-partial"), to_target("checkpoint-restart")
+    assert partial is not None and full is not None and partial <= full
 
 
 def test_bound_holds_exactly_on_ridge_for_many_random_perturbations() -> None:
     rng = random.Random(7)
     base = run_baseline(RunConfig(workload="ridge", seed=0))
     c_true = 1 - 0.1 * 1.1
-    assert abs(base["contraction"] - c_true) < 1e-3  # the fit recovers the true rate
+    assert base.fit is not None and abs(base.fit.c - c_true) < 1e-3  # the true rate
     checked = 0
     for _ in range(30):
         strategy = rng.choice(["none", "checkpoint-restart", "scar-partial", "scar"])
@@ -125,12 +127,9 @@ def test_bound_holds_exactly_on_ridge_for_many_random_perturbations() -> None:
         cfg = RunConfig(workload="ridge", strategy=strategy, failures=fails, seed=0,
                         checkpoint_every=rng.randint(3, 25))
         s = run_silent(cfg)
-        assert s["converged"]
-        rework = s["iterations_to_target"] - base["iterations_to_target"]
-        from trainthrough.lab.bound import Contraction
-
-        bound = Contraction(base["contraction"], base["distance0"], 0, 0).bound(
-            [(r["at_iteration"], r["perturbation_norm"]) for r in s["recoveries"]])
-        assert rework <= math.ceil(bound + 1e-9), (cfg, rework, bound)
+        assert s.converged
+        r = rework(s, base)  # what a run folder's summary.json records
+        assert r.rework_iterations is not None and r.rework_bound is not None
+        assert r.rework_iterations <= math.ceil(r.rework_bound + 1e-9), (cfg, r)
         checked += 1
     assert checked == 30

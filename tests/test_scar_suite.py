@@ -44,7 +44,7 @@ def test_strategies_train_identically_without_failures_so_one_twin_serves_all() 
     runs = [run_silent(replace(base, strategy=s, checkpoint_fraction=r, checkpoint_rule=rule))
             for s, rule, r in [("checkpoint-restart", "largest-change", 0.25),
                                ("scar", "largest-change", 0.25), ("scar", "random", None)]]
-    assert len({(s["iterations_to_target"], s["final_metric"]) for s in runs}) == 1
+    assert len({(s.iterations_to_target, s.final_metric) for s in runs}) == 1
     twin = scar.failure_free_twin(replace(base, strategy="scar", checkpoint_rule="random",
                                           failures=["shards=50%@iter=45"]))
     assert twin.failures == [] and twin.strategy == scar.BASELINE
@@ -55,10 +55,10 @@ def test_checkpoint_restart_reworks_the_20_iterations_it_rolls_back_on_mf() -> N
     cfg = RunConfig(workload="mf", strategy="checkpoint-restart", seed=0,
                     checkpoint_every=st.every, eval_every=st.eval_every,
                     workload_options=dict(st.options))
-    free = run_silent(cfg)["iterations_to_target"]
+    free = run_silent(cfg).iterations_to_target
     hit = run_silent(replace(cfg, failures=[f"shards=50%@iter={st.fail_at}"]))
     assert free > st.fail_at + 20  # the failure strikes well before convergence
-    assert hit["iterations_to_target"] - free == st.fail_at % st.every == 20
+    assert hit.iterations_to_target - free == st.fail_at % st.every == 20
 
 
 def test_the_report_gives_every_cell_an_interval_and_the_headline(tmp_path: Path) -> None:

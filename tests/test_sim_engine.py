@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.lab.runner import run, run_silent
 
 from .conftest import read_metrics, read_summary
@@ -59,7 +60,7 @@ def test_strategy_none_still_converges(cli, tmp_path: Path) -> None:  # noqa: AN
     assert s["recoveries"][0]["action"] == "reinit" and s["checkpoint_bytes"] == 0
 
 
-def _cr(fail_at: int, **kw) -> dict:  # noqa: ANN003
+def _cr(fail_at: int, **kw) -> RunResult:  # noqa: ANN003
     cfg = RunConfig(workload="mlr", strategy="checkpoint-restart", checkpoint_every=50, seed=2,
                     failures=[f"shards=1@iter={fail_at}"], **kw)
     return run_silent(cfg)
@@ -67,7 +68,7 @@ def _cr(fail_at: int, **kw) -> dict:  # noqa: ANN003
 
 def test_rework_grows_with_distance_to_last_checkpoint() -> None:
     base = run_silent(RunConfig(workload="mlr", seed=2, checkpoint_every=50))
-    rework = [_cr(at)["iterations_to_target"] - base["iterations_to_target"]
+    rework = [_cr(at).iterations_to_target - base.iterations_to_target
               for at in (205, 230, 249)]
     assert rework[0] < rework[1] < rework[2]
     # Batches replay exactly after the rewind, so rework is the distance itself (to the
@@ -79,29 +80,29 @@ def test_failure_during_recovery_is_recovered_too() -> None:
     s = run_silent(RunConfig(
         workload="mlr", strategy="checkpoint-restart", checkpoint_every=50, seed=0,
         failures=["shards=0@iter=230", "shards=1@iter=230,phase=recovery"]))
-    assert s["failures"] == 2 and len(s["recoveries"]) == 1
-    assert sorted(s["recoveries"][0]["failed"]) == ["shard0", "shard1"]
-    assert s["recoveries"][0]["recovery_seconds"] >= 2 * (1.0 + 5.0)
-    assert s["converged"]
+    assert s.failures == 2 and len(s.recoveries) == 1
+    assert sorted(s.recoveries[0].failed) == ["shard0", "shard1"]
+    assert s.recoveries[0].recovery_seconds >= 2 * (1.0 + 5.0)
+    assert s.converged
 
 
 def test_worker_failure_restarts_the_worker_and_rolls_back_under_checkpoint_restart() -> None:
     s = run_silent(RunConfig(workload="mlr", strategy="checkpoint-restart", checkpoint_every=50,
                              failures=["worker=2@iter=120"]))
-    assert s["converged"] and s["recoveries"][0]["restored_from"] == 100
-    assert s["updates_lost"] == 20 * 4
+    assert s.converged and s.recoveries[0].restored_from == 100
+    assert s.updates_lost == 20 * 4
 
 
 def test_several_failures_and_mtbf() -> None:
     s = run_silent(RunConfig(workload="mlr", strategy="checkpoint-restart", checkpoint_every=50,
                              failures=["shard=any@mtbf=150iter,max=3"]))
-    assert s["failures"] == 3 and s["converged"]
+    assert s.failures == 3 and s.converged
 
 
 def test_ssp_converges_and_differs_from_bsp() -> None:
     ssp = run_silent(RunConfig(workload="mlr", consistency="ssp", staleness=2, seed=0))
     bsp = run_silent(RunConfig(workload="mlr", seed=0))
-    assert ssp["converged"] and ssp["iterations_to_target"] != bsp["iterations_to_target"]
+    assert ssp.converged and ssp.iterations_to_target != bsp.iterations_to_target
 
 
 @pytest.mark.parametrize("persist", ["sync", "async"])
@@ -110,8 +111,8 @@ def test_checkpoint_blocking_sync_vs_async(persist: str) -> None:
                     checkpoint_every=50, max_iterations=200, stop_at_target=False,
                     cost=RunConfig().cost.__class__(storage_bandwidth=1e5))
     s = run_silent(cfg)
-    assert s["checkpoints"] == 4 or (persist == "async" and s["checkpoints"] == 3)
-    per = s["checkpoint_blocked_seconds"] / max(1, s["checkpoints"])
+    assert s.checkpoints == 4 or (persist == "async" and s.checkpoints == 3)
+    per = s.checkpoint_blocked_seconds / max(1, s.checkpoints)
     if persist == "sync":
         assert per > 0.02  # ~2.6 kB of tensors at 100 kB/s
     else:
@@ -124,7 +125,7 @@ def test_async_checkpoint_in_flight_at_failure_is_not_used() -> None:
                     checkpoint_every=100, failures=["shards=0@iter=201"],
                     cost=RunConfig().cost.__class__(storage_bandwidth=1e3))
     s = run_silent(cfg)
-    assert s["recoveries"][0]["restored_from"] == 100
+    assert s.recoveries[0].restored_from == 100
 
 
 def test_run_folder_refuses_to_overwrite(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.recovery import FromWorkerCopies
@@ -70,7 +71,7 @@ def test_replay_needs_every_push_of_the_round() -> None:
     assert shard.values["w"].flatten().tolist() == [-1.0, -1.0] and shard.version == 5
 
 
-def _ridge(fails: list[str], **kw: object) -> dict:
+def _ridge(fails: list[str], **kw: object) -> RunResult:
     cfg = RunConfig(workload="ridge", strategy=kw.pop("strategy", "worker-copy"),
                     failures=fails, seed=0, eval_every=1, checkpoint_every=20,
                     max_iterations=60, stop_at_target=False, **kw)  # type: ignore[arg-type]
@@ -95,14 +96,14 @@ def test_perturbation_is_exactly_one_steps_update_on_the_lost_rows() -> None:
     rows come back as x_29's: the perturbation is the one-step update x_30 - x_29 there,
     and zero elsewhere."""
     s = _ridge(["shards=1@iter=30", "worker=0@iter=30"])
-    rec = s["recoveries"][0]
+    rec = s.recoveries[0]
     xs = _ridge_iterates(30)
     lost = slice(16, 32)  # 64 rows over 4 shards: shard 1 holds rows 16..31
     step = float((xs[30][lost] - xs[29][lost]).norm())
     assert step > 1e-4  # a step that can be told apart from zero
-    assert rec["perturbation_norm_lost"] == pytest.approx(step, rel=1e-9)
-    assert rec["perturbation_norm"] == pytest.approx(rec["perturbation_norm_lost"], rel=1e-12)
-    wc = rec["worker_copy"]
+    assert rec.perturbation_norm_lost == pytest.approx(step, rel=1e-9)
+    assert rec.perturbation_norm == pytest.approx(rec.perturbation_norm_lost, rel=1e-12)
+    wc = rec.worker_copy
     assert wc["rows_from_workers"] == 16 and wc["rows_from_checkpoint"] == 0
     assert wc["copy_lag"] == 1 and wc["rounds_replayed"] == 0
     # Each of the 4 workers asked for its version, the freshest lowest id for its rows
@@ -112,24 +113,24 @@ def test_perturbation_is_exactly_one_steps_update_on_the_lost_rows() -> None:
 
 def test_with_every_pusher_alive_the_round_is_replayed_and_nothing_is_lost() -> None:
     s = _ridge(["shards=1,2@iter=30"])
-    rec = s["recoveries"][0]
-    assert rec["perturbation_norm"] == 0.0 and rec["worker_copy"]["rounds_replayed"] == 2
+    rec = s.recoveries[0]
+    assert rec.perturbation_norm == 0.0 and rec.worker_copy["rounds_replayed"] == 2
     # Per shard: 4 version queries, one worker's rows, 4 push slices.
-    assert rec["worker_copy"]["messages"] == 2 * (2 * 4 + 2 + 2 * 4)
+    assert rec.worker_copy["messages"] == 2 * (2 * 4 + 2 + 2 * 4)
 
 
 def test_rows_no_live_worker_holds_come_from_the_checkpoint_or_initial_values() -> None:
     every_worker = [f"worker={i}@iter=30" for i in range(4)]
-    rec = _ridge(["shards=1@iter=30", *every_worker])["recoveries"][0]["worker_copy"]
+    rec = _ridge(["shards=1@iter=30", *every_worker]).recoveries[0].worker_copy
     assert rec["rows_from_workers"] == 0 and rec["rows_from_checkpoint"] == 16
     bare = _ridge(["shards=1@iter=30", *every_worker], strategy="recovery=worker-copy")
-    rec = bare["recoveries"][0]["worker_copy"]  # no checkpoints kept at all
+    rec = bare.recoveries[0].worker_copy  # no checkpoints kept at all
     assert rec["rows_initial"] == 16 and rec["copy_lag"] is None
 
 
 def test_bounded_staleness_uses_the_freshest_copy() -> None:
     s = _ridge(["shards=1@iter=30"], consistency="ssp", staleness=2)
-    wc = s["recoveries"][0]["worker_copy"]
+    wc = s.recoveries[0].worker_copy
     assert wc["rows_from_workers"] == 16 and wc["rounds_replayed"] == 0
     assert wc["copy_lag"] is not None and 1 <= wc["copy_lag"] <= 4 * (2 + 1)
 
@@ -155,4 +156,4 @@ def test_a_worker_lost_with_a_shard_restarts_from_the_recovered_parameters() -> 
     s = run_silent(RunConfig(workload="lda", strategy="scar", seed=0, max_iterations=8,
                              checkpoint_every=5, stop_at_target=False,
                              failures=["shards=1@iter=7", "worker=0@iter=7"]))
-    assert s["failures"] == 2 and s["recoveries"][0]["perturbation_norm"] > 0
+    assert s.failures == 2 and s.recoveries[0].perturbation_norm > 0

@@ -97,7 +97,7 @@ def test_flapping_zookeeper_sessions_neither_hang_nor_break_the_chain(tmp_path: 
         flapper.start()
         t0 = time.perf_counter()
         try:
-            s = run(cfg, tmp_path / "run")
+            s = run(cfg, tmp_path / "run").result
         finally:
             stop.set()
             flapper.join(timeout=15)
@@ -108,7 +108,7 @@ def test_flapping_zookeeper_sessions_neither_hang_nor_break_the_chain(tmp_path: 
     # The flap happened (else this test tests nothing) and was taken for one.
     assert "zookeeper-absent" in kinds and "zookeeper-rejoined" in kinds
     assert "down" not in kinds  # before: every replica "died", the shard restarted
-    assert s["failures"] == 1 and [r["action"] for r in s["recoveries"]] == ["failover"]
-    assert s["acknowledged_lost"] == 0
+    assert s.failures == 1 and [r.action for r in s.recoveries] == ["failover"]
+    assert s.extras["acknowledged_lost"] == 0
     # 16 s of training, start-up and shutdown; before the fix it never ended.
     assert took < 90, f"took {took:.0f} s"

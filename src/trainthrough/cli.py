@@ -301,23 +301,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(cfg.workload)}-{_slug(cfg.strategy)}")
     with make_progress(args.quiet) as progress:
         bar = RunProgress(progress, f"{cfg.workload}/{cfg.strategy}", cfg.max_iterations or 1000)
-        s = run(cfg, out, [bar, SaveWarnings()], run_id=run_id, overwrite=args.overwrite,
-                resume=args.resume)
+        summary = run(cfg, out, [bar, SaveWarnings()], run_id=run_id,
+                      overwrite=args.overwrite, resume=args.resume)
+    r = summary.result
     if not args.quiet:
-        rework = s.get("rework_iterations")
+        rework = summary.rework.rework_iterations
         # Said only when some were lost (the parameter server on Ray counts them).
-        lost = f"acknowledged_lost={s['acknowledged_lost']} " \
-            if s.get("acknowledged_lost") else ""
+        lost = r.extras.get("acknowledged_lost")
         console.print(
-            f"{s['workload']} / {s['strategy']}: converged={s['converged']} "
-            f"iterations={s['iterations']} to_target={s['iterations_to_target']} "
-            f"failures={s['failures']} rework={rework if rework is not None else 'n/a'} "
-            f"{lost}"
-            f"{s['metric_name']}={s['final_metric']:.4g} sim={s['sim_seconds']:.1f}s "
-            f"wall={s['wall_seconds']:.1f}s -> {out}")
-    if not s["converged"] and s["target"] is not None:
-        print(f"trainthrough: run did not reach the target {s['target']} within "
-              f"{s['iterations']} iterations (see {out}/metrics.jsonl)", file=sys.stderr)
+            f"{r.workload} / {r.strategy}: converged={r.converged} "
+            f"iterations={r.iterations} to_target={r.iterations_to_target} "
+            f"failures={r.failures} rework={rework if rework is not None else 'n/a'} "
+            f"{f'acknowledged_lost={lost} ' if lost else ''}"
+            f"{r.metric_name}={r.final_metric:.4g} sim={r.sim_seconds:.1f}s "
+            f"wall={r.wall_seconds:.1f}s -> {out}")
+    if not r.converged and r.target is not None:
+        print(f"trainthrough: run did not reach the target {r.target} within "
+              f"{r.iterations} iterations (see {out}/metrics.jsonl)", file=sys.stderr)
     return 0
 
 

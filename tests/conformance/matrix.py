@@ -15,6 +15,7 @@ from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.matrix import FORMS, Cell, all_cells, claimed, covering
+from trainthrough.engines.result import RunResult
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab.runner import run
 
@@ -58,27 +59,27 @@ def config(c: Cell) -> RunConfig:
     return RunConfig(**base)
 
 
-def run_cell(c: Cell, tmp: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_cell(c: Cell, tmp: Path) -> tuple[RunResult, list[dict[str, Any]]]:
     out = tmp / c.id
     summary = run(config(c), out)
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
-    return summary, events
+    return summary.result, events
 
 
-def check(c: Cell, s: dict[str, Any], events: list[dict[str, Any]],
+def check(c: Cell, s: RunResult, events: list[dict[str, Any]],
           full_save_payload: int) -> None:
     """The invariants every engine keeps for this cell (asserts)."""
     strategy = resolve(c.strategy)
     fails = [e for e in events if e["type"] == "failure"]
     # 1. The injected failures are the spec's, each recorded.
-    assert s["failures"] == c.form.count, (s["failures"], c.form.count)
-    assert len(fails) == s["failures"]
+    assert s.failures == c.form.count, (s.failures, c.form.count)
+    assert len(fails) == s.failures
     # 2. Every failure was detected and recovered from (real engines: a replacement
     #    process may still be starting when a short run ends; its detection counts).
     detected = [e for e in events if e["type"] in ("detection", "failover")]
-    assert s["recoveries"] or (c.engine != "sim" and detected), "no recovery recorded"
+    assert s.recoveries or (c.engine != "sim" and detected), "no recovery recorded"
     if c.engine == "sim":  # real engines report NaN where no survivor kept the old state
-        assert all(math.isfinite(r["perturbation_norm"]) for r in s["recoveries"])
+        assert all(math.isfinite(r.perturbation_norm) for r in s.recoveries)
     checkpoints = [e for e in events if e["type"] == "checkpoint"]
     first = fails[0]
     before = [e["iteration"] for e in checkpoints
@@ -86,51 +87,51 @@ def check(c: Cell, s: dict[str, Any], events: list[dict[str, Any]],
     # 3. checkpoint-restart resumes at the last checkpoint before the failure.
     if strategy.recovery == "rollback-all" and strategy.persist == "sync" and \
             c.form.name in ("iter", "worker") and c.paradigm == "ps" and first["kind"] == "shard":
-        rec = s["recoveries"][0]
-        assert rec["restored_from"] == (max(before) if before else 0), (rec, before)
+        rec = s.recoveries[0]
+        assert rec.restored_from == (max(before) if before else 0), (rec, before)
         if c.engine == "sim":
             resumed = [e for e in events if e["type"] == "recovery"][0]
-            assert resumed["logical_iteration"] == rec["restored_from"]
+            assert resumed["logical_iteration"] == rec.restored_from
     # 4. restore-lost leaves survivors untouched (sim: bulk-synchronous, so exactly)
     #    and restores the lost shard from the last checkpoint.
     if strategy.recovery == "restore-lost" and strategy.checkpoint == "full" and \
             strategy.persist == "sync" and c.form.name == "iter":
-        rec = s["recoveries"][0]
-        assert rec["restored_from"] == (max(before) if before else None), (rec, before)
+        rec = s.recoveries[0]
+        assert rec.restored_from == (max(before) if before else None), (rec, before)
         if c.engine == "sim":
-            assert math.isclose(rec["perturbation_norm"], rec["perturbation_norm_lost"],
+            assert math.isclose(rec.perturbation_norm, rec.perturbation_norm_lost,
                                 rel_tol=1e-9)
     # 4b. worker-copy: survivors untouched (sim), and the lost rows came from the live
     #     workers' copies (every worker holds every row it pulled).
     if strategy.recovery == "worker-copy" and c.form.name == "iter":
-        rec = s["recoveries"][0]
-        assert rec["action"] == "worker-copy" and rec["worker_copy"]["rows_from_workers"] > 0
-        assert rec["worker_copy"]["rows_initial"] == 0
+        rec = s.recoveries[0]
+        assert rec.action == "worker-copy" and rec.worker_copy["rows_from_workers"] > 0
+        assert rec.worker_copy["rows_initial"] == 0
         if c.engine == "sim":
-            assert math.isclose(rec["perturbation_norm"], rec["perturbation_norm_lost"],
+            assert math.isclose(rec.perturbation_norm, rec.perturbation_norm_lost,
                                 rel_tol=1e-9, abs_tol=1e-12)
     # 5. Prioritized saves write no more bytes per N than one full checkpoint.
     if strategy.checkpoint == "prioritized":
-        logical = s.get("logical_iterations") or s["iterations"]
-        per_n = s["checkpoint_payload_bytes"] / max(1.0, logical / CHECKPOINT_EVERY)
+        logical = s.extras.get("logical_iterations") or s.iterations
+        per_n = s.extras["checkpoint_payload_bytes"] / max(1.0, logical / CHECKPOINT_EVERY)
         assert per_n <= full_save_payload * 1.0001, (per_n, full_save_payload)
     # 6. Chain failover loses no acknowledged update.
     if strategy.replication == "chain-sync":
-        assert s["acknowledged_lost"] == 0, s.get("acknowledged_lost_detail")
+        assert s.extras["acknowledged_lost"] == 0, s.extras.get("acknowledged_lost_detail")
     # 7. Data parallel: the surviving replicas agree bit for bit.
-    if c.paradigm == "dp" and "replicas_identical" in s:
-        assert s["replicas_identical"]
+    if c.paradigm == "dp" and "replicas_identical" in s.extras:
+        assert s.extras["replicas_identical"]
     # 8. Relaxed sync: replicas identical after each outer step (7, checked by the host
     #    at every outer step), outer steps went on without the lost replicas, nobody
     #    rolled back, and a lost replica took at most its H local steps along.
     if strategy.relaxed:
-        assert s["replicas_identical"] is True
-        assert {r["action"] for r in s["recoveries"]} <= {"drop-local"}
-        assert all(r["restored_from"] is None for r in s["recoveries"])
-        assert s["outer_steps"] >= s["iterations"] // config(c).sync_every // 2
-        assert len(s["local_steps_lost"]) == c.form.count
-        assert all(0 <= n <= config(c).sync_every for n in s["local_steps_lost"])
-        assert s["ranks_min"] <= 3 - c.form.count
+        assert s.extras["replicas_identical"] is True
+        assert {r.action for r in s.recoveries} <= {"drop-local"}
+        assert all(r.restored_from is None for r in s.recoveries)
+        assert s.extras["outer_steps"] >= s.iterations // config(c).sync_every // 2
+        assert len(s.extras["local_steps_lost"]) == c.form.count
+        assert all(0 <= n <= config(c).sync_every for n in s.extras["local_steps_lost"])
+        assert s.extras["ranks_min"] <= 3 - c.form.count
     # 9. Data parallel stops at its target after every kind of recovery (a restart, a
     #    re-formation, a join, a relaxed drop): sim at the evaluation that finds it,
     #    the real engines within the lag of their asynchronous evaluation.
@@ -139,10 +140,10 @@ def check(c: Cell, s: dict[str, Any], events: list[dict[str, Any]],
     cfg = config(c)
     if c.paradigm == "dp":
         slow = c.engine != "sim" and cfg.wall_limit is not None \
-            and s["wall_seconds"] >= cfg.wall_limit and s["iterations"] < DP_MAX
-        assert s["converged"] or slow, (s["final_metric"], s["iterations"],
-                                         s["wall_seconds"], s.get("restart_seconds"))
-    if c.paradigm == "dp" and s["converged"]:
-        lag = s["iterations"] - s["iterations_to_target"]
+            and s.wall_seconds >= cfg.wall_limit and s.iterations < DP_MAX
+        assert s.converged or slow, (s.final_metric, s.iterations, s.wall_seconds,
+                                     s.extras.get("restart_seconds"))
+    if c.paradigm == "dp" and s.converged:
+        lag = s.iterations - s.iterations_to_target
         assert 0 <= lag <= (cfg.eval_every if c.engine == "sim" else STOP_LAG), \
-            (s["iterations_to_target"], s["iterations"])
+            (s.iterations_to_target, s.iterations)

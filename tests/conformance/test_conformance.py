@@ -30,7 +30,7 @@ def full_save_payload(shards: int) -> int:
     s = run_silent(RunConfig(workload="mlr", strategy="checkpoint-restart", shards=shards,
                              workers=2, checkpoint_every=10, max_iterations=30,
                              stop_at_target=False))
-    return int(s["checkpoint_payload_bytes"] // s["checkpoints"])
+    return int(s.extras["checkpoint_payload_bytes"] // s.checkpoints)
 
 
 def test_the_matrix_covers_every_engine_and_refuses_something() -> None:

@@ -72,7 +72,8 @@ if __name__ == "__main__":
     r = launch(train, ranks=3, engine=engine, strategy=strategy,
                fail=[fail] if fail != "-" else [], out=out, ray_address=address,
                recovery_delay=1.0, timeout=5.0, progress=False, checkpoint_every=10)
+    summary = r.summary.to_dict()  # as summary.json has it
     print(json.dumps({"returned": r.returned, "committed": r.committed,
-                      "summary": {k: r.summary.get(k) for k in
+                      "summary": {k: summary.get(k) for k in
                                   ("failures", "recoveries", "rank_nodes", "ranks_final",
                                    "ranks_joined", "replicas_identical")}}))

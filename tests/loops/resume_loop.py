@@ -65,5 +65,6 @@ if __name__ == "__main__":
     r = launch(train, ranks=2, engine=os.environ.get("TT_ENGINE", "gloo"),
                strategy="checkpoint-restart", out=sys.argv[1],
                progress=False, resume=sys.argv[2:] == ["resume"])
-    print(json.dumps({"returned": r.returned, "resumed_from": r.summary.get("resumed_from"),
-                      "identical": r.summary.get("replicas_identical")}))
+    extras = r.summary.result.extras
+    print(json.dumps({"returned": r.returned, "resumed_from": extras.get("resumed_from"),
+                      "identical": extras.get("replicas_identical")}))

@@ -118,8 +118,9 @@ def driver(out: Path, address: str) -> None:
                recovery_delay=RECOVERY_DELAY, timeout=5.0, progress=False)
     keys = ("failures", "recoveries", "rank_nodes", "ranks_final", "ranks_joined",
             "replicas_identical", "detection_seconds", "reform_seconds", "store_address")
+    summary = r.summary.to_dict()  # as summary.json has it
     print(json.dumps({"returned": r.returned, "committed": r.committed,
-                      "summary": {k: r.summary.get(k) for k in keys}}))
+                      "summary": {k: summary.get(k) for k in keys}}))
 
 
 def main(out: Path) -> int:

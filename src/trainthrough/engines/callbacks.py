@@ -14,9 +14,12 @@ context stamps its ``to_record()``): this is the public API, and it stays a dict
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainthrough.events import Record
+
+if TYPE_CHECKING:
+    from trainthrough.engines.result import RunSummary
 
 
 class Callback:
@@ -38,9 +41,10 @@ class Callback:
         """A failure, detection, checkpoint, recovery or replica change: one
         ``events.jsonl`` record (docs/events.md), a fresh dict per call."""
 
-    def after_run(self, summary: dict[str, Any]) -> None:
-        """The run ended; ``summary`` holds the fields written to ``summary.json``
-        (docs/architecture.md, "The run folder")."""
+    def after_run(self, summary: RunSummary) -> None:
+        """The run ended with a folder (``lab.runner.run``); ``summary`` is what
+        ``summary.json`` holds (``summary.to_dict()``: docs/architecture.md, "The run
+        folder"), typed."""
 
 
 class Callbacks(Callback):
@@ -69,6 +73,6 @@ class Callbacks(Callback):
         for c in self.items:
             c.on_event(event)
 
-    def after_run(self, summary: dict[str, Any]) -> None:
+    def after_run(self, summary: RunSummary) -> None:
         for c in self.items:
             c.after_run(summary)

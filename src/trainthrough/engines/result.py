@@ -1,7 +1,9 @@
 """What every engine reports at the end of a run (the ``summary.json`` fields).
 
-The lab adds the baseline-dependent fields (``baseline_iterations_to_target``,
-``rework_iterations``, ``rework_bound``); everything else an engine fills in.
+An engine fills a :class:`RunResult`; the lab's runner wraps it in a
+:class:`RunSummary` with the run's identity and its :class:`Rework` (the
+baseline-dependent fields, lab/rework.py). Both stay typed up to where they are
+written: :meth:`RunSummary.to_dict` is ``summary.json``, one flat object.
 """
 
 from __future__ import annotations
@@ -46,10 +48,41 @@ class RunResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON values, the engine's ``extras`` flattened among them."""
         d = asdict(self)
         extras = d.pop("extras")
         d.update(extras)
         return d
+
+
+@dataclass(frozen=True)
+class Rework:
+    """How many more iterations a run took than its failure-free twin, and SCAR's bound
+    on it (docs/bound.md). Every field is None without a baseline, and
+    ``rework_iterations`` also when either run did not reach the target."""
+
+    baseline_iterations_to_target: int | None = None
+    rework_iterations: int | None = None
+    rework_bound: float | None = None  #: None: no contraction fitted on the baseline
+    contraction: float | None = None  #: the rate fitted on the baseline (lab/bound.py)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A finished run as its folder records it: the engine's result, the run's identity
+    (its checkpoints are under ``checkpoint_url``) and its rework."""
+
+    result: RunResult
+    run_id: str
+    checkpoint_url: str
+    rework: Rework = Rework()
+
+    def to_dict(self) -> dict[str, Any]:
+        """``summary.json``: the result's fields (extras flattened), the identity, the
+        rework fields, in one object (the lab's fields win a name an engine's extras
+        share)."""
+        return {**self.result.to_dict(), "run_id": self.run_id,
+                "checkpoint_url": self.checkpoint_url, **asdict(self.rework)}
 
 
 @dataclass(frozen=True)

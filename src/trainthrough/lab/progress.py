@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.result import RunSummary
 from trainthrough.events import Record
 
 console = Console(stderr=True)
@@ -51,9 +52,9 @@ class RunProgress(Callback):
         extra = f"  failures {self.failures}" if self.failures else ""
         self.p.update(self.task, status=self.metric + extra)
 
-    def after_run(self, summary: dict[str, Any]) -> None:
-        self.p.update(self.task, completed=summary.get("iterations", 0),
-                      total=summary.get("iterations", 0) or 1)
+    def after_run(self, summary: RunSummary) -> None:
+        done = summary.result.iterations
+        self.p.update(self.task, completed=done, total=done or 1)
 
 
 class SaveWarnings(Callback):
@@ -76,8 +77,8 @@ class SaveWarnings(Callback):
                       f"{event.get('message')}; training goes on from the last one "
                       "written", markup=False, highlight=False, soft_wrap=True)
 
-    def after_run(self, summary: dict[str, Any]) -> None:
-        failed = int(summary.get("checkpoints_failed") or 0)
+    def after_run(self, summary: RunSummary) -> None:
+        failed = summary.result.checkpoints_failed
         if failed > 1:
             console.print(f"trainthrough: warning: {failed} checkpoint saves failed "
                           "in this run (events.jsonl: checkpoint-failed)", markup=False,

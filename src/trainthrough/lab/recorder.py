@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from trainthrough._atomic import atomic_write, temp_path
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.result import RunSummary
 from trainthrough.engines.signals import identify
 from trainthrough.events import Record
 
@@ -125,12 +126,12 @@ class RunRecorder(Callback):
         self._metrics.close()
         self._events.close()
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
+    def write_summary(self, summary: RunSummary) -> None:
         """Close the logs, write ``summary.json`` atomically (last of the run's files),
         then mark the status ``complete``."""
         self.close()
         atomic_write(self.out / SUMMARY,
-                     json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n")
+                     json.dumps(_clean(summary.to_dict()), indent=2, sort_keys=True) + "\n")
         self.finished = True
         write_status(self.out, "complete", self.run_id)
 

@@ -13,19 +13,19 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from trainthrough.config import RunConfig, baseline_config
 from trainthrough.engines.base import Engine, RunContext
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.engines.registry import canonical, check_resumable, entry, traits
-from trainthrough.engines.result import limits, new_result
+from trainthrough.engines.result import RunResult, RunSummary, limits, new_result
 from trainthrough.errors import UserError, original, reason, terminated
 from trainthrough.faults.spec import parse
 from trainthrough.ft.checkpoint import absolute_base, new_run_id, run_location
 from trainthrough.ft.strategy import resolve
-from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
+from trainthrough.lab.bound import IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
+from trainthrough.lab.rework import Baseline, rework
 from trainthrough.lab.run_folder import check_checkpoint_dir, check_out, clear, require_checkpoint
 from trainthrough.lab.validate import validate_run
 from trainthrough.workloads import Workload, make_workload
@@ -101,14 +101,14 @@ def _scratch_checkpoints(engine: str) -> Iterator[str]:
         yield run_location(base, new_run_id())
 
 
-def run_silent(cfg: RunConfig, callback: Callback | None = None) -> dict[str, Any]:
+def run_silent(cfg: RunConfig, callback: Callback | None = None) -> RunResult:
     """Run without a folder (baselines, quick checks); checkpoints are temporary."""
     with _scratch_checkpoints(cfg.engine) as url:
         resolved, workload = resolve_defaults(cfg)
-        return build_engine(resolved, workload, callback or Callback(), url).run().to_dict()
+        return build_engine(resolved, workload, callback or Callback(), url).run()
 
 
-def run_baseline(cfg: RunConfig) -> dict[str, Any]:
+def run_baseline(cfg: RunConfig) -> Baseline:
     """The failure-free twin of ``cfg``: iterations to target and the fitted contraction.
 
     It runs 50% past the target so its last iterate is a better stand-in for ``x*``
@@ -116,17 +116,13 @@ def run_baseline(cfg: RunConfig) -> dict[str, Any]:
     """
     tracker = IterateTracker()
     s = run_silent(replace(baseline_config(cfg), past_target=0.5), tracker)
-    fit = fit_contraction(tracker.iterations, tracker.iterates)
-    return {"iterations_to_target": s["iterations_to_target"],
-            "contraction": fit.c if fit else None,
-            "distance0": fit.distance0 if fit else None,
-            "fit_points": fit.points if fit else 0, "fit_r2": fit.r2 if fit else None}
+    return Baseline(s.iterations_to_target, fit_contraction(tracker.iterations, tracker.iterates))
 
 
 def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
-        baseline: dict[str, Any] | None = None, run_id: str | None = None,
-        overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Run ``cfg`` and write its folder ``out``; return the summary.
+        baseline: Baseline | None = None, run_id: str | None = None,
+        overwrite: bool = False, resume: bool = False) -> RunSummary:
+    """Run ``cfg`` and write its folder ``out``; return its summary.
 
     The run's checkpoints go to ``<checkpoint dir>/run-<run id>/``: runs sharing a
     checkpoint folder never list, load or prune each other's checkpoints. The id is
@@ -193,11 +189,10 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
             clear(previous)
         recorder = RunRecorder(out, resolved.to_toml(), run_id, append=resume)
         holder.items.insert(0, recorder)
-        summary = engine.run().to_dict()
-        summary.update(run_id=run_id, checkpoint_url=url)
+        result = engine.run()
         if baseline is None and cfg.baseline:
             baseline = run_baseline(cfg)
-        add_rework(summary, baseline)
+        summary = RunSummary(result, run_id, url, rework(result, baseline))
         recorder.write_summary(summary)
         holder.after_run(summary)
         return summary
@@ -220,25 +215,3 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
 def _reason(e: BaseException) -> str:
     return f"{type(original(e)).__name__}: {reason(e)}"
 
-
-def add_rework(summary: dict[str, Any], baseline: dict[str, Any] | None) -> None:
-    """Fill ``baseline_iterations_to_target``, ``rework_iterations`` and ``rework_bound``.
-
-    Rework is only defined when both runs reached the target; otherwise it is null
-    and ``converged`` says which one did not. The bound is SCAR's, evaluated on the
-    recorded perturbations with the contraction fitted on the baseline.
-    """
-    baseline = baseline or {}
-    baseline_iterations = baseline.get("iterations_to_target")
-    summary["baseline_iterations_to_target"] = baseline_iterations
-    c, d0 = baseline.get("contraction"), baseline.get("distance0")
-    summary["contraction"] = c
-    if c is not None and d0 is not None:
-        perts = [(r["at_iteration"], r["perturbation_norm"]) for r in summary["recoveries"]]
-        summary["rework_bound"] = Contraction(c, d0, 0, 0.0).bound(perts)
-    else:
-        summary["rework_bound"] = None
-    it = summary.get("iterations_to_target")
-    summary["rework_iterations"] = (it - baseline_iterations
-                                    if it is not None and baseline_iterations is not None
-                                    else None)

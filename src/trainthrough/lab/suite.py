@@ -12,7 +12,7 @@ import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainthrough._atomic import atomic_open
 from trainthrough.config import RunConfig, baseline_config
@@ -20,6 +20,10 @@ from trainthrough.errors import UserError
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.progress import console, make_progress
 from trainthrough.lab.validate import validate_run
+
+if TYPE_CHECKING:
+    from trainthrough.engines.result import RunSummary
+    from trainthrough.lab.rework import Baseline
 
 
 @dataclass
@@ -53,26 +57,28 @@ class SuiteSpec:
 
 # The runner is imported where a run starts: it imports the engines and torch, which a
 # suite's spec, and the CLI's parser that lists the suites, do not need.
-def _baseline_job(cfg: RunConfig) -> dict[str, Any]:
+def _baseline_job(cfg: RunConfig) -> Baseline:
     from trainthrough.lab.runner import run_baseline
 
     return run_baseline(cfg)
 
 
-def _run_job(cfg: RunConfig, out: str, baseline: dict[str, Any]) -> dict[str, Any]:
+def _run_job(cfg: RunConfig, out: str, baseline: Baseline | None) -> RunSummary:
     from trainthrough.lab.runner import run
 
     return run(cfg, Path(out), baseline=baseline)
 
 
-def flatten(summary: dict[str, Any], labels: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """One CSV row: labels, scalar summary fields, and sums over recoveries."""
+def flatten(summary: RunSummary, labels: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """One CSV row: labels, the scalar fields of ``summary.json``, and sums over
+    recoveries."""
     row: dict[str, Any] = {"run_id": run_id, **labels}
-    for k, v in summary.items():
+    recs = summary.result.recoveries
+    for k, v in summary.to_dict().items():
         if k == "recoveries":
-            row["recovery_count"] = len(v)
-            row["perturbation_norm"] = sum(r["perturbation_norm"] for r in v) if v else None
-            row["recovery_seconds"] = sum(r["recovery_seconds"] for r in v) if v else None
+            row["recovery_count"] = len(recs)
+            row["perturbation_norm"] = sum(r.perturbation_norm for r in recs) if recs else None
+            row["recovery_seconds"] = sum(r.recovery_seconds for r in recs) if recs else None
         elif not isinstance(v, dict | list):
             row.setdefault(k, v)
     return row
@@ -111,7 +117,7 @@ def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
     twin = spec.baseline_of or baseline_config
     keys = {r.run_id: twin(r.config).to_toml() for r in spec.runs}
     unique = {k: twin(r.config) for r in spec.runs for k in [keys[r.run_id]]}
-    baselines: dict[str, dict[str, Any]] = {}
+    baselines: dict[str, Baseline] = {}
     rows: list[dict[str, Any]] = []
     with make_progress(quiet) as progress, job_pool(jobs) as pool:
         if spec.baselines:
@@ -122,10 +128,9 @@ def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
                 progress.advance(task)
         task = progress.add_task(f"{spec.name}: runs", total=len(spec.runs), status="")
         run_futs = [(r, pool.submit(_run_job, r.config, str(out / "runs" / r.run_id),
-                                    baselines.get(keys[r.run_id], {}))) for r in spec.runs]
-        for r, f in run_futs:
-            summary = f.result()
-            rows.append(flatten(summary, r.labels, r.run_id))
+                                    baselines.get(keys[r.run_id]))) for r in spec.runs]
+        for r, job in run_futs:
+            rows.append(flatten(job.result(), r.labels, r.run_id))
             progress.advance(task)
             progress.update(task, status=r.run_id)
     _write_csv(out / "results.csv", rows)

@@ -17,8 +17,9 @@ from typing import Any
 
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.result import RunSummary
 from trainthrough.errors import UserError
-from trainthrough.events import Record
+from trainthrough.events import Record, Recovery
 from trainthrough.workloads.user_loop import TrainingLoop
 
 
@@ -31,20 +32,20 @@ class LoopResult:
     """
 
     returned: Any
-    summary: dict[str, Any]
+    summary: RunSummary
     out: Path
     committed: list[list[Any]] = field(default_factory=list)
 
     @property
-    def recoveries(self) -> list[dict[str, Any]]:
-        return list(self.summary.get("recoveries", []))
+    def recoveries(self) -> list[Recovery]:
+        return list(self.summary.result.recoveries)
 
     def __str__(self) -> str:
-        s = self.summary
-        recs = ", ".join(f"{r['action']} of {'+'.join(r['failed'])} at step {r['at_iteration']} "
-                         f"in {r['recovery_seconds']:.2f} s" for r in self.recoveries)
-        return (f"{s.get('failures', 0)} failure(s), {len(self.committed)} steps committed, "
-                f"{s.get('wall_seconds', 0.0):.1f} s; recoveries: {recs or 'none'}; "
+        s = self.summary.result
+        recs = ", ".join(f"{r.action} of {'+'.join(r.failed)} at step {r.at_iteration} "
+                         f"in {r.recovery_seconds:.2f} s" for r in self.recoveries)
+        return (f"{s.failures} failure(s), {len(self.committed)} steps committed, "
+                f"{s.wall_seconds:.1f} s; recoveries: {recs or 'none'}; "
                 f"returned {self.returned!r}; run folder {self.out}")
 
 
@@ -186,5 +187,5 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
     summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite, resume=resume)
-    extras = summary.get("extras", summary)
+    extras = summary.result.extras  # the controller's (engines/gloo/controller.py)
     return LoopResult(extras.get("returned"), summary, folder, list(extras.get("committed", [])))

@@ -44,6 +44,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback, Callbacks
 from trainthrough.engines.registry import traits
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
 from trainthrough.lab.advise.candidates import Candidate
@@ -79,7 +80,7 @@ def _exact(cfg: RunConfig) -> bool:
     return traits(cfg.engine).virtual_clock
 
 
-def _run(cfg: RunConfig, tracker: Callback | None = None) -> dict[str, Any]:
+def _run(cfg: RunConfig, tracker: Callback | None = None) -> RunResult:
     return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
 
 
@@ -103,15 +104,15 @@ def baseline(cfg: RunConfig, cands: list[Candidate], say: Say, warm_up: bool = T
     say(f"failure-free run ({plain.name}, seed {cfg.seed}) to the target")
     s = _run(replace(cfg, strategy=plain.name, failures=[], past_target=0.5),
              Callbacks([tracker, clock]))
-    if s["iterations_to_target"] is None or not s.get("sim_seconds_to_target"):
-        raise UserError(f"{cfg.workload} does not reach its target {s['target']} without "
-                        f"failures within {s['iterations']} iterations; raise "
+    if s.iterations_to_target is None or not s.sim_seconds_to_target:
+        raise UserError(f"{cfg.workload} does not reach its target {s.target} without "
+                        f"failures within {s.iterations} iterations; raise "
                         "--max-iterations or choose an easier --target")
-    seconds = float(s["sim_seconds_to_target"])
-    if plain.checkpoints and s["sim_seconds"] > 0:  # only if no candidate skips saves
-        seconds *= 1 - s["checkpoint_blocked_seconds"] / s["sim_seconds"]
+    seconds = float(s.sim_seconds_to_target)
+    if plain.checkpoints and s.sim_seconds > 0:  # only if no candidate skips saves
+        seconds *= 1 - s.checkpoint_blocked_seconds / s.sim_seconds
     fit = fit_contraction(tracker.iterations, tracker.iterates)
-    return Baseline(plain.name, int(s["iterations_to_target"]), seconds,
+    return Baseline(plain.name, s.iterations_to_target, seconds,
                     fit.c if fit else None, fit.distance0 if fit else None,
                     fit.r2 if fit else None), clock
 
@@ -130,7 +131,7 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
     write = 0.0
     if c.strategy.persist == "async":
         s = _run(replace(short, strategy=f"base={c.name},persist=sync"))
-        write = float(s["checkpoint_blocked_seconds"]) * every / max(1, s["iterations"])
+        write = s.checkpoint_blocked_seconds * every / max(1, s.iterations)
     # Prioritized saves take r of the rows every r*N: measured at the configured N.
     # Otherwise every PHASED iterations, or more: twice the steps a background write
     # takes, so the second half of each interval is free of it (wall.phase_cost).
@@ -150,12 +151,13 @@ def checkpoint_cost(cfg: RunConfig, c: Candidate, base: Baseline, say: Say
             costs.append(within[0])
             # The run's own pace without its saves (evaluations included, as in the
             # failure-free run; the phases' pace leaves most of them out).
-            its = max(1, saved["iterations"])
-            paces.append((saved["sim_seconds"] - within[0] * its / n) / its)
+            its = max(1, saved.iterations)
+            paces.append((saved.sim_seconds - within[0] * its / n) / its)
             continue
         # Else (and an engine that reports at its ticks): its twin without saves.
         pairs.append((_run(replace(short, strategy=f"base={c.name},checkpoint=none")), saved))
-        paces.append(pairs[-1][0]["sim_seconds"] / max(1, pairs[-1][0]["iterations"]))
+        without = pairs[-1][0]
+        paces.append(without.sim_seconds / max(1, without.iterations))
     if pairs:
         cost, spread = save_cost(pairs, n)
     else:
@@ -204,18 +206,17 @@ def failure_plan(seeds: int, runs: int) -> list[tuple[int, float]]:
 
 def with_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
                  every: int | None, say: Say, clock: StepClock | None = None,
-                 where: float = 0.5) -> dict[str, Any]:
+                 where: float = 0.5) -> tuple[RunResult, int]:
     """Step 3: one failure ``where`` of the way to the target, at ``every`` (None: no
-    checkpoints); the run's summary (``clock``: given, it records the run's steps)."""
+    checkpoints); the run's result and the iteration the failure struck at (``clock``:
+    given, it records the run's steps)."""
     at = failure_point(base.iterations, every, where)
     say(f"{c.name}: one failure at iteration {at} ({where:.2f} of the way, seed {cfg.seed})"
         + (f", checkpoint every {every}" if every else ""))
     run_cfg = replace(cfg, strategy=c.name, failures=[calibration_failure(trace, at)],
                       checkpoint_every=every or cfg.checkpoint_every,
                       max_iterations=max(cfg.max_iterations or 0, 3 * base.iterations))
-    s = _run(run_cfg, clock)
-    s["failed_at"] = at
-    return s
+    return _run(run_cfg, clock), at
 
 
 def back_to_back(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpec,
@@ -229,10 +230,10 @@ def back_to_back(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
     s = _run(replace(cfg, strategy=c.name, stop_at_target=False, max_iterations=at + 30,
                      failures=[calibration_failure(trace, at), calibration_failure(trace, at + 1)],
                      checkpoint_every=every or cfg.checkpoint_every), clock)
-    recs = s["recoveries"]
+    recs = s.recoveries
     if len(recs) < 2 or len(clock.failures) < 2:
         return None
-    return (recs[-1]["recovery_seconds"] - recs[0]["recovery_seconds"],
+    return (recs[-1].recovery_seconds - recs[0].recovery_seconds,
             clock.failures[-1] - clock.failures[0])
 
 
@@ -249,26 +250,25 @@ def _one_failure(cfg: RunConfig, c: Candidate, base: Baseline, trace: FailureSpe
                  ) -> dict[str, Any]:
     """A seed's failure run reduced to what the model needs (None: not reached)."""
     clock = StepClock()
-    s = with_failure(cfg, c, base, trace, every, say, clock, where)
-    recs = s["recoveries"]
-    reached = s["iterations_to_target"] is not None
+    s, at = with_failure(cfg, c, base, trace, every, say, clock, where)
+    recs = s.recoveries
+    to_target, seconds = s.iterations_to_target, s.sim_seconds_to_target
     out: dict[str, Any] = {
-        "failed_at": s["failed_at"],
-        "rework": s["iterations_to_target"] - base.iterations if reached else None,
-        "recovery": sum(r["recovery_seconds"] for r in recs) if recs else None,
-        "norm": sum(r["perturbation_norm"] for r in recs) if recs else None,
+        "failed_at": at,
+        "rework": to_target - base.iterations if to_target is not None else None,
+        "recovery": sum(r.recovery_seconds for r in recs) if recs else None,
+        "norm": sum(r.perturbation_norm for r in recs) if recs else None,
         "lost": None, "bound": None,
         # the spare this failure's replacement started, ready with the steps resumed
         "window": clock.spares[0] if clock.spares else None}
-    if reached and recs:
-        lost, pace = failure_cost(clock, s["failed_at"], float(s["sim_seconds_to_target"]),
-                                  shape, base.seconds, base.iterations)
+    if to_target is not None and seconds is not None and recs:
+        lost, pace = failure_cost(clock, at, seconds, shape, base.seconds, base.iterations)
         # Beyond recovering, in the run's own steps (the model prices them at the
         # calibrated step time): the rework and the slow steps after the recovery.
         out["lost"] = (lost - out["recovery"]) / pace
     if base.contraction is not None and base.distance0 is not None and recs:
         out["bound"] = Contraction(base.contraction, base.distance0, 0, 0.0).bound(
-            [(r["at_iteration"], r["perturbation_norm"]) for r in recs])
+            [(r.at_iteration, r.perturbation_norm) for r in recs])
     return out
 
 

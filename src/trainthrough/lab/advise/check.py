@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.lab.advise.advisor import SIMULATED, Advice
 from trainthrough.lab.advise.wall import StepClock, phase_cost
 from trainthrough.lab.jobs import job_pool
@@ -76,9 +77,9 @@ def _reference(advice: Advice, seed: int) -> float:
     cfg = replace(RunConfig.from_dict(advice.config), strategy=advice.baseline.strategy,
                   baseline=False, checkpoint_dir=None, failures=[], seed=seed)
     s = run_silent(cfg)
-    if s["sim_seconds_to_target"] is None:
+    if s.sim_seconds_to_target is None:
         raise RuntimeError(f"seed {seed}: the failure-free run did not reach the target")
-    return float(s["sim_seconds_to_target"])
+    return float(s.sim_seconds_to_target)
 
 
 def failure_free(advice: Advice, seeds: list[int], jobs: int = 1) -> dict[int, float]:
@@ -99,8 +100,7 @@ def _jobs(advice: Advice, jobs: int) -> int:
 
 
 def _seed_runs(advice: Advice, cfg: RunConfig, seed: int, budget: int,
-               reference: float | None) -> tuple[dict[str, Any], dict[str, Any],
-                                                 dict[str, Any]]:
+               reference: float | None) -> tuple[RunResult, RunResult, dict[str, Any]]:
     """One seed of a check: the reference (unless given), the candidate failure-free,
     then on the trace; their summaries and the seed's row of ``Check.runs``."""
     ref = reference if reference is not None else _reference(advice, seed)
@@ -110,16 +110,16 @@ def _seed_runs(advice: Advice, cfg: RunConfig, seed: int, budget: int,
     s = run_silent(replace(cfg, seed=seed, failures=[advice.trace], max_iterations=budget),
                    clock)
     run = {"seed": seed, "reference": ref,
-           "failure_free": mine["sim_seconds_to_target"],
-           "trace": s["sim_seconds_to_target"], "failures": s["failures"],
-           "iterations": (mine["iterations_to_target"], s["iterations_to_target"]),
-           "executed": s["iterations"],
+           "failure_free": mine.sim_seconds_to_target,
+           "trace": s.sim_seconds_to_target, "failures": s.failures,
+           "iterations": (mine.iterations_to_target, s.iterations_to_target),
+           "executed": s.iterations,
            # the engine's clock after every step, failure-free and on the trace
            "steps": ((own.iterations, own.seconds), (clock.iterations, clock.seconds)),
            "struck_at": [round(t, 3) for t in clock.failures],
            # seconds from a failure to its refill spare ready (Ray)
            "spares": [round(t, 3) for t in clock.spares],
-           "recoveries": [round(r["recovery_seconds"], 3) for r in s["recoveries"]]}
+           "recoveries": [round(r.recovery_seconds, 3) for r in s.recoveries]}
     return mine, s, run
 
 
@@ -151,14 +151,15 @@ def check(advice: Advice, name: str, seeds: list[int],
         for seed, future in zip(seeds, futures):
             mine, s, run = future.result()
             ref[seed] = run["reference"]
-            steadies.append(mine["sim_seconds_to_target"] / ref[seed] - 1
-                            if mine["sim_seconds_to_target"] is not None else math.nan)
-            failures.append(s["failures"])  # the run stops at the target: failures before it
+            free_seconds = mine.sim_seconds_to_target
+            steadies.append(free_seconds / ref[seed] - 1 if free_seconds is not None
+                            else math.nan)
+            failures.append(s.failures)  # the run stops at the target: failures before it
             runs.append(run)
-            blocked.append(s["checkpoint_blocked_seconds"] / max(1, s["iterations"])
+            blocked.append(s.checkpoint_blocked_seconds / max(1, s.iterations)
                            / base.step_seconds)
-            if s["sim_seconds_to_target"] is not None:
-                times.append(float(s["sim_seconds_to_target"]))
+            if s.sim_seconds_to_target is not None:
+                times.append(float(s.sim_seconds_to_target))
                 reached.append(seed)
     mean = statistics.fmean(times) if times else None
     overhead = (mean / statistics.fmean(ref[k] for k in reached) - 1

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec, validate
 from trainthrough.lab.advise.candidates import candidates
@@ -116,15 +117,15 @@ def _rank_key(r: DpResult) -> tuple[bool, float, float]:
     return (t is None, t if t is not None else 0.0, -(r.mean_goodput or 0.0))
 
 
-def _committed_rate(s: dict[str, Any]) -> float | None:
+def _committed_rate(s: RunResult) -> float | None:
     """Committed samples a second, where the engine reports them (sim does)."""
-    secs, samples = s.get("sim_seconds"), s.get("samples_committed")
+    secs, samples = s.sim_seconds, s.extras.get("samples_committed")
     return samples / secs if secs and samples is not None else None
 
 
 def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
               say: Callable[[str], None] | None = None, seeds: int = 1,
-              run: Callable[[RunConfig], dict[str, Any]] | None = None) -> DpAdvice:
+              run: Callable[[RunConfig], RunResult] | None = None) -> DpAdvice:
     """Run every data-parallel candidate failure-free and on ``trace``, ``seeds`` times
     (seeds ``cfg.seed`` on), and rank them by measured time to target.
 
@@ -161,9 +162,9 @@ def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
             hit = run(replace(base, strategy=c.name, seed=seed, failures=[trace.text]))
             r.free_seconds_to_target.append(_to_target(free))
             r.seconds_to_target.append(_to_target(hit))
-            r.failures.append(int(hit.get("failures") or 0))
-            r.final_metric.append(hit.get("final_metric"))
-            metric = str(hit.get("metric_name") or metric)
+            r.failures.append(hit.failures)
+            r.final_metric.append(hit.final_metric)
+            metric = hit.metric_name or metric
             a, b = _committed_rate(hit), _committed_rate(free)
             r.goodput.append(100.0 * a / b if a is not None and b else None)
             say(f"{c.name} seed {seed}: {_fmt(r.seconds_to_target[-1])} s to target with "
@@ -176,11 +177,11 @@ def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
                     base.to_dict())
 
 
-def _to_target(s: dict[str, Any]) -> float | None:
+def _to_target(s: RunResult) -> float | None:
     """Seconds to the target on the engine's clock (``sim_seconds``: simulated on sim,
     wall on gloo and Ray); None if the run did not reach it."""
-    v = s.get("sim_seconds_to_target")
-    return float(v) if s.get("converged") and v is not None else None
+    v = s.sim_seconds_to_target
+    return float(v) if s.converged and v is not None else None
 
 
 def _fmt(v: float | None, spec: str = ".3g") -> str:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import statistics
 from bisect import bisect_right
-from typing import Any
 
 from trainthrough.engines.callbacks import Callback
+from trainthrough.engines.result import RunResult
 from trainthrough.events import Record
 
 
@@ -169,14 +169,12 @@ def phase_cost(clock: StepClock, every: int) -> tuple[float, float] | None:
     return sum(step.values()) - every * pace, pace
 
 
-def save_cost(pairs: list[tuple[dict[str, Any], dict[str, Any]]], every: int
-              ) -> tuple[float, float]:
+def save_cost(pairs: list[tuple[RunResult, RunResult]], every: int) -> tuple[float, float]:
     """Seconds the saves add per ``every`` iterations: (mean, spread) over ``pairs`` of
-    (without saves, with saves every ``every``) summaries of runs of equal length.
+    (without saves, with saves every ``every``) results of runs of equal length.
 
     The spread is the pairs' standard deviation (0 for one pair): the noise of the
     machine's pace, reported next to the mean rather than hidden in it.
     """
-    per = [(float(w["sim_seconds"]) - float(wo["sim_seconds"])) * every
-           / max(1, int(w["iterations"])) for wo, w in pairs]
+    per = [(w.sim_seconds - wo.sim_seconds) * every / max(1, w.iterations) for wo, w in pairs]
     return statistics.fmean(per), statistics.stdev(per) if len(per) > 1 else 0.0
