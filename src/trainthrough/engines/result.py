@@ -61,10 +61,11 @@ class Rework:
     on it (docs/bound.md). Every field is None without a baseline, and
     ``rework_iterations`` also when either run did not reach the target."""
 
+    # In this order in results.csv's columns (a suite's table), as before they were typed.
     baseline_iterations_to_target: int | None = None
-    rework_iterations: int | None = None
-    rework_bound: float | None = None  #: None: no contraction fitted on the baseline
     contraction: float | None = None  #: the rate fitted on the baseline (lab/bound.py)
+    rework_bound: float | None = None  #: None: no contraction fitted on the baseline
+    rework_iterations: int | None = None
 
 
 @dataclass(frozen=True)
