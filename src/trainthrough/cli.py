@@ -308,12 +308,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         rework = summary.rework.rework_iterations
         # Said only when some were lost (the parameter server on Ray counts them).
         lost = r.extras.get("acknowledged_lost")
+        # None: no evaluation finished (a run stopped by its wall limit before one).
+        metric = "n/a" if r.final_metric is None else f"{r.final_metric:.4g}"
         console.print(
             f"{r.workload} / {r.strategy}: converged={r.converged} "
             f"iterations={r.iterations} to_target={r.iterations_to_target} "
             f"failures={r.failures} rework={rework if rework is not None else 'n/a'} "
             f"{f'acknowledged_lost={lost} ' if lost else ''}"
-            f"{r.metric_name}={r.final_metric:.4g} sim={r.sim_seconds:.1f}s "
+            f"{r.metric_name}={metric} sim={r.sim_seconds:.1f}s "
             f"wall={r.wall_seconds:.1f}s -> {out}")
     if not r.converged and r.target is not None:
         print(f"trainthrough: run did not reach the target {r.target} within "
