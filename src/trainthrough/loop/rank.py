@@ -66,7 +66,7 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
 
     loop = Loop(attach, slot, device)
     try:
-        value = marked(loop)
+        value = marked(loop, **cfg.workload_options)  # checked before the run started
     except Retired:
         value = None
     if loop._session is None:

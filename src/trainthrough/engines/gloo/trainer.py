@@ -48,6 +48,7 @@ from trainthrough.engines.gloo.messages import (
     StepCompleted,
 )
 from trainthrough.engines.gloo.protocol import Doorbell, Plan, post
+from trainthrough.errors import UserError
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import resolve
@@ -86,7 +87,12 @@ class Trainer:
         self.stream = SampleStream(samples, cfg.seed)
         self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
-        self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets), mean)
+        numel = replica.layout.numel
+        if not 1 <= cfg.allreduce_buckets <= numel:  # a user's model is known here only
+            raise UserError(f"allreduce_buckets (--allreduce-buckets) must be between 1 and "
+                            f"the {numel} elements of the model's gradient "
+                            f"(got {cfg.allreduce_buckets})")
+        self.spec = StepSpec(make_buckets(numel, cfg.allreduce_buckets), mean)
         self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica, checkpoint_every,
                                lambda saved: post(store, saved))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
