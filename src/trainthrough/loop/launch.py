@@ -127,7 +127,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            sync_every: int | None = None, overwrite: bool = False, progress: bool = True,
            micro_batches: int = 1, resume: bool = False, allreduce_buckets: int = 1,
            options: Mapping[str, Any] | None = None) -> LoopResult:
-    """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
+    """Run ``train(loop, **options)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
         options: your loop's own arguments: every rank calls ``train(loop, **options)``.

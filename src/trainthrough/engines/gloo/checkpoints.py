@@ -121,10 +121,14 @@ class RankSaves:
         ``before`` (its replica) to the checkpoint the controller will choose, the newest
         that verifies (``step`` None: none, back to ``x0``; NaN if ``x0`` is unknown).
         Corrupt checkpoints are skipped silently: the controller reports them as it
-        chooses."""
-        r = self.saver.latest(lambda _: None) if self.saver is not None else None
-        after = r.params if r is not None else (x0() if x0 is not None else None)
-        return (r.step if r is not None else None), perturbation(before, after)[0]
+        chooses. A measurement that fails (the storage errs) is NaN: it never ends the
+        run, whose restart reads the checkpoint again (and fails loudly if it must)."""
+        try:
+            r = self.saver.latest(lambda _: None) if self.saver is not None else None
+            after = r.params if r is not None else (x0() if x0 is not None else None)
+            return (r.step if r is not None else None), perturbation(before, after)[0]
+        except Exception:  # noqa: BLE001 - a number in the summary, not the run's fate
+            return None, float("nan")
 
     def load(self, step: int) -> tuple[Tensors, Cursor]:
         """Exactly the checkpoint of ``step``, which every peer loads too.

@@ -181,9 +181,9 @@ class Trainer:
         itself is model-sized: it never goes through the store). A checkpoint still
         being written is finished first: the restart may load it."""
         self.saves.flush()
+        self.evals.restart()  # the state the failure struck, evaluated first: the cheaper
         step, norm = self.saves.restart_perturbation(self.replica.params, self.x0)
         post(self.store, Before(step=step, perturbation=norm))
-        self.evals.restart()
 
     def _share_state(self, g: Group, holder: bool) -> None:
         """Every member takes a holder's replica and counters (a replacement joins, or
