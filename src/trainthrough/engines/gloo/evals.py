@@ -30,6 +30,11 @@ Call order (store key ``evalctl``, JSON, written by the controller):
    the failure struck). After a re-formation the first commit evaluates the copy of
    the last commit before the failure, likewise.
 
+An evaluation is part of the first member's step: its peers wait for it at their next
+allreduce, as for a slow step, so it must end within the collective timeout
+(``cost.timeout_seconds``) like any step. The controller once scored beside the ranks,
+on a core they need, and received every evaluated replica through the store.
+
 Copies live in the first member only: a first member that dies takes them along,
 and that look-back scores what the controller has (``target_resolution`` says how
 exact the result is). A copy is scored by the workload's own ``evaluate``, the
