@@ -93,9 +93,10 @@ from trainthrough.lab.validate import validate_run  # noqa: E402
 
 REPLICAS = 2
 WINDOW_FROM = 10  # steps/s from this committed step (all N in), so start-up is left out
-# trainthrough's evaluations give the benchmark its step times; each one ships the
-# parameters to the controller, which scores the held-out digits on a core the ranks
-# need. torchft's replicas evaluate only at the end, so ours evaluate every 50 steps,
+# trainthrough's evaluations give the benchmark its step times; each one scores the
+# held-out digits on the first rank, inside its step (before 2026-11-27 the parameters
+# went to the controller, which scored them on a core the ranks need). torchft's
+# replicas evaluate only at the end, so ours evaluate every 50 steps,
 # not every 10 (measured, one 3-repetition run each: 205-213 free steps/s with
 # evaluations every 10 steps, 220-277 with every 50). A run shorter than 150 steps
 # evaluates every third of it: the rate needs two evaluations after WINDOW_FROM.

@@ -25,7 +25,7 @@ from trainthrough.dp.simulated import LockStep, SimCollective, SimInjector, Stri
 from trainthrough.dp.step import InFlight, StepSpec, train_step
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.gloo.checkpoints import ControllerSaves, RankSaves
-from trainthrough.engines.gloo.messages import Saved
+from trainthrough.engines.gloo.messages import Before, Saved
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.dp_checkpoint import ReplicaCheckpoint
@@ -125,7 +125,11 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
     # every rank, and its Checkpointer asks again about the iterations after it.
     _flip(tmp_path / "ckpt-00000010")
     corrupt: list[str] = []
-    ctl.before = {n: v + 1 for n, v in replica.params.items()}  # a survivor's, as sent
+    # The first survivor measures the restart against the checkpoint the controller
+    # will choose (its replica never travels), and sends the number.
+    survivor = {n: v + 1 for n, v in replica.params.items()}
+    measured = rank.restart_perturbation(survivor, x0=None)
+    ctl.before = Before(step=measured[0], perturbation=measured[1])
     step, norm = ctl.choose(corrupt.append)
     assert step == 5 and len(corrupt) == 1 and "ckpt-00000010" in corrupt[0]
     tensors, cursor = rank.load(5)
@@ -133,10 +137,12 @@ def test_gloo_rank_0_reports_its_saves_and_the_controller_counts_them(tmp_path: 
     restarted.load(tensors)
     assert cursor == Cursor(0, 5) and restarted.steps == 5
     # The restart's perturbation: from the survivor's replica to the checkpoint loaded.
-    assert norm == perturbation({n: v + 1 for n, v in replica.params.items()},
-                                restarted.params)[0] > 0
-    step, norm = ctl.choose(corrupt.append)  # no survivor sent its replica: unknown
+    assert norm == perturbation(survivor, restarted.params)[0] > 0
+    step, norm = ctl.choose(corrupt.append)  # no survivor sent its measure: unknown
     assert step == 5 and math.isnan(norm)
+    # Measured against another checkpoint than the one chosen: unknown, never wrong.
+    ctl.before = Before(step=10, perturbation=1.0)
+    assert math.isnan(ctl.choose(corrupt.append)[1])
     for logical in range(6, 11):
         _step(restarted)
         commit(restarted, logical)
@@ -152,8 +158,13 @@ def test_a_run_without_checkpoints_restarts_from_x0() -> None:
     template = _rank()
     ctl = ControllerSaves(cfg, resolve(cfg.strategy), "memory://dp-none", template, 5,
                           pytest.fail)
-    ctl.before = template.params
+    rank = RankSaves(cfg, resolve(cfg.strategy), "memory://dp-none", template, 5, pytest.fail)
+    step, norm = rank.restart_perturbation(template.params, x0=lambda: template.params)
+    ctl.before = Before(step=step, perturbation=norm)
     assert ctl.choose(pytest.fail) == (None, 0.0)  # back to x0, from x0
+    moved = {n: v + 1 for n, v in template.params.items()}
+    assert rank.restart_perturbation(moved, x0=lambda: template.params)[1] > 0
+    assert math.isnan(rank.restart_perturbation(moved, x0=None)[1])  # x0 unknown
 
 
 def test_sim_dp_saves_go_through_the_one_checkpointer() -> None:

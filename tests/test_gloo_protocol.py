@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.gloo.group_state import GroupState, GroupStateError
-from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Saved, parse
+from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Returned, Saved, parse
 from trainthrough.engines.gloo.protocol import (
+    MAX_VALUE_BYTES,
     Doorbell,
     EventReader,
     Report,
@@ -58,13 +59,18 @@ def test_the_controller_sleeps_until_an_event_and_drains_each_once() -> None:
     t0 = time.monotonic()
     reader.bell.wait(0.2)  # nothing posted: the full timeout
     assert time.monotonic() - t0 >= 0.19
-    post(store, Reported(n=1, slot=2), b"blob")
+    post(store, Reported(n=1, slot=2))
     t0 = time.monotonic()
     reader.bell.wait(5.0)  # woken by the post, long before the timeout
     assert time.monotonic() - t0 < 2.0
-    [(event, blob)] = reader.drain()
-    assert parse(event) == Reported(n=1, slot=2, t=event["t"]) and blob == b"blob"
+    [event] = reader.drain()
+    assert parse(event) == Reported(n=1, slot=2, t=event["t"])
     assert reader.drain() == [] and not store.check(["evq/0"])  # read and rung: deleted
+    # Control messages only: one that would carry something model-sized is refused
+    # before it takes a slot (the store's server would drop the connection at 8 MiB).
+    with pytest.raises(ValueError, match="'returned' message of .* bytes"):
+        post(store, Returned(slot=0, value="x" * MAX_VALUE_BYTES))
+    assert store.add("evq", 0) == 1
     reader.bell.close()
 
 

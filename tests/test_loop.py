@@ -83,6 +83,39 @@ def test_rollback_consumes_every_sample_once_and_matches_the_failure_free_loop(
     assert abs(a - b) <= 1e-3 * max(1.0, abs(a)), (a, b)
 
 
+EXACT = ROOT / "tests" / "loops" / "exact_loop.py"
+
+
+def _exact(tmp: Path, fail: str, micro: int, buckets: int, **options: Any) -> dict[str, Any]:
+    tmp.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    args = [sys.executable, str(EXACT), str(tmp / "run"), fail, str(micro), str(buckets),
+            json.dumps(options)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=200, env=env, cwd=tmp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_launch_hands_the_loop_its_arguments_and_buckets_and_rollback_on_two_ranks_is_exact(
+        tmp_path: Path) -> None:
+    """``launch(options=..., allreduce_buckets=3)`` from Python, as the README's
+    ``phase=allreduce:2`` failure needs; and what docs/own-loop.md says is exact: two
+    ranks that each sum one micro-batch add the same two gradients in the same order
+    (a + b) whether the step runs on both or is redone by the survivor alone."""
+    clean = _exact(tmp_path / "a", "-", 1, 3, hidden=12, tag="x")
+    hit = _exact(tmp_path / "b", "rank=1@iter=5,phase=allreduce:2", 1, 3, hidden=12, tag="x")
+    assert clean["returned"]["hidden"] == hit["returned"]["hidden"] == 12
+    assert clean["returned"]["tag"] == "x"
+    s = hit["summary"]
+    assert s["failures"] == 1 and s["recoveries"][0]["action"] == "mini-batch-rollback"
+    events = [json.loads(x) for x in (tmp_path / "b" / "run" / "events.jsonl").read_text()
+              .splitlines()]
+    assert [e["phase"] for e in events if e["type"] == "failure"] == ["allreduce:2"]
+    assert hit["returned"]["steps"] == clean["returned"]["steps"] == 16
+    assert hit["returned"]["sha256"] == clean["returned"]["sha256"]  # every bit
+
+
 def test_checkpoint_restart_replays_from_the_checkpoint_cursor(tmp_path: Path) -> None:
     hit, ledger = _ledger_run(tmp_path, "gloo", "checkpoint-restart", "rank=2@iter=25")
     s = hit["summary"]

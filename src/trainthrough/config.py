@@ -139,6 +139,10 @@ class RunConfig:
     #: evaluate every this many iterations (iterations to target stay exact to one
     #: iteration: engines/evaluation.py)
     eval_every: int | None = bounded(ge=1)
+    #: bytes of parameter copies held between two evaluations for the look-back that
+    #: locates the iteration to target (engines/evaluation.py); copies beyond it are not
+    #: kept, and ``target_resolution`` says how exact the result is then
+    lookback_bytes: int = bounded(64 * 2**20, ge=0)
     target: float | None = None  #: convergence target (default: the workload's)
     stop_at_target: bool = True  #: end the run when the target is reached
     past_target: float = bounded(0.0, ge=0)  #: ...after this many more iterations, as a fraction

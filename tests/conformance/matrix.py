@@ -24,8 +24,9 @@ __all__ = ["FORMS", "Cell", "all_cells", "check", "claimed", "config", "covering
 CHECKPOINT_EVERY = 10
 #: Data parallel stops at its target (mlr reaches 0.9 near iteration 30, after every
 #: form's failure at 12 and its recovery); a run that missed its stop trains on to
-#: :data:`DP_MAX`. The real engines evaluate beside the ranks, which keep training
-#: until the stop request reaches them: ~5 iterations on an idle machine, 110 seen at a
+#: :data:`DP_MAX`. On the real engines the first rank evaluates and the controller,
+#: which records it, asks the group to stop; the ranks keep training until the request
+#: reaches them: ~5 iterations on an idle machine, 110 seen at a
 #: load of 5-12 on 2 cores (mlr makes 100-200 steps a second), so at most
 #: :data:`STOP_LAG`, far from the ~3,000 of a stop never heard.
 DP_TARGET, DP_MAX, STOP_LAG = 0.9, 3000, 1000

@@ -40,7 +40,13 @@ from typing import Any, Protocol
 
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
-from trainthrough.engines.evaluation import EvalAction, EvalPolicy, Evaluations, Kept
+from trainthrough.engines.evaluation import (
+    EvalAction,
+    EvalPolicy,
+    Evaluations,
+    Kept,
+    params_bytes,
+)
 from trainthrough.engines.result import Limits, RunResult
 from trainthrough.errors import UserError
 from trainthrough.events import Event, Resumed
@@ -79,7 +85,8 @@ class RunContext:
     evals: Evaluations = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.evals = Evaluations(EvalPolicy(self.limits.eval_every))
+        self.evals = Evaluations(EvalPolicy(self.limits.eval_every,
+                                            keep_bytes=self.cfg.lookback_bytes))
 
     def schedule(self, sizes: dict[str, int]) -> FailureSchedule:
         """The run's seeded failure schedule over an engine's component counts.
@@ -157,11 +164,17 @@ class RunContext:
         return False
 
     def keep(self, iteration: int, params: Params, sim_seconds: float | None = None,
-             **extras: Any) -> None:
-        """Hold a copy of ``params`` (executed iteration ``iteration``) for a look-back."""
+             *, scored: Evaluation | None = None, **extras: Any) -> None:
+        """Hold a copy of ``params`` (executed iteration ``iteration``) for a look-back,
+        if it fits in ``lookback_bytes`` beside the copies held; or, ``scored``, the
+        score of a copy the engine holds where it lives (``params`` empty)."""
         wall = self.wall()
+        if not self.evals.policy.fits(sum(k.nbytes for k in self.evals.kept),
+                                      params_bytes(params)):
+            return  # not copied at all: the look-back scores what it has
         self.evals.keep(Kept(iteration, {n: v.detach().clone() for n, v in params.items()},
-                             wall if sim_seconds is None else sim_seconds, wall, extras))
+                             wall if sim_seconds is None else sim_seconds, wall, extras,
+                             scored))
 
     def disruption(self, iteration: int, params: Callable[[], Params | None] | None = None,
                    sim_seconds: float | None = None, **extras: Any) -> None:
@@ -176,7 +189,8 @@ class RunContext:
             return
         k = self.evals.take(iteration)
         if k is not None:
-            self.evaluate(k.params, iteration, k.sim_seconds, _wall=k.wall_seconds, **k.extras)
+            self.evaluate(k.params, iteration, k.sim_seconds, scored=k.scored,
+                          _wall=k.wall_seconds, **k.extras)
         elif params is not None and (p := params()) is not None:
             self.evaluate(p, iteration, sim_seconds, **extras)
 
@@ -220,8 +234,9 @@ class RunContext:
             look_back = self.look_back(iteration, ev)
         if look_back:
             for k in self.evals.gap(iteration):
-                self._record(k.params, k.iteration, self.score(k.params), k.sim_seconds,
-                             k.wall_seconds, k.extras)
+                self._record(k.params, k.iteration,
+                             k.scored if k.scored is not None else self.score(k.params),
+                             k.sim_seconds, k.wall_seconds, k.extras)
                 if r.iterations_to_target is not None:
                     break
         wall = self.wall() if _wall is None else _wall
@@ -236,7 +251,8 @@ class RunContext:
 
     def _record(self, params: Params, iteration: int, ev: Evaluation, sim: float, wall: float,
                 extras: dict[str, Any]) -> None:
-        self.callback.on_params(iteration, params)
+        if params:  # an engine that scores where the parameters live passes none
+            self.callback.on_params(iteration, params)
         self.callback.after_eval({"iteration": iteration, "sim_seconds": sim,
                                   "wall_seconds": wall, "metric": ev.metric, "loss": ev.loss,
                                   **extras, **ev.extras})

@@ -35,7 +35,12 @@ class Callback:
         """An evaluation: iteration, sim_seconds, wall_seconds, metric, loss, extras."""
 
     def on_params(self, iteration: int, params: dict[str, Any]) -> None:
-        """The parameters at an evaluation (live tensors: copy what you keep)."""
+        """The parameters at an evaluation (live tensors: copy what you keep).
+
+        Called where the engine holds them in this process (``sim``, the ``ray``
+        parameter server); data parallel on real processes (gloo, Ray) evaluates on
+        the first rank, where the parameters are, and sends only the scores, so this
+        is not called there (so neither is the rework bound's fit, lab/bound.py)."""
 
     def on_event(self, event: Record) -> None:
         """A failure, detection, checkpoint, recovery or replica change: one

@@ -12,7 +12,9 @@ finishes, :class:`EvalPolicy` decides (:class:`EvalAction`):
   ended, after iteration ``d``: ``d < t <= d + after``), so curves show the dip;
   the state at ``d`` itself is evaluated too, when the engine still holds it;
 - ``KEEP`` otherwise, while the target has not been reached: the engine hands over a
-  copy of the parameters, held until the next evaluation;
+  copy of the parameters, held until the next evaluation, as long as the copies held
+  fit in ``keep_bytes`` (``lookback_bytes``; :meth:`EvalPolicy.fits`): the oldest are
+  kept, a copy that does not fit is not;
 - ``SKIP`` once the target is reached (nothing more to locate).
 
 **Look-back** (:meth:`~trainthrough.engines.base.RunContext.evaluate`): when an
@@ -29,7 +31,9 @@ two exact numbers.
 ``t*`` the first ``t`` at which ``m(t)`` reaches the target (what evaluating every
 iteration reports). The run reports ``t*`` whenever the target is still reached at
 the first scheduled evaluation at or after ``t*`` and every iteration since the
-evaluation before it was kept. The first condition holds whenever the metric
+evaluation before it was kept (their copies fit in ``lookback_bytes``: a model of
+``P`` float32 parameters keeps ``lookback_bytes / 4P`` of them, 16 of a 1M-parameter
+model by default, none of a 124M one). The first condition holds whenever the metric
 approaches the target monotonically, and whenever it stays reached for the few
 iterations to the next scheduled evaluation (a touch that does not last is still
 found when it happens in an interval a near look-back scores); the second holds on ``sim`` (PS and
@@ -46,7 +50,10 @@ above), ``evaluations`` how many scorings the run made.
 **Cost.** Evaluations: ``iterations / every`` as before, plus at most ``after + 1``
 per disruption, plus at most ``(NEAR_LOOKS + 1) * (every - 1)`` once (the look-backs).
 Copies: one per iteration until the target is reached, at most ``every - 1`` held at
-a time. Evaluating is free on ``sim``'s clock, so sim runs keep their bits.
+a time and never more than ``lookback_bytes`` together. Where the parameters live in
+another process (gloo's first member), the copies stay there and are scored there:
+only their scores travel (:mod:`trainthrough.engines.gloo.evals`). Evaluating is free
+on ``sim``'s clock, so sim runs keep their bits.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from trainthrough.workloads.base import Params
+from trainthrough.workloads.base import Evaluation, Params
 
 #: iterations evaluated after a disruption (a failure, or the end of a recovery)
 AFTER_DISRUPTION = 3
@@ -77,6 +84,7 @@ class EvalPolicy:
 
     every: int
     after: int = AFTER_DISRUPTION
+    keep_bytes: int = 64 * 2**20  #: what the copies held at a time may take together
 
     def decide(self, iteration: int, previous: int, target_known: bool,
                disrupted: int | None) -> EvalAction:
@@ -98,6 +106,11 @@ class EvalPolicy:
             return EvalAction.EVALUATE
         return EvalAction.SKIP if target_known else EvalAction.KEEP
 
+    def fits(self, held: int, nbytes: int) -> bool:
+        """Whether a copy of ``nbytes`` is kept beside copies of ``held`` bytes (KEEP
+        asks for it): the oldest copies of an interval are kept, the rest are not."""
+        return held + nbytes <= self.keep_bytes
+
 
 def near(recent: list[float], target: float) -> bool:
     """Whether the last of ``recent`` (the last three regular evaluations' metrics,
@@ -117,13 +130,24 @@ def near(recent: list[float], target: float) -> bool:
 
 @dataclass
 class Kept:
-    """The parameters of one iteration, kept for a possible look-back."""
+    """The parameters of one iteration, kept for a possible look-back; or, where the
+    engine scored its copy where it lives (gloo), that score alone (``params`` empty)."""
 
     iteration: int
     params: Params
     sim_seconds: float
     wall_seconds: float
     extras: dict[str, Any]
+    scored: Evaluation | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return params_bytes(self.params)
+
+
+def params_bytes(params: Params) -> int:
+    """The bytes a copy of ``params`` takes."""
+    return sum(v.numel() * v.element_size() for v in params.values())
 
 
 @dataclass
@@ -147,8 +171,13 @@ class Evaluations:
         previous, self.observed = self.observed, iteration
         return self.policy.decide(iteration, previous, target_known, self.disrupted)
 
-    def keep(self, kept: Kept) -> None:
+    def keep(self, kept: Kept) -> bool:
+        """Hold ``kept`` if it fits beside what is held (:meth:`EvalPolicy.fits`);
+        whether it was."""
+        if not self.policy.fits(sum(k.nbytes for k in self.kept), kept.nbytes):
+            return False
         self.kept.append(kept)
+        return True
 
     def take(self, iteration: int) -> Kept | None:
         """The kept parameters of ``iteration`` (removed), if any."""

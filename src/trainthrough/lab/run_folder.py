@@ -43,6 +43,24 @@ _CHECKPOINT_DIR = re.compile(r"^[A-Za-z0-9_-]+-[0-9]+(\.tmp-[0-9a-f]+)?$")
 
 
 @dataclass(frozen=True)
+class Spelling:
+    """How the caller names the settings of a run's folder, for the messages that ask
+    to change one: the command line's flags (:data:`CLI`) or the arguments of
+    ``trainthrough.loop.launch`` and :func:`trainthrough.lab.runner.run` (:data:`PYTHON`).
+    A message that says ``--out`` to a Python caller names nothing it can change."""
+
+    out: str = "--out"
+    overwrite: str = "--overwrite"
+    resume: str = "--resume"
+    checkpoint_dir: str = "--checkpoint-dir"
+
+
+CLI = Spelling()
+PYTHON = Spelling(out="out", overwrite="overwrite=True", resume="resume=True",
+                  checkpoint_dir="checkpoint_dir")
+
+
+@dataclass(frozen=True)
 class FolderRun:
     """The run a folder holds, as far as its files tell."""
 
@@ -110,8 +128,12 @@ def inspect(folder: Path) -> FolderRun | None:
                      pid if isinstance(pid, int) else None)
 
 
-def check_out(out: Path, overwrite: bool = False, resume: bool = False) -> FolderRun | None:
+def check_out(out: Path, overwrite: bool = False, resume: bool = False,
+              names: Spelling = CLI) -> FolderRun | None:
     """Check that a run may write ``out``; return the run already there, if any.
+
+    Args:
+        names: how the caller spells ``out``, ``overwrite`` and ``resume`` (messages).
 
     Raises:
         UserError: ``out`` cannot be a run folder (a file, under a file, unreadable,
@@ -119,23 +141,24 @@ def check_out(out: Path, overwrite: bool = False, resume: bool = False) -> Folde
             ``overwrite`` nor ``resume`` is set, holds a run still running, or (with
             ``resume``) holds no incomplete run.
     """
-    check_creatable(out, "--out")
+    check_creatable(out, names.out)
     try:
         used = out.is_dir() and any(out.iterdir())
     except OSError as e:
-        raise UserError(f"--out {out}: cannot read the folder ({e.strerror})") from None
+        raise UserError(f"{names.out} {out}: cannot read the folder ({e.strerror})") from None
     previous = inspect(out) if used else None
     if resume:
-        _check_resumable(out, previous)
+        _check_resumable(out, previous, names)
     elif used and previous is None:
         raise UserError(f"run folder {out} already exists and holds files that are not a "
-                        "trainthrough run; choose another --out")
+                        f"trainthrough run; choose another {names.out}")
     elif previous is not None and previous.alive:
-        raise UserError(f"run folder {out} holds {previous.describe()}; choose another --out")
+        raise UserError(f"run folder {out} holds {previous.describe()}; "
+                        f"choose another {names.out}")
     elif previous is not None and not overwrite:
-        more = "" if previous.complete else ", or --resume to continue it"
+        more = "" if previous.complete else f", or {names.resume} to continue it"
         raise UserError(f"run folder {out} already exists and holds {previous.describe()}; "
-                        f"add --overwrite to replace it{more}")
+                        f"add {names.overwrite} to replace it{more}")
     return previous
 
 
@@ -157,7 +180,7 @@ def check_creatable(path: Path, label: str) -> None:
         raise UserError(f"{label} {path}: no permission to create folders in {base}")
 
 
-def check_checkpoint_dir(base: str) -> None:
+def check_checkpoint_dir(base: str, names: Spelling = CLI) -> None:
     """A local ``--checkpoint-dir`` must be a folder a run can create and write in. A
     remote URL's store is only known when it writes (it raises then).
 
@@ -167,23 +190,24 @@ def check_checkpoint_dir(base: str) -> None:
     if "://" in base and not base.startswith("file://"):
         return
     path = Path(base.removeprefix("file://"))
-    check_creatable(path, "--checkpoint-dir")
+    check_creatable(path, names.checkpoint_dir)
     if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"--checkpoint-dir {path}: no permission to write in it")
 
 
-def _check_resumable(out: Path, run: FolderRun | None) -> None:
+def _check_resumable(out: Path, run: FolderRun | None, names: Spelling) -> None:
+    r, o = names.resume, names.overwrite
     if run is None:
-        raise UserError(f"--resume: {out} holds no trainthrough run to continue; "
-                        "drop --resume to start one")
+        raise UserError(f"{r}: {out} holds no trainthrough run to continue; "
+                        f"drop {r} to start one")
     if run.complete:
-        raise UserError(f"--resume: the run in {out} is complete (it has a summary.json); "
-                        "nothing to continue (add --overwrite instead to run it again)")
+        raise UserError(f"{r}: the run in {out} is complete (it has a summary.json); "
+                        f"nothing to continue (add {o} instead to run it again)")
     if run.alive:
-        raise UserError(f"--resume: {out} holds {run.describe()}; wait for it or stop it")
+        raise UserError(f"{r}: {out} holds {run.describe()}; wait for it or stop it")
     if not run.run_id:
-        raise UserError(f"--resume: {out} records no run id (no status.json), so its "
-                        "checkpoints cannot be found; use --overwrite to run it again")
+        raise UserError(f"{r}: {out} records no run id (no status.json), so its "
+                        f"checkpoints cannot be found; use {o} to run it again")
 
 
 @dataclass(frozen=True)
@@ -194,22 +218,22 @@ class ResumePoint:
     run_id: str
 
 
-def resume_point(out: Path) -> ResumePoint:
+def resume_point(out: Path, names: Spelling = CLI) -> ResumePoint:
     """The incomplete run in ``out`` and where its checkpoints are.
 
     Raises:
         UserError: no incomplete run in ``out`` (see :func:`check_out`), an unreadable
             ``config.toml``, or no complete checkpoint in the run's location.
     """
-    run = check_out(out, resume=True)
+    run = check_out(out, resume=True, names=names)
     assert run is not None and run.run_id is not None
     cfg = RunConfig.from_toml(out / "config.toml")
     url = _location(out, cfg.checkpoint_dir, run.run_id)
-    require_checkpoint(out, url)
+    require_checkpoint(out, url, names)
     return ResumePoint(cfg, run.run_id)
 
 
-def require_checkpoint(out: Path, url: str) -> None:
+def require_checkpoint(out: Path, url: str, names: Spelling = CLI) -> None:
     """Refuse to resume the run in ``out`` if its location ``url`` holds no complete
     checkpoint (a folder with its manifest, which is written last).
 
@@ -224,8 +248,8 @@ def require_checkpoint(out: Path, url: str) -> None:
     except (OSError, ValueError):
         found = False
     if not found:
-        raise UserError(f"--resume: the run in {out} saved no checkpoint (none in {url}); "
-                        "add --overwrite instead to run it again")
+        raise UserError(f"{names.resume}: the run in {out} saved no checkpoint (none in "
+                        f"{url}); add {names.overwrite} instead to run it again")
 
 
 def _location(out: Path, checkpoint_dir: str | None, run_id: str) -> str:
@@ -235,7 +259,7 @@ def _location(out: Path, checkpoint_dir: str | None, run_id: str) -> str:
         raise UserError(f"{out}/{STATUS}: {e}") from None
 
 
-def clear(run: FolderRun) -> None:
+def clear(run: FolderRun, names: Spelling = CLI) -> None:
     """Remove what the run in ``run.folder`` wrote, and nothing else (``--overwrite``).
 
     Raises:
@@ -250,10 +274,11 @@ def clear(run: FolderRun) -> None:
             if p.is_file() or p.is_symlink():
                 p.unlink()
     except OSError as e:
-        raise UserError(f"--overwrite: cannot remove {e.filename} ({e.strerror})") from None
+        raise UserError(f"{names.overwrite}: cannot remove {e.filename} ({e.strerror})") \
+            from None
     if run.run_id:
         default = str(folder / "checkpoints")
-        _remove_checkpoints(_location(folder, recorded or default, run.run_id))
+        _remove_checkpoints(_location(folder, recorded or default, run.run_id), names)
         if recorded is None or absolute_base(recorded) == absolute_base(default):
             _remove_if_empty(Path(default))
 
@@ -265,7 +290,7 @@ def _recorded_checkpoint_dir(folder: Path) -> str | None:
         return None
 
 
-def _remove_checkpoints(url: str) -> None:
+def _remove_checkpoints(url: str, names: Spelling) -> None:
     """Delete the checkpoint folders in one run's location, then the location if empty."""
     from fsspec.core import url_to_fs
 
@@ -279,8 +304,8 @@ def _remove_checkpoints(url: str) -> None:
         if not fs.ls(root, detail=False):
             fs.rmdir(root)
     except OSError as e:
-        raise UserError(f"--overwrite: cannot remove the old run's checkpoints in {url} "
-                        f"({e.strerror or e})") from None
+        raise UserError(f"{names.overwrite}: cannot remove the old run's checkpoints in "
+                        f"{url} ({e.strerror or e})") from None
 
 
 def _remove_if_empty(path: Path) -> None:

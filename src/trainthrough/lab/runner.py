@@ -26,7 +26,14 @@ from trainthrough.ft.strategy import resolve
 from trainthrough.lab.bound import IterateTracker, fit_contraction
 from trainthrough.lab.recorder import RunRecorder
 from trainthrough.lab.rework import Baseline, rework
-from trainthrough.lab.run_folder import check_checkpoint_dir, check_out, clear, require_checkpoint
+from trainthrough.lab.run_folder import (
+    CLI,
+    Spelling,
+    check_checkpoint_dir,
+    check_out,
+    clear,
+    require_checkpoint,
+)
 from trainthrough.lab.validate import validate_run
 from trainthrough.workloads import Workload, make_workload
 from trainthrough.workloads.reference import absolute
@@ -121,7 +128,8 @@ def run_baseline(cfg: RunConfig) -> Baseline:
 
 def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         baseline: Baseline | None = None, run_id: str | None = None,
-        overwrite: bool = False, resume: bool = False) -> RunSummary:
+        overwrite: bool = False, resume: bool = False,
+        names: Spelling = CLI) -> RunSummary:
     """Run ``cfg`` and write its folder ``out``; return its summary.
 
     The run's checkpoints go to ``<checkpoint dir>/run-<run id>/``: runs sharing a
@@ -147,6 +155,9 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         resume: continue the incomplete run in ``out`` from its newest valid
             checkpoint (its id: ``run_id``, else the one ``out`` records); its logs
             are appended to.
+        names: how the caller spells ``out``, ``overwrite``, ``resume`` and the
+            checkpoint folder, in the messages that refuse them (the command line's
+            flags by default; ``launch`` passes its own arguments' names).
 
     Raises:
         UserError: invalid configuration, an ``out`` folder already in use, or a run
@@ -155,13 +166,13 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     """
     validate_run(cfg)
     if overwrite and resume:
-        raise UserError("--overwrite and --resume exclude each other: replace the run, "
-                        "or continue it")
+        raise UserError(f"{names.overwrite} and {names.resume} exclude each other: replace "
+                        "the run, or continue it")
     if resume:
         check_resumable(cfg.engine, cfg.paradigm, resolve(cfg.strategy))
-    previous = check_out(out, overwrite=overwrite, resume=resume)
+    previous = check_out(out, overwrite=overwrite, resume=resume, names=names)
     if cfg.checkpoint_dir:  # the default, inside ``out``, is checked with it
-        check_checkpoint_dir(cfg.checkpoint_dir)
+        check_checkpoint_dir(cfg.checkpoint_dir, names)
     if resume and previous is not None:
         run_id = run_id or previous.run_id
     base = absolute_base(cfg.checkpoint_dir or str(out / "checkpoints"))
@@ -171,7 +182,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     except ValueError as e:
         raise UserError(str(e)) from None
     if resume:
-        require_checkpoint(out, url)
+        require_checkpoint(out, url, names)
     # In memory, checkpoints outlive the run only as a leak (suites run hundreds): what
     # the run created goes when it ends (the folder if new, else its own location).
     drop = None
@@ -186,7 +197,7 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
         holder = Callbacks(list(callbacks or []))
         engine = build_engine(resolved, workload, holder, url, resume=resume)
         if previous is not None and overwrite:
-            clear(previous)
+            clear(previous, names)
         recorder = RunRecorder(out, resolved.to_toml(), run_id, append=resume)
         holder.items.insert(0, recorder)
         result = engine.run()

@@ -41,13 +41,13 @@ def validate_run(cfg: RunConfig) -> None:
     # Each field's type and bounds first: everything below reads them.
     check_fields(cfg, flag_label)
     factory = workload_factory(cfg.workload)  # unknown names, broken references: one line
-    if isinstance(factory, TrainingLoop):  # a user's loop: only ranks that run it
-        if cfg.paradigm != "dp" or not traits(cfg.engine).hosts_processes:
-            hosts = " or ".join(n for n in names() if traits(n).hosts_processes)
-            raise UserError(f"{cfg.workload} is your own training loop: run it with "
-                            f"--paradigm dp --engine {hosts}")
-    else:
-        check_options(cfg.workload, cfg.workload_options)
+    # A user's loop: only ranks run it.
+    if isinstance(factory, TrainingLoop) and (cfg.paradigm != "dp"
+                                              or not traits(cfg.engine).hosts_processes):
+        hosts = " or ".join(n for n in names() if traits(n).hosts_processes)
+        raise UserError(f"{cfg.workload} is your own training loop: run it with "
+                        f"--paradigm dp --engine {hosts}")
+    check_options(cfg.workload, cfg.workload_options)  # a loop's: train()'s parameters
     if cfg.paradigm == "dp" and traits(cfg.engine).hosts_processes:  # real devices, collective
         from trainthrough.dp.devices import cuda_count, plan_devices
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,9 +106,9 @@ def _as_recorded(cfg: RunConfig, folder: Path) -> RunConfig:
             naming the first setting that differs).
     """
     from trainthrough.lab.resume import conflict, resumed_config
-    from trainthrough.lab.run_folder import resume_point
+    from trainthrough.lab.run_folder import PYTHON, resume_point
 
-    recorded = resume_point(folder).config
+    recorded = resume_point(folder, PYTHON).config
     bad = conflict(recorded, cfg)
     if bad is not None:
         raise UserError(f"launch(resume=True): the run in {folder} trained with "
@@ -126,10 +126,18 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
            sync_every: int | None = None, overwrite: bool = False, progress: bool = True,
-           micro_batches: int = 1, resume: bool = False) -> LoopResult:
-    """Run ``train(loop)`` on ``ranks`` ranks until its epochs are done.
+           micro_batches: int = 1, resume: bool = False, allreduce_buckets: int = 1,
+           options: Mapping[str, Any] | None = None) -> LoopResult:
+    """Run ``train(loop, **options)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
+        options: your loop's own arguments: every rank calls ``train(loop, **options)``.
+            They are the parameters of ``train`` after ``loop``, checked against its
+            signature before anything starts (a name it does not take, or a value of
+            another type than its annotation, is refused in one line); numbers,
+            strings, booleans and lists of them, recorded in the run's ``config.toml``
+            (``workload_options``) and required the same on ``resume``. From the
+            command line: ``--option name=value``.
         ranks: data-parallel ranks (each a Ray actor, or a process with ``engine="gloo"``).
         strategy: how a lost rank is recovered: ``rollback`` (redo the step on the
             survivors), ``lossy-forward``, ``checkpoint-restart``; or relaxed: ``localsgd``,
@@ -145,6 +153,10 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         micro_batches: gradient accumulation: each rank's batch (the ``DataLoader``'s
             ``batch_size``) is cut into this many micro-batches, each a forward and
             backward of its own, and one update follows their averaged gradient.
+        allreduce_buckets: the gradient is averaged in this many buckets, one after the
+            other (``--allreduce-buckets``); ``fail="rank=1@iter=50,phase=allreduce:2"``
+            strikes after bucket 2 of them, so it needs at least 3 (fewer is refused
+            before anything starts).
         checkpoint_dir: where checkpoints go (a path or an fsspec URL); a
             ``checkpoint-restart`` on a cluster (``ray_address``) needs one every host
             reaches: a URL of shared storage, or a folder every host mounts with
@@ -164,10 +176,11 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             that keeps checkpoints (``checkpoint-restart``).
 
     Raises:
-        UserError: a bad argument (one line says which).
+        UserError: a bad argument (one line says which, by the name it has here).
     """
     from trainthrough.ft.strategy import resolve
     from trainthrough.lab import runner
+    from trainthrough.lab.run_folder import PYTHON
 
     if sync_every is not None and not resolve(strategy).relaxed:
         raise UserError(f"sync_every applies to localsgd, diloco and streaming-diloco, not "
@@ -181,11 +194,14 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     checkpoint_dir=checkpoint_dir, checkpoint_shared=checkpoint_shared,
                     bind_address=bind_address, micro_batches=micro_batches,
                     elastic=elastic, wall_limit=wall_limit,
+                    allreduce_buckets=allreduce_buckets,
+                    workload_options=dict(options or {}),
                     cost=CostModel(timeout_seconds=timeout),
                     sync_every=RunConfig.sync_every if sync_every is None else sync_every)
     if resume:
         cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
-    summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite, resume=resume)
+    summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite, resume=resume,
+                         names=PYTHON)
     extras = summary.result.extras  # the controller's (engines/gloo/controller.py)
     return LoopResult(extras.get("returned"), summary, folder, list(extras.get("committed", [])))

@@ -25,12 +25,13 @@ from trainthrough.dp.hooks import Hooks
 from trainthrough.dp.module_replica import Fetch, ModuleReplica
 from trainthrough.dp.rank import micro_seed
 from trainthrough.engines.gloo.messages import Returned
-from trainthrough.engines.gloo.protocol import RankSpec, post
+from trainthrough.engines.gloo.protocol import MAX_VALUE_BYTES, RankSpec, post
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
 from trainthrough.errors import Retired, UserError
 from trainthrough.loop.api import Loop
 from trainthrough.workloads import reference
+from trainthrough.workloads.base import Evaluation
 from trainthrough.workloads.user_loop import TrainingLoop
 
 
@@ -65,7 +66,7 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
 
     loop = Loop(attach, slot, device)
     try:
-        value = marked(loop)
+        value = marked(loop, **cfg.workload_options)  # checked before the run started
     except Retired:
         value = None
     if loop._session is None:
@@ -81,6 +82,9 @@ def run_loop(spec: RankSpec, store: dist.TCPStore) -> None:
         except (TypeError, ValueError):
             raise UserError("train(loop) must return a JSON value (numbers, strings, "
                             f"lists, dicts), not {type(value).__name__}") from None
+        if len(text) > MAX_VALUE_BYTES // 2:  # it travels through the store, in a message
+            raise UserError(f"train(loop) returned {len(text)} bytes of JSON: return at most "
+                            f"{MAX_VALUE_BYTES // 2} (a summary), and write more to a file")
         post(store, Returned(slot=slot, value=json.loads(text)))
 
 
@@ -90,13 +94,13 @@ def _same(asked: str, actual: torch.device, resolved: torch.device) -> bool:
 
 
 def _metrics(marked: TrainingLoop, replica: ModuleReplica,
-             evaluate: Callable[[], float] | None) -> Callable[[], dict[str, float]]:
+             evaluate: Callable[[], float] | None) -> Callable[[], Evaluation]:
     """What the first rank reports at an evaluation: the user's metric, or the mean
     of its latest micro-batch losses."""
-    def metrics() -> dict[str, Any]:
+    def metrics() -> Evaluation:
         recent = replica.losses[-8:]
         loss = sum(recent) / len(recent) if recent else math.nan
         metric = float(evaluate()) if evaluate is not None else loss
-        return {"metric": metric, "loss": loss}
+        return Evaluation(metric, loss)
 
     return metrics

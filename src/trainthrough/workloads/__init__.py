@@ -34,11 +34,9 @@ def make_workload(name: str, seed: int = 0, **options: Any) -> Workload:
     from trainthrough.workloads.user_loop import LoopWorkload, TrainingLoop
 
     factory = workload_factory(name)
-    if isinstance(factory, TrainingLoop):  # a user's own loop (trainthrough.loop)
-        if options:
-            raise UserError(f"workload {name} is a training loop: it takes no workload options")
-        return LoopWorkload(name, factory)
     check_options(name, options)
+    if isinstance(factory, TrainingLoop):  # a user's own loop (trainthrough.loop)
+        return LoopWorkload(name, factory)  # its options go to train() in every rank
     try:
         return factory(seed=seed, **options)
     except TypeError as e:  # a user factory's own signature problem, e.g. no seed=

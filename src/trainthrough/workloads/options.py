@@ -4,7 +4,10 @@ against the workload's own signature before anything is built.
 A workload's options are the keyword parameters of its factory: their annotations
 give the types and the class's ``option_bounds`` the accepted values, so declaring
 an option is all it takes for it to be validated (by the same
-:func:`~trainthrough.fields.check_value` as every config field).
+:func:`~trainthrough.fields.check_value` as every config field). A user's own loop
+(``@training_loop``) takes its options the same way: the parameters of ``train``
+after ``loop`` (``def train(loop, lr: float = 1e-3)``), passed by every rank as
+``train(loop, **options)``.
 """
 
 from __future__ import annotations
@@ -23,10 +26,17 @@ _RESERVED = {"seed": "--seed (seed = in TOML)"}
 
 def _signature(factory: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, Bounds], bool]:
     """(option -> type hint, option -> bounds, whether it also takes ``**kwargs``)."""
+    from trainthrough.workloads.user_loop import TrainingLoop
+
+    loop = isinstance(factory, TrainingLoop)
+    if isinstance(factory, TrainingLoop):  # train(loop, **options): what follows the handle
+        factory = factory.fn
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a callable without an introspectable signature
         return {}, {}, True
+    if loop:
+        params = dict(list(params.items())[1:])  # type: ignore[assignment]
     init = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
     try:
         hints = get_type_hints(init)

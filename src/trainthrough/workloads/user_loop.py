@@ -25,9 +25,9 @@ import torch
 from trainthrough.errors import UserError
 from trainthrough.workloads.base import Evaluation, Params, Workload
 
-#: ``train(loop)``: the loop handle is :class:`trainthrough.loop.Loop`, which this
+#: ``train(loop, **options)``: the loop handle is :class:`trainthrough.loop.Loop`, which this
 #: layer does not know.
-TrainFn = Callable[[Any], Any]
+TrainFn = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,10 @@ class TrainingLoop:
     eval_every: int = 10
     checkpoint_every: int = 50
 
-    def __call__(self, loop: Any) -> Any:
-        return self.fn(loop)
+    def __call__(self, loop: Any, **options: Any) -> Any:
+        """Run the loop; ``options``: the run's ``workload_options`` (``--option``,
+        ``launch(options=...)``), checked against ``fn``'s parameters after ``loop``."""
+        return self.fn(loop, **options)
 
     @property
     def __name__(self) -> str:  # noqa: A003 - what references and messages name

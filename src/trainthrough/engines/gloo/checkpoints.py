@@ -10,6 +10,14 @@ controller: advanced to a reported iteration, the Checkpointer asks the same pol
 and ``save`` hands it rank 0's report, so counts, bytes, blocked seconds and
 ``checkpoint`` events are accounted there, whichever process was rank 0. On a restart
 the controller chooses the checkpoint, once, and every new process loads exactly it.
+
+The restart's perturbation (from the replica before the interrupted step to the state
+restored) is measured by the first survivor, which holds the replica, against the
+checkpoint it finds the controller will choose (the newest that verifies, by the same
+:meth:`~trainthrough.ft.dp_checkpoint.ReplicaCheckpoint.latest`), and only the number
+travels (:class:`~.messages.Before`): the replica is model-sized, and the store carries
+control messages only. If the controller then chooses another checkpoint (one that
+failed to verify in between), the perturbation is unknown (NaN), never wrong.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 from trainthrough.config import RunConfig
 from trainthrough.dp.batching import Cursor
 from trainthrough.dp.rank import Replica, Tensors
-from trainthrough.engines.gloo.messages import Saved
+from trainthrough.engines.gloo.messages import Before, Saved
 from trainthrough.errors import CheckpointCorrupt, CheckpointWriteFailed
 from trainthrough.ft.checkpoint import CheckpointStore
 from trainthrough.ft.checkpointer import Checkpointer, Emit, SaveReport
@@ -107,6 +115,21 @@ class RankSaves:
         except CheckpointWriteFailed as e:  # the run goes on; the previous save stays valid
             return {"error": str(e)}
 
+    def restart_perturbation(self, before: Tensors, x0: Callable[[], Tensors] | None
+                             ) -> tuple[int | None, float]:
+        """The first survivor of a checkpoint-restart: ``(step, ||delta||)`` from
+        ``before`` (its replica) to the checkpoint the controller will choose, the newest
+        that verifies (``step`` None: none, back to ``x0``; NaN if ``x0`` is unknown).
+        Corrupt checkpoints are skipped silently: the controller reports them as it
+        chooses. A measurement that fails (the storage errs) is NaN: it never ends the
+        run, whose restart reads the checkpoint again (and fails loudly if it must)."""
+        try:
+            r = self.saver.latest(lambda _: None) if self.saver is not None else None
+            after = r.params if r is not None else (x0() if x0 is not None else None)
+            return (r.step if r is not None else None), perturbation(before, after)[0]
+        except Exception:  # noqa: BLE001 - a number in the summary, not the run's fate
+            return None, float("nan")
+
     def load(self, step: int) -> tuple[Tensors, Cursor]:
         """Exactly the checkpoint of ``step``, which every peer loads too.
 
@@ -133,12 +156,11 @@ class ControllerSaves:
     def __init__(self, cfg: RunConfig, strategy: Strategy, url: str, template: Replica | None,
                  every: int, emit: Emit) -> None:
         """``template``: a replica as the ranks build theirs (None: the controller of a
-        user's own loop holds none; a restart from x0 then has no perturbation)."""
+        user's own loop holds none), to verify the checkpoints' keys and shapes."""
         self.saver = _saver(cfg, strategy, url, template)
-        self.x0 = template.params if template is not None else None
         self.checkpointer = Checkpointer(strategy.checkpoint_policy(every), self, emit)
         self._reports: dict[int, SaveReport] = {}
-        self.before: Tensors | None = None  # a survivor's replica before the failed step
+        self.before: Before | None = None  # the first survivor's measure of the restart
 
     def on_saved(self, m: Saved) -> None:
         """Rank 0 reported a save: the Checkpointer decides about every iteration up to it."""
@@ -157,9 +179,10 @@ class ControllerSaves:
 
     def choose(self, on_corrupt: Callable[[str], None]) -> tuple[int | None, float]:
         """The checkpoint every restarted rank loads (None: x0), chosen once here; and
-        the restart's perturbation, from :attr:`before` (NaN if no survivor sent it)."""
+        the restart's perturbation as the first survivor measured it (:attr:`before`:
+        NaN if none sent it, or it measured against another checkpoint)."""
         r = self.saver.latest(on_corrupt) if self.saver is not None else None
-        self.checkpointer.rewind(r.step if r is not None else 0)
-        norm, _ = perturbation(self.before, r.params if r is not None else self.x0)
-        self.before = None
-        return (r.step if r is not None else None), norm
+        step = r.step if r is not None else None
+        self.checkpointer.rewind(step or 0)
+        b, self.before = self.before, None
+        return step, (b.perturbation if b is not None and b.step == step else float("nan"))

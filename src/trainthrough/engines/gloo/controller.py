@@ -4,10 +4,11 @@ The controller is the parent of every rank. It owns the ``TCPStore`` (a free por
 127.0.0.1, or on the address :mod:`.net` chooses for a run that spans hosts or names
 one) that outlives the ranks, starts them, and, woken by every event a rank
 posts and at least every :data:`~.timing.TICK` seconds: drains their events (failures they
-inflict on themselves, checkpoints, parameters to evaluate), notices processes that
+inflict on themselves, checkpoints, evaluations), notices processes that
 ended, and watches for reports (a group broke, or the ranks
-stopped because it asked). It never trains: evaluation is the only tensor work it
-does. Recovery decisions come from the same policies as ``sim``
+stopped because it asked). It holds no parameters: the first rank evaluates its own
+replica and posts the scores (:mod:`.evals`), so the store carries control messages
+only, whatever the model's size. Recovery decisions come from the same policies as ``sim``
 (ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`; its
 one Checkpointer counts the saves rank 0 reports (:class:`~.checkpoints.ControllerSaves`).
 Times are wall-clock; ``sim_seconds`` in records equals ``wall_seconds``.
@@ -19,7 +20,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from trainthrough.dp.batching import Cursor, SampleStream
@@ -35,7 +35,6 @@ from trainthrough.engines.gloo.messages import (
     Exit,
     Message,
     Metrics,
-    Params,
     RankError,
     Reported,
     Returned,
@@ -85,7 +84,6 @@ class GlooEngine:
         self.max_iter = ctx.limits.max_iterations
         self.result, self.strategy = ctx.result, ctx.strategy
         self.stopping = False
-        self.last_eval: int | None = None
         self.logical = self.iteration = 0  # the latest the ranks told us of
         self.hashes: dict[int, str] = {}
         self.outer_steps = 0  # relaxed sync: the most any rank completed
@@ -131,12 +129,16 @@ class GlooEngine:
         cluster_ip = self.cluster_ip()
         self.host = store_host(self.cfg.bind_address, cluster_ip)
         store = serve(self.host, timeout=30)
-        cfg = replace(self.cfg, max_iterations=self.max_iter)
+        # What every rank reads resolved as the controller has it: the first member
+        # evaluates by the same schedule and target test (evals.py).
+        lim = self.ctx.limits
+        cfg = replace(self.cfg, max_iterations=self.max_iter, eval_every=lim.eval_every,
+                      target=lim.target)
         base = RunSpec(cfg.to_dict(), self.host, store.port, self.t0, self.url, self.program,
                        rank_net(self.cfg.bind_address, cluster=cluster_ip is not None),
                        self.devices.collective.backend, self.devices.gpus_per_rank)
         self.store, self.events = store, EventReader(store)
-        self.evals = ControllerEvals(self)
+        self.evals = ControllerEvals(self, copies=self.program is None)
         self.evals.start()
         self.procs = Procs(store, base, self.start_rank)
         self.rec = DistRecovery(self, order_dicts(self.orders))
@@ -199,8 +201,8 @@ class GlooEngine:
     def pump(self) -> bool:
         """Handle every message the ranks posted so far; returns whether there were any."""
         events = self.events.drain()
-        for wire, blob in events:
-            self._on_event(parse(wire), blob)
+        for wire in events:
+            self._on_event(parse(wire))
         return bool(events)
 
     def request_stop(self) -> None:
@@ -214,25 +216,19 @@ class GlooEngine:
         self.ctx.emit(event)
 
     # -- what the ranks tell us ---------------------------------------------------
-    def _on_event(self, m: Message, blob: bytes | None) -> None:
+    def _on_event(self, m: Message) -> None:
         if isinstance(m, RankError) and m.user is not None:  # one line (exit code 2)
             raise UserError(m.user)
         if isinstance(m, RankError):
             raise RuntimeError(f"dist engine: rank {m.slot} failed with a bug:\n{m.traceback}")
-        if isinstance(m, (Params, Metrics)):  # the first member's state after a commit
+        if isinstance(m, Metrics):  # the first member evaluated its state after a commit
             self.logical = m.logical  # goes back on a restart
             self.iteration = max(self.iteration, m.iteration)
             self.result.updates_applied = m.applied
-            if isinstance(m, Params):
-                assert blob is not None
-                self.evals.on_params(m, safetensors.torch.load(blob))
-            elif m.iteration != self.last_eval or not m.final:
-                # A user's loop evaluated its own model on its first rank.
-                self.evaluate(m, {}, Evaluation(m.metric, m.loss))
+            self.evals.on_metrics(m)
             return
-        if isinstance(m, Copies):  # kept by the first member, for a look-back
-            assert blob is not None
-            self.evals.on_copies(m, safetensors.torch.load(blob))
+        if isinstance(m, Copies):  # kept by the first member, scored there: a look-back
+            self.evals.on_copies(m)
             return
         if isinstance(m, Returned):
             self.returned[m.slot] = m.value
@@ -246,9 +242,8 @@ class GlooEngine:
         if isinstance(m, Saved):  # a report to the Checkpointer, which emits the event
             self.saves.on_saved(m)
             return
-        if isinstance(m, Before):  # what the restart under way is measured against
-            assert blob is not None
-            self.saves.before = safetensors.torch.load(blob)
+        if isinstance(m, Before):  # the restart under way, as the first survivor measured it
+            self.saves.before = m
             return
         if isinstance(m, Reported):  # a member wrote its report: the recovery reads them now
             self.rec.reported = self.rec.reported or m.n >= self.rec.n
@@ -259,12 +254,10 @@ class GlooEngine:
     def group_size(self) -> int:
         return len(self.rec.members)
 
-    def evaluate(self, m: Params | Metrics, params: dict[str, torch.Tensor],
-                 scored: Evaluation, look_back: bool = False) -> None:
+    def evaluate(self, m: Metrics, scored: Evaluation, look_back: bool = False) -> None:
         """Record an evaluation of the state ``m`` describes; stop at the target."""
         it = m.iteration
-        self.last_eval = it
-        done = self.ctx.evaluate(params, it, scored=scored, look_back=look_back,
+        done = self.ctx.evaluate({}, it, scored=scored, look_back=look_back,
                                  logical_iteration=m.logical,
                                  ranks=self.group_size)
         self.cb.after_step(it, self.ctx.wall())

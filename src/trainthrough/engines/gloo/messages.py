@@ -4,8 +4,11 @@ One frozen dataclass per kind; its :attr:`Message.TYPE` is the ``type`` it carri
 wire. A rank builds one and posts it (``post(store, Resumed(iteration=7))``); the
 controller turns each drained dict back into one with :func:`parse`, once, and then
 dispatches on the class. The wire stays JSON (:meth:`Message.wire`): nothing is pickled,
-so a message's fields are plain values only. Parameters travel beside a message as a
-blob (:class:`Params`, :class:`Copies`, :class:`Before`), never inside it.
+so a message's fields are plain values only, and none grows with the model: the store
+carries control messages only (protocol.py). What the controller used to receive as
+tensors it now receives as numbers computed where the tensors are: the first member's
+evaluations (:class:`Metrics`), its look-back copies' scores (:class:`Copies`) and a
+restart's perturbation (:class:`Before`).
 """
 
 from __future__ import annotations
@@ -38,19 +41,10 @@ class RankError(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Params(Message):
-    """The first member's replica after a commit, for evaluation (blob: safetensors)."""
-
-    TYPE = "params"
-    iteration: int
-    logical: int
-    final: bool
-    applied: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class Metrics(Message):
-    """A user's loop evaluated its own model on its first member (no blob)."""
+    """The first member evaluated its replica (the workload's ``evaluate``, or a user's
+    loop's own) after executed iteration ``iteration``: the scores, never the tensors.
+    ``final``: the last evaluation of the run on this process."""
 
     TYPE = "metrics"
     iteration: int
@@ -59,17 +53,18 @@ class Metrics(Message):
     applied: int
     metric: float
     loss: float
+    extras: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Copies(Message):
-    """Look-back copies kept by the first member: ``[iteration, logical, applied]`` each,
-    their tensors in the blob under ``<iteration>/<name>``; ``id`` the ask answered (0:
-    unasked, sent as the member leaves)."""
+    """Look-back copies the first member kept, scored where they are: ``[iteration,
+    logical, applied, metric, loss, extras]`` each, oldest first; ``id`` the ask
+    answered (0: unasked, sent as the member leaves)."""
 
     TYPE = "copies"
     id: int
-    copies: list[list[int]]
+    copies: list[list[Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,9 +104,14 @@ class Saved(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class Before(Message):
-    """The first survivor's replica before the interrupted step (blob), on a restart."""
+    """A restart's perturbation, measured by the first survivor as it leaves: from its
+    replica before the interrupted step to the checkpoint of ``step`` (the newest that
+    verifies, as the controller chooses; None: x0). NaN where it cannot tell (a user's
+    loop restarting from its x0)."""
 
     TYPE = "before"
+    step: int | None
+    perturbation: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,7 +174,7 @@ class Resumed(Message):
 
 
 KINDS: dict[str, type[Message]] = {
-    m.TYPE: m for m in (RankError, Params, Metrics, Copies, Returned, Exit, Saved, Before,
+    m.TYPE: m for m in (RankError, Metrics, Copies, Returned, Exit, Saved, Before,
                         Reported, Failed, Reformed, StepCompleted, Resumed)}
 
 

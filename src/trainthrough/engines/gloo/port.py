@@ -17,13 +17,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    import torch
     import torch.distributed as dist
 
     from trainthrough.config import RunConfig
     from trainthrough.engines.base import RunContext
     from trainthrough.engines.gloo.checkpoints import ControllerSaves
-    from trainthrough.engines.gloo.messages import Metrics, Params
+    from trainthrough.engines.gloo.messages import Metrics
     from trainthrough.engines.gloo.procs import Procs
     from trainthrough.engines.result import RunResult
     from trainthrough.events import Event
@@ -93,7 +92,6 @@ class ControllerPort(Protocol):
         """Record an event of the run."""
         ...
 
-    def evaluate(self, m: Params | Metrics, params: dict[str, torch.Tensor],
-                 scored: Evaluation, look_back: bool = False) -> None:
-        """Record an evaluation of the state ``m`` describes; stop at the target."""
+    def evaluate(self, m: Metrics, scored: Evaluation, look_back: bool = False) -> None:
+        """Record the first member's evaluation ``m``; stop at the target."""
         ...

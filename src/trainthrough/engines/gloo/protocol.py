@@ -2,8 +2,13 @@
 
 The controller owns a ``TCPStore`` (on 127.0.0.1 unless the run spans a cluster or
 the user named an address: :mod:`.net`) and outlives every rank, so the
-store is where ranks that lost their group still meet. Values are JSON text, plus
-safetensors bytes for parameters (nothing is pickled). Call order for one run:
+store is where ranks that lost their group still meet. Values are JSON text (nothing
+is pickled), and only control messages: plans, reports, requests, events, scores.
+Nothing whose size grows with the model goes through the store (its server refuses a
+value over 8 MiB, and :func:`put` refuses one over :data:`MAX_VALUE_BYTES`): the first
+member evaluates in place and posts the scores (:mod:`.evals`), a restart's
+perturbation is measured by the survivor (:mod:`.checkpoints`), and a joiner's state
+travels over the process group (:mod:`trainthrough.dp.repair`). Call order for one run:
 
 1. the controller starts the store and spawns ranks with a :data:`RankSpec`;
 2. each rank connects, builds its replica and sets ``ready/<slot>/<inc>``;
@@ -244,8 +249,25 @@ class Doorbell:
         self._thread.join(timeout=5)
 
 
+#: The largest value this protocol writes to the store. Control messages take a few
+#: hundred bytes; the store's server refuses a value over 8 MiB by dropping the
+#: connection, which the writer sees as a broken store much later. So a value near it
+#: is refused here, at once, naming its key: whatever grows with the model or the
+#: user's data travels over the process group or a file instead.
+MAX_VALUE_BYTES = 1 << 20
+
+
 def put(store: dist.Store, key: str, value: Any) -> None:
-    store.set(key, json.dumps(value))
+    """Write ``value`` as JSON under ``key``.
+
+    Raises:
+        ValueError: the JSON text is over :data:`MAX_VALUE_BYTES`.
+    """
+    text = json.dumps(value)
+    if len(text) > MAX_VALUE_BYTES:  # ASCII: json.dumps escapes the rest
+        raise ValueError(f"store value {key!r} is {len(text)} bytes, over the "
+                         f"{MAX_VALUE_BYTES} a control message may take")
+    store.set(key, text)
 
 
 def get(store: dist.Store, key: str) -> Any:
@@ -256,18 +278,23 @@ def has(store: dist.Store, key: str) -> bool:
     return bool(store.check([key]))
 
 
-def post(store: dist.Store, message: Message, blob: bytes | None = None) -> None:
-    """Append a message to the queue the controller drains; ``blob`` travels beside it.
+def post(store: dist.Store, message: Message) -> None:
+    """Append a message to the queue the controller drains.
 
-    The blob is stored before the message names it, and the slot number is taken
-    atomically, so concurrent posters never overwrite each other.
+    The slot number is taken atomically, so concurrent posters never overwrite each
+    other.
+
+    Raises:
+        ValueError: the message is over :data:`MAX_VALUE_BYTES` (checked before its slot
+            is taken: a slot taken and never written would stop the controller's reader).
     """
-    i = store.add("evq", 1) - 1
     wire = message.wire()
-    if blob is not None:
-        store.set(f"blob/{i}", blob)  # type: ignore[arg-type]  # bytes are accepted as is
-        wire["blob"] = f"blob/{i}"
-    put(store, f"evq/{i}", wire)
+    text = json.dumps(wire)
+    if len(text) > MAX_VALUE_BYTES:
+        raise ValueError(f"a {message.TYPE!r} message of {len(text)} bytes, over the "
+                         f"{MAX_VALUE_BYTES} a control message may take")
+    i = store.add("evq", 1) - 1
+    store.set(f"evq/{i}", text)
 
 
 class EventReader:
@@ -282,7 +309,7 @@ class EventReader:
         self.store, self.seen, self.deleted = store, 0, 0
         self.bell = Doorbell(store, "evq", 0)
 
-    def drain(self) -> list[tuple[dict[str, Any], bytes | None]]:
+    def drain(self) -> list[dict[str, Any]]:
         out = []
         count = self.store.add("evq", 0)
         while self.seen < count:
@@ -290,12 +317,7 @@ class EventReader:
             raw = self.store.get(key) if has(self.store, key) else CLOSED.encode()
             if raw == CLOSED.encode():
                 break  # its poster took the number but has not written it yet
-            event = json.loads(raw)
-            key, blob = event.pop("blob", None), None  # transport only: not the message's
-            if key is not None:
-                blob = self.store.get(key)
-                self.store.delete_key(key)
-            out.append((event, blob))
+            out.append(json.loads(raw))
             self.seen += 1
         while self.deleted < min(self.seen, self.bell.start + self.bell.rung):
             self.store.delete_key(f"evq/{self.deleted}")

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import safetensors.torch
 import torch
 import torch.distributed as dist
 
@@ -37,23 +36,24 @@ from trainthrough.dp.reference import failure_free
 from trainthrough.dp.relaxed import RelaxedReplica, SyncSpec, inner_step, outer_step
 from trainthrough.dp.repair import complete, share_state
 from trainthrough.dp.step import InFlight, StepSpec, train_step
+from trainthrough.engines.evaluation import EvalPolicy
 from trainthrough.engines.gloo.checkpoints import RankSaves
-from trainthrough.engines.gloo.evals import RankEvals
+from trainthrough.engines.gloo.evals import RankEvals, Scorer
 from trainthrough.engines.gloo.faults import Injector
 from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.messages import (
     Before,
-    Metrics,
-    Params,
     Reformed,
     Resumed,
     StepCompleted,
 )
 from trainthrough.engines.gloo.protocol import Doorbell, Plan, post
+from trainthrough.errors import UserError
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import resolve
 from trainthrough.workloads import make_workload
+from trainthrough.workloads.base import Evaluation
 
 
 class Trainer:
@@ -63,12 +63,17 @@ class Trainer:
     (:meth:`for_workload`) or the user's own model
     (:class:`~trainthrough.dp.module_replica.ModuleReplica`, :mod:`trainthrough.loop`);
     ``samples`` is the training set's size, ``batch_size`` the per-rank batch.
+    ``scorer``: what evaluates any parameters (the workload: the first member scores
+    its replica and its look-back copies in place); None for a user's loop, whose
+    :attr:`evaluate_here` scores the live model. ``x0``: the initial parameters, made
+    when needed (a restart from x0 measures its perturbation against them).
     """
 
     def __init__(self, cfg: RunConfig, slot: int, store: dist.TCPStore,
                  orders: list[dict[str, object]], t0: float, checkpoint_url: str,
                  replica: Replica, samples: int, batch_size: int, checkpoint_every: int,
-                 mean: bool = True, joining: bool = False) -> None:
+                 mean: bool = True, joining: bool = False, scorer: Scorer | None = None,
+                 x0: Callable[[], Tensors] | None = None) -> None:
         self.cfg, self.slot, self.store = cfg, slot, store
         self.inj = Injector(orders, store, t0, logical=lambda: self.logical,
                             local_steps=self._local_steps)
@@ -82,7 +87,12 @@ class Trainer:
         self.stream = SampleStream(samples, cfg.seed)
         self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
-        self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets), mean)
+        numel = replica.layout.numel
+        if not 1 <= cfg.allreduce_buckets <= numel:  # a user's model is known here only
+            raise UserError(f"allreduce_buckets (--allreduce-buckets) must be between 1 and "
+                            f"the {numel} elements of the model's gradient "
+                            f"(got {cfg.allreduce_buckets})")
+        self.spec = StepSpec(make_buckets(numel, cfg.allreduce_buckets), mean)
         self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica, checkpoint_every,
                                lambda saved: post(store, saved))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
@@ -95,12 +105,18 @@ class Trainer:
         self.resumed = False  # a recovery waits for its first committed step
         self.history: list[tuple[int, int, list[int]]] = []  # (logical, attempt, members)
         self.attempt = -1  # the group incarnation this process is in
-        self.evaluate_here: Callable[[], dict[str, float]] | None = None
+        self.scorer, self.x0 = scorer, x0
+        # A user's loop: its own evaluation of its live model, on the first member.
+        self.evaluate_here: Callable[[], Evaluation] | None = None
         # A user's loop: called with (the epoch of the batch, committed steps) before
         # each step's first micro-batch, on every member (its epoch and eval callbacks).
         self.before_step: Callable[[int, int], None] | None = None
         self._bell: Doorbell | None = None  # the controller's requests, once we lead
-        self.evals = RankEvals(cfg.eval_every or 1, store)  # as the first member
+        # As the first member. The controller resolved eval_every and the target into
+        # the config every rank gets (controller.run).
+        self.evals = RankEvals(EvalPolicy(cfg.eval_every or 1, keep_bytes=cfg.lookback_bytes),
+                               store, scorer,
+                               cfg.target if cfg.target is not None else float("nan"))
 
     @classmethod
     def for_workload(cls, cfg: RunConfig, slot: int, store: dist.TCPStore,
@@ -109,11 +125,13 @@ class Trainer:
         """A trainer of the run's trainthrough workload (``cfg.workload``)."""
         w = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
         spec = w.default_optimizer if cfg.lr is None else replace(w.default_optimizer, lr=cfg.lr)
-        x0 = w.init_params(torch.Generator().manual_seed(cfg.seed))
+        def x0() -> Tensors:
+            return w.init_params(torch.Generator().manual_seed(cfg.seed))
+
         return cls(cfg, slot, store, orders, t0, checkpoint_url,
-                   Rank(slot, w, spec, x0, cfg.seed), w.sample_count() or 0, w.batch_size,
+                   Rank(slot, w, spec, x0(), cfg.seed), w.sample_count() or 0, w.batch_size,
                    cfg.checkpoint_every or w.default_checkpoint_every,
-                   mean=w.aggregate == "mean", joining=joining)
+                   mean=w.aggregate == "mean", joining=joining, scorer=w, x0=x0)
 
     # -- around failures ----------------------------------------------------------
     def restore(self, step: int | None) -> None:
@@ -157,12 +175,15 @@ class Trainer:
                                       perturbation=norm))
 
     def post_before(self) -> None:
-        """The group restarts: send the replica as it was before the interrupted step
-        (as it is: an uncommitted step never touched it), the restart's reference.
-        A checkpoint still being written is finished first: the restart may load it."""
+        """The group restarts: measure the restart's perturbation, from the replica as
+        it was before the interrupted step (as it is: an uncommitted step never touched
+        it) to the checkpoint the restart will load, and send that number (the replica
+        itself is model-sized: it never goes through the store). A checkpoint still
+        being written is finished first: the restart may load it."""
         self.saves.flush()
-        post(self.store, Before(), _blob(self.replica.params))
-        self.evals.leave(restart=True)
+        self.evals.restart()  # the state the failure struck, evaluated first: the cheaper
+        step, norm = self.saves.restart_perturbation(self.replica.params, self.x0)
+        post(self.store, Before(step=step, perturbation=norm))
 
     def _share_state(self, g: Group, holder: bool) -> None:
         """Every member takes a holder's replica and counters (a replacement joins, or
@@ -289,25 +310,29 @@ class Trainer:
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
         # Relaxed sync: the parameters evaluated change only at outer steps, so one
         # look-back copy per outer step (the step it follows) is all there is to keep.
-        keep = self.evaluate_here is None and (self.sync is None or bool(self.pending_outer))
+        keep = self.sync is None or bool(self.pending_outer)
         if self.evals.after_commit(self.executed, self.logical, self.applied,
                                    self.shown(), recovered, keep=keep):
             self.post_params()
 
     def post_params(self, final: bool = False) -> None:
-        """Send the parameters to the controller, which evaluates them (a user's loop
-        evaluates its own model here, :attr:`evaluate_here`, and sends the metrics).
-        The last one (``final``) first leaves the copies kept for look-backs."""
-        if final:
+        """Evaluate the replica here, in place, and send the scores to the controller
+        (the workload's ``evaluate`` of :meth:`shown`, or a user's loop's own,
+        :attr:`evaluate_here`). The last one (``final``) leaves the copies kept for
+        look-backs first; an iteration evaluated already is not evaluated again."""
+        if final and self.evals.posted == self.executed:
             self.evals.leave()
-        if self.evaluate_here is not None:
-            scored = self.evaluate_here()
-            post(self.store, Metrics(iteration=self.executed, logical=self.logical, final=final,
-                                     applied=self.applied, metric=scored["metric"],
-                                     loss=scored["loss"]))
             return
-        post(self.store, Params(iteration=self.executed, logical=self.logical, final=final,
-                                applied=self.applied), _blob(self.shown()))
+        ev = self._evaluate()
+        if final:
+            self.evals.leave((self.executed, ev))
+        self.evals.post(self.executed, self.logical, self.applied, ev, final=final)
+
+    def _evaluate(self) -> Evaluation:
+        if self.evaluate_here is not None:
+            return self.evaluate_here()
+        assert self.scorer is not None  # a workload's trainer has one, a loop's evaluate_here
+        return self.scorer.evaluate(self.shown())
 
     def finish(self) -> dict[str, Any]:
         """What every rank reports at the end: counters and a hash of its replica."""
@@ -318,8 +343,3 @@ class Trainer:
             h.update(shown[n].cpu().numpy().tobytes())
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps}
-
-
-def _blob(params: Tensors) -> bytes:
-    """Parameters as safetensors bytes (nothing crosses processes pickled)."""
-    return safetensors.torch.save({n: v.detach().cpu().contiguous() for n, v in params.items()})
