@@ -68,6 +68,7 @@ class Settings:
     checkpoint_every: int | None = None
     out: str = ""
     workload: str = ""  # a TorchWorkload by reference, instead of the GPT
+    executed: int = 0  # a workload's run: executed steps to reach ``steps`` (0: steps)
 
     @staticmethod
     def from_env() -> Settings:
@@ -143,6 +144,9 @@ def val_loss(model: torch.nn.Module, s: Settings, device: torch.device) -> float
 @training_loop(metric="val_loss", direction="min", eval_every=10**6)
 def train(loop: Loop) -> dict[str, Any]:
     s = Settings.from_env()
+    if loop.device.type != s.device:  # scale.py hides the GPUs for --device cpu
+        raise RuntimeError(f"--device {s.device}, but the run put rank {loop.rank} on "
+                           f"{loop.device}")
     torch.manual_seed(s.seed)
     model = GPT(gpt_config(s)).to(loop.device)
     opt = _optimizer(model)
@@ -187,7 +191,8 @@ def run_workload(out: Path) -> None:
     s = Settings.from_env()
     cfg = RunConfig(workload=s.workload, paradigm="dp", engine="gloo", ranks=s.ranks,
                     strategy=s.strategy, failures=[s.fail] if s.fail else [], seed=s.seed,
-                    max_iterations=s.steps, eval_every=eval_every(s), stop_at_target=False,
+                    max_iterations=s.executed or s.steps, eval_every=eval_every(s),
+                    stop_at_target=False,
                     checkpoint_every=s.checkpoint_every, device=s.device)
     summary = runner.run(cfg, Path(s.out), overwrite=True)
     out.write_text(json.dumps({"summary": summary, "returned": None,
@@ -199,12 +204,12 @@ def eval_every(s: Settings) -> int:
 
 
 # -- plain DDP, the floor --------------------------------------------------------------
-def _ddp_model(s: Settings, dev: torch.device) -> tuple[torch.nn.Module, Any, Any, Any]:
-    """The model, its loss, optimizer and per-rank data, as ours trains them."""
+def _ddp_model(s: Settings, dev: torch.device) -> tuple[torch.nn.Module, Any, Any, Any, int]:
+    """The model, its loss, optimizer, data and per-rank batch, as ours trains them."""
     if not s.workload:
         torch.manual_seed(s.seed)
         model = GPT(gpt_config(s)).to(dev)
-        return model, lambda m, x, y: m(x, y)[1], _optimizer(model), train_data(s)
+        return model, lambda m, x, y: m(x, y)[1], _optimizer(model), train_data(s), s.batch
     from trainthrough.workloads import make_workload
 
     w = make_workload(s.workload, seed=s.seed)
@@ -223,7 +228,8 @@ def _ddp_model(s: Settings, dev: torch.device) -> tuple[torch.nn.Module, Any, An
     else:
         raise SystemExit(f"scale: a {spec.kind!r} optimizer has no plain-DDP twin")
     data = TensorDataset(w.x_train, w.y_train)  # type: ignore[attr-defined]
-    return model, lambda m, x, y: w.loss_fn(m(x), y), opt, data  # type: ignore[attr-defined]
+    return (model, lambda m, x, y: w.loss_fn(m(x), y), opt, data,  # type: ignore[attr-defined]
+            w.batch_size)
 
 
 def ddp_rank(rank: int, world: int, port: int, out: Path) -> None:
@@ -235,14 +241,9 @@ def ddp_rank(rank: int, world: int, port: int, out: Path) -> None:
         torch.cuda.set_device(dev)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
-    model, loss_fn, opt, data = _ddp_model(s, dev)
+    model, loss_fn, opt, data, batch = _ddp_model(s, dev)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    batch = s.batch
-    if s.workload:
-        from trainthrough.workloads import make_workload
-
-        batch = make_workload(s.workload, seed=s.seed).batch_size
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True,
                                  seed=s.seed, drop_last=True)
     times: list[float] = []

@@ -65,7 +65,7 @@ def _spread(xs: list[float | None], fmt: str) -> str:
 
 
 def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+    return "-" if n is None else f"{n / 2**20:.3g} MiB"
 
 
 def peak_rss(run: Run) -> int | None:
@@ -191,8 +191,8 @@ def _kill_rows(size: str, strategy: str, k: dict[str, Any], step: float | None,
     stall = k.get("stall")
     limit = step + STALL_SLACK if step is not None else None
     out.append(Row(f"{name}: stall, death to next commit",
-                   "-" if stall is None else f"{stall:.2f} s",
-                   "-" if step is None else f"step {step:.2f} s",
+                   "-" if stall is None else f"{stall:.3g} s",
+                   "-" if step is None else f"step {step:.3g} s",
                    target=f"<= step + {STALL_SLACK:g} s" if strategy == "rollback" else "",
                    result=_verdict(stall is not None and limit is not None and stall <= limit)
                    if strategy == "rollback" else "info"))
@@ -233,13 +233,16 @@ def _rate_row(check: str, ours: dict[str, Any] | None, plain: dict[str, Any] | N
     def mbs(x: dict[str, Any] | None) -> float | None:
         return x["bytes"] / x["seconds"] / 1e6 if x and x.get("bytes") and x.get("seconds") else None
 
+    def rate(x: float) -> str:
+        return f"{x:.3g} MB/s"
+
     o, p = mbs(ours), mbs(plain)
     ratio = o / p if o and p else None
     target = f">= {share:.0%} of {what}" + ("" if counted else f" (at {WRITE_SIZE})")
     return Row(check,
                "-" if not ours or o is None else
-               f"{_mb(ours['bytes'])} in {ours['seconds']:.2f} s = {o:.0f} MB/s",
-               "-" if p is None or plain is None else f"{p:.0f} MB/s ({plain['seconds']:.2f} s)",
+               f"{_mb(ours['bytes'])} in {ours['seconds']:.3g} s = {rate(o)}",
+               "-" if p is None or plain is None else f"{rate(p)} ({plain['seconds']:.3g} s)",
                "-" if ratio is None else f"{ratio:.0%}", target,
                _verdict(ratio is not None and ratio >= share) if counted else "info")
 

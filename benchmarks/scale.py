@@ -272,7 +272,20 @@ def plain_write(nbytes: int, folder: Path) -> dict[str, Any]:
 
 
 # -- one size ---------------------------------------------------------------------------
-def measure(s: Settings, out: Path, repeats: int, max_wall: float) -> dict[str, Any]:
+def executed(strategy: str, steps: int, kill: int, every: int) -> int:
+    """The executed steps that end a workload's run (``max_iterations`` counts them) at
+    ``steps`` committed ones after the kill at attempt ``kill``: the interrupted step
+    counts once more under rollback, and checkpoint-restart redoes the steps since the
+    save it restores (saves follow the commits every ``every`` steps)."""
+    if strategy == "rollback":
+        return steps + 1
+    if strategy == "checkpoint-restart":
+        return steps + 1 + kill - kill // every * every
+    return steps
+
+
+def measure(s: Settings, out: Path, repeats: int, max_wall: float,
+            label: str) -> dict[str, Any]:
     """Every run of one size; its figures (what :func:`_scale_table.rows` takes)."""
     kill = s.steps * 2 // 5
     every = max(1, s.steps // 6)
@@ -281,14 +294,12 @@ def measure(s: Settings, out: Path, repeats: int, max_wall: float) -> dict[str, 
     if not s.workload:
         fig["parameters"] = parameters(s)
     total, n = 2 * repeats + len(STRATEGIES), 0
-    free: Run | None = None
     for i in range(repeats):
         for kind in (("ours", "ddp") if i % 2 == 0 else ("ddp", "ours")):
             n += 1
-            say(f"{s.size}: {kind} failure-free, round {i + 1} ({n}/{total}) ...")
+            say(f"{label}: {kind} failure-free, round {i + 1} ({n}/{total}) ...")
             if kind == "ours":
                 r = ours(replace(s, out=str(out / f"free-{i}")), max_wall)
-                free = free if free is not None and free.ok else r
                 got = {"steps_per_s": free_rate(r, WARM), "peak_rss": peak_rss(r),
                        "loss": final_loss(r), "error": r.error or _unclean(r, s.steps),
                        "wall": r.wall}
@@ -300,10 +311,11 @@ def measure(s: Settings, out: Path, repeats: int, max_wall: float) -> dict[str, 
                                   f"{(got.get('peak_rss') or 0) / 2**20:.0f} MiB"))
     for strategy in STRATEGIES:
         n += 1
-        say(f"{s.size}: SIGKILL of rank 0 at step {kill}, {strategy} ({n}/{total}) ...")
+        say(f"{label}: SIGKILL of rank 0 at step {kill}, {strategy} ({n}/{total}) ...")
         r = ours(replace(s, out=str(out / strategy), strategy=strategy,
                          fail=f"rank=0@iter={kill},phase=allreduce:0",
-                         checkpoint_every=every if strategy == "checkpoint-restart" else None),
+                         checkpoint_every=every if strategy == "checkpoint-restart" else None,
+                         executed=executed(strategy, s.steps, kill, every) if s.workload else 0),
                  max_wall)
         k = fig["kills"][strategy] = kill_figures(r, strategy, s.steps)
         log = (out / strategy).with_suffix(".log")
@@ -314,11 +326,11 @@ def measure(s: Settings, out: Path, repeats: int, max_wall: float) -> dict[str, 
                                  f"final loss {k.get('loss')}"))
     joined = [k["join"]["bytes"] for k in fig["kills"].values() if k.get("join", {}).get("bytes")]
     if joined:
-        say(f"{s.size}: plain broadcast of {joined[0] / 2**20:.0f} MiB ...")
+        say(f"{label}: plain broadcast of {joined[0] / 2**20:.0f} MiB ...")
         fig["bcast"] = plain_broadcast(s, joined[0], out, max_wall)
     ckpt = fig["kills"].get("checkpoint-restart", {}).get("checkpoint")
     if ckpt:
-        say(f"{s.size}: plain crash-safe write of {ckpt['bytes'] / 2**20:.0f} MiB ...")
+        say(f"{label}: plain crash-safe write of {ckpt['bytes'] / 2**20:.0f} MiB ...")
         where = out / "checkpoint-restart" / "checkpoints"
         fig["disk"] = plain_write(ckpt["bytes"], where if where.is_dir() else out)
     return fig
@@ -385,9 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         s = Settings(size="10M" if a.workload else size, block=a.block, batch=a.batch,
                      steps=a.steps, device=a.device, workload=a.workload or "")
         label = a.workload if a.workload else f"{size} ({parameters(s) / 1e6:.1f}M parameters)"
-        say(f"== {label}: {a.steps} steps, block {a.block}, batch {a.batch} per rank, "
-            f"2 ranks, {a.device}")
-        fig = measure(s, out / size, a.repeats, a.max_wall)
+        shape = "" if a.workload else f", block {a.block}, batch {a.batch} per rank"
+        say(f"== {label}: {a.steps} steps{shape}, 2 ranks, {a.device}")
+        fig = measure(s, out / size, a.repeats, a.max_wall, size)
         table = rows(size, fig)
         results["sizes"][size] = {"figures": fig, "rows": [asdict(r) for r in table]}
         print(render(f"{label}, {a.device}, 2 ranks, {a.repeats} rounds", table), flush=True)
