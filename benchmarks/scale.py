@@ -9,8 +9,8 @@
 The model (benchmarks/_scale_gpt.py): GPT-2-shaped (causal self-attention, learned
 positions, tied embeddings, GPT-2's 50,257-token vocabulary) at 10M (6 layers, 160 wide,
 5 heads), 50M (8, 512, 8) and 124M parameters (GPT-2 small: 12, 768, 12), AdamW with
-weight-decay groups and gradient clipping, on synthetic Markov-chain tokens (no
-network). Trained on 2 ranks over gloo:
+weight-decay groups and gradient clipping, on synthetic tokens (Zipf-distributed, half
+of them chained; no network). Trained on 2 ranks over gloo:
 
 - ours: through ``trainthrough.loop`` (``launch()`` with its defaults, the user's own
   loop), or with ``--workload file.py:build`` a ``TorchWorkload`` as
