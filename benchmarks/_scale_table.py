@@ -64,8 +64,13 @@ def _spread(xs: list[float | None], fmt: str) -> str:
     return mid if len(got) == 1 else f"{mid} [{min(got):{fmt}}-{max(got):{fmt}}]"
 
 
+def _num(x: float) -> str:
+    """Three significant digits, without an exponent from 100 on."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.3g} MiB"
+    return "-" if n is None else f"{_num(n / 2**20)} MiB"
 
 
 def peak_rss(run: Run) -> int | None:
@@ -234,7 +239,7 @@ def _rate_row(check: str, ours: dict[str, Any] | None, plain: dict[str, Any] | N
         return x["bytes"] / x["seconds"] / 1e6 if x and x.get("bytes") and x.get("seconds") else None
 
     def rate(x: float) -> str:
-        return f"{x:.3g} MB/s"
+        return f"{_num(x)} MB/s"
 
     o, p = mbs(ours), mbs(plain)
     ratio = o / p if o and p else None

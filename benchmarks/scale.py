@@ -79,7 +79,7 @@ from _scale_table import (  # noqa: E402
 )
 
 PROGRAM = str(HERE / "_scale_gpt.py")
-QUICK = {"sizes": "10M", "block": 128, "batch": 2, "steps": 24, "repeats": 2, "max_wall": 300}
+QUICK = {"sizes": "10M", "block": 64, "batch": 2, "steps": 20, "repeats": 2, "max_wall": 300}
 DEFAULTS = {"sizes": ",".join(SHAPES), "block": 256, "batch": 4, "steps": 30, "repeats": 3,
             "max_wall": 1800}
 PLAIN_REPEATS = 3
@@ -340,7 +340,7 @@ def measure(s: Settings, out: Path, repeats: int, max_wall: float,
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
-                   help=f"10M only, block 128, batch 2, 24 steps, 2 rounds ({QUICK})")
+                   help=f"10M only, block 64, batch 2, 20 steps, 2 rounds ({QUICK})")
     p.add_argument("--sizes", help=f"comma-separated, of {', '.join(SHAPES)} (default: all)")
     p.add_argument("--repeats", type=int, help="failure-free rounds of each (default 3)")
     p.add_argument("--steps", type=int, help="steps a run (default 30; at least 10)")
@@ -364,6 +364,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     if a.workload and (a.sizes or a.block or a.batch):
         refuse("--workload trains the workload's own model and batch: drop --sizes, "
                 "--block and --batch")
+    if a.workload and a.device == "cuda":
+        refuse("--workload runs a TorchWorkload, which trains on the CPU (the engine's own "
+               "workloads do): --device cuda applies to the GPT's loop only")
     for k, v in base.items():
         if getattr(a, k) is None:
             setattr(a, k, v)

@@ -135,6 +135,7 @@ def test_a_crashed_size_is_a_miss_with_the_ranks_error() -> None:
     (["--sizes", "7M"], "unknown size '7M'"),
     (["--workload", "x.py:build", "--sizes", "10M"], "drop --sizes"),
     (["--steps", "5"], "--steps at least 10"),
+    (["--workload", "x.py:build", "--device", "cuda"], "trains on the CPU"),
 ])
 def test_bad_arguments_are_refused_in_one_line(argv: list[str], says: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
