@@ -99,6 +99,20 @@ def free_rate(run: Run, warm: int) -> float | None:
     return (seen[-1][0] - seen[0][0]) / (seen[-1][1] - seen[0][1])
 
 
+def unplanned(events: list[dict[str, Any]], planned: int) -> str:
+    """What broke the group beyond the ``planned`` kills, in words ('' if nothing): a
+    rank lost that nobody killed, or a group broken with every member alive (a
+    detection naming no lost rank: a collective timed out)."""
+    seen = [e for e in events if e["type"] == "detection"]
+    lost = [e for e in seen if e.get("failed")][planned:]
+    alive = [e for e in seen if not e.get("failed")]
+    words = [f"{'+'.join(e['failed'])} lost at step {e.get('iteration')} and nobody killed it"
+             for e in lost[:1]]
+    words += [f"{len(alive)} time(s) the group broke with every rank alive (a collective "
+              f"timed out), first at step {alive[0].get('iteration')}"] if alive else []
+    return "; ".join(words)
+
+
 def kill_figures(run: Run, strategy: str, steps: int) -> dict[str, Any]:
     """One recovered run: whether the recovery completed (and why not), the stall (the
     ``failure`` record to the next ``training-resumed``, the group's next committed
@@ -106,7 +120,7 @@ def kill_figures(run: Run, strategy: str, steps: int) -> dict[str, Any]:
     writes, the restart, the final loss and the peak RSS."""
     f: dict[str, Any] = {"strategy": strategy, "ok": run.ok, "error": run.error}
     ev = run.events
-    fails = [e for e in ev if e["type"] == "failure"]
+    fails = [e for e in ev if e["type"] == "failure"]  # the planned kill
     if fails:
         t = float(fails[0]["wall_seconds"])
         back = [float(e["wall_seconds"]) for e in ev
@@ -142,6 +156,9 @@ def kill_figures(run: Run, strategy: str, steps: int) -> dict[str, Any]:
             problems.append(f"{s.get('logical_iterations')} steps committed, not {steps}")
         if strategy != "checkpoint-restart" and not s.get("ranks_joined"):
             problems.append("no replacement joined before the end")
+    broke = unplanned(ev, 1)
+    if broke:
+        problems.append(broke)
     f["problems"] = problems
     return f
 
@@ -162,8 +179,9 @@ def rows(size: str, fig: dict[str, Any]) -> list[Row]:
                    _spread([r.get("steps_per_s") for r in ddp], ".3g"),
                    "-" if ratio is None else f"{ratio:.2f}x", f">= {FREE_RATIO}x DDP",
                    _verdict(ratio is not None and ratio >= FREE_RATIO)))
-    if crashed and ratio is None:
-        out[-1].ours = f"crashed: {crashed[0]}"
+    if crashed:  # a run that crashed, or was not failure-free, misses whatever the rest did
+        out[-1].result = "MISS"
+        out[-1].ours = (f"{out[-1].ours}; " if ratio is not None else "") + crashed[0]
     o_rss, d_rss = _median([r.get("peak_rss") for r in ours]), _median(
         [r.get("peak_rss") for r in ddp])
     rss_ratio = o_rss / d_rss if o_rss and d_rss else None

@@ -76,6 +76,7 @@ from _scale_table import (  # noqa: E402
     peak_rss,
     render,
     rows,
+    unplanned,
 )
 
 PROGRAM = str(HERE / "_scale_gpt.py")
@@ -172,9 +173,13 @@ def ours(s: Settings, max_wall: float) -> Run:
     while p.poll() is None:
         time.sleep(0.5)
         events = _jsonl(folder / "events.jsonl")
-        lost = sum(e["type"] == "detection" for e in events)
-        if lost > planned:
-            error = f"a rank was lost that nobody killed ({lost} detections): {_why(log)}"
+        # A rank lost that nobody killed (a crash, and a crash loop after it) ends the
+        # run here; a group broken with nobody lost (a collective timeout) goes on, and
+        # the table says so.
+        lost = [e for e in events if e["type"] == "detection" and e.get("failed")]
+        if len(lost) > planned:
+            error = (f"{'+'.join(lost[planned]['failed'])} lost at step {lost[planned]['iteration']}"
+                     f" and nobody killed it: {_why(log)}")
         elif time.time() - t0 > max_wall:
             error = f"stopped at --max-wall {max_wall:g} s"
         if error:
@@ -217,7 +222,8 @@ def _unclean(r: Run, steps: int) -> str:
     if x.get("failures") or x.get("logical_iterations") != steps or not x.get("replicas_identical"):
         return (f"{x.get('failures')} failures, {x.get('logical_iterations')} of {steps} steps, "
                 f"replicas identical: {x.get('replicas_identical')}")
-    return ""
+    broke = unplanned(r.events, 0)
+    return f"not failure-free: {broke}" if broke else ""
 
 
 def ddp(s: Settings, folder: Path, max_wall: float) -> dict[str, Any]:

@@ -25,7 +25,7 @@ def _recovered(strategy: str, loss: float, rss: int = 700 * 2**20) -> Run:
         {"type": "checkpoint", "bytes": 100_000_000, "blocked_seconds": 0.5, "wall_seconds": 5.0},
         {"type": "checkpoint", "bytes": 100_000_000, "blocked_seconds": 0.3, "wall_seconds": 8.0},
         {"type": "failure", "ids": [0], "wall_seconds": 10.0},
-        {"type": "detection", "wall_seconds": 10.1},
+        {"type": "detection", "iteration": 9, "failed": ["rank0"], "wall_seconds": 10.1},
         {"type": "training-resumed", "iteration": 9, "wall_seconds": 11.5},
         {"type": "training-resumed", "iteration": 15, "wall_seconds": 20.0},
     ]
@@ -161,3 +161,13 @@ def test_a_workloads_run_executes_what_its_recovery_redoes() -> None:
     assert scale.executed("rollback", 24, 9, 4) == 25  # the interrupted step again
     assert scale.executed("checkpoint-restart", 24, 9, 4) == 26  # step 9 and the interrupted
     assert scale.executed("checkpoint-restart", 24, 8, 4) == 25  # saved right before it
+
+
+def test_a_group_broken_with_nobody_lost_is_not_a_clean_recovery() -> None:
+    run = _recovered("rollback", 4.0)
+    run.events.insert(0, {"type": "detection", "iteration": 2, "failed": [],
+                          "survivors": [0, 1], "wall_seconds": 3.0})
+    problems = table.kill_figures(run, "rollback", STEPS)["problems"]
+    assert problems == ["1 time(s) the group broke with every rank alive (a collective "
+                        "timed out), first at step 2"]
+    assert table.unplanned(run.events, 0).startswith("rank0 lost at step 9 and nobody")
