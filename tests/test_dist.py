@@ -72,7 +72,14 @@ def test_crash_in_allreduce_reform_rejoin_and_reach_the_target(tmp_path: Path) -
     assert rec.failed == ["rank1"] and rec.at_iteration == 10
     # The group grew back to N and every replica holds the same bits.
     assert x["ranks_min"] == 3 and x["ranks_final"] == 4 and x["ranks_joined"] == 1
-    assert cb.of("rank-joined")[0]["slots"] == [1] and x["replicas_identical"]
+    joined = cb.of("rank-joined")[0]
+    assert joined["slots"] == [1] and x["replicas_identical"]
+    # The state share is recorded: at least the parameters' bytes, within the join.
+    assert e.saves.x0 is not None
+    nbytes = sum(v.numel() * v.element_size() for v in e.saves.x0.values())
+    assert joined["bytes"] >= nbytes and 0 < joined["transfer_seconds"] < joined["join_seconds"]
+    # Every slot's last process ended normally and said how large it grew.
+    assert all(b > 100 * 2**20 for b in x["peak_rss_bytes"]), x["peak_rss_bytes"]
     assert all(p.exitcode is not None for p in e.procs.started)
     # Same math as sim: rollback keeps the global batch, so at every logical step the
     # model is the failure-free one (up to float summation order across processes).

@@ -263,10 +263,11 @@ class RankJoined(Event):
     type: ClassVar[str] = "rank-joined"
     ranks: list[int]  #: the group after the join
     slots: list[int]  #: the joiners
-    bytes: int | None = None  #: sim: state sent to the joiners
+    bytes: int | None = None  #: state sent to the joiners
     n: int | None = None  #: gloo: the group's incarnation
     action: str | None = None  #: gloo: ``join``
     join_seconds: float | None = None  #: gloo: from the request to grow
+    transfer_seconds: float | None = None  #: gloo: the first member's time in the state share
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,7 @@ class GlooEngine:
         self.stopping = False
         self.logical = self.iteration = 0  # the latest the ranks told us of
         self.hashes: dict[int, str] = {}
+        self.peak_rss: dict[int, int] = {}  # slot -> the largest of its processes' peaks
         self.outer_steps = 0  # relaxed sync: the most any rank completed
         self.histories: dict[int, list[list[Any]]] = {}  # slot -> committed (logical, attempt, members)
         self.returned: dict[int, Any] = {}  # a user's loop: what train() returned, by slot
@@ -235,6 +236,7 @@ class GlooEngine:
             return
         if isinstance(m, Exit):
             self.hashes[m.slot] = m.params_sha256
+            self.peak_rss[m.slot] = max(self.peak_rss.get(m.slot, 0), m.peak_rss)
             self.outer_steps = max(self.outer_steps, m.outer_steps)
             self.histories.setdefault(m.slot, []).extend(m.history)
             self.result.iterations = max(self.result.iterations, m.executed)
@@ -280,6 +282,7 @@ class GlooEngine:
             detection_seconds=log.detections, reform_seconds=log.reform_times,
             restart_seconds=log.restart_times,
             replicas_identical=bool(hashes) and None not in hashes and len(set(hashes)) == 1,
+            peak_rss_bytes=[self.peak_rss.get(s) for s in range(self.cfg.ranks)],
             store_address=f"{self.host}:{self.store.port}",
             time_to_target=r.sim_seconds_to_target)
         if self.ctx.strategy.relaxed:

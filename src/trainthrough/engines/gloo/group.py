@@ -66,6 +66,7 @@ class Group:
         # Where the backend reduces: host memory (gloo) or the replica's GPU (NCCL).
         self.wire = device if backend == "nccl" and device is not None else torch.device("cpu")
         self.formed = False
+        self.broadcast_bytes = 0  # what :meth:`broadcast` moved (a joiner's state transfer)
 
     def form(self) -> None:
         """Rendezvous and check the group with one small collective.
@@ -122,6 +123,7 @@ class Group:
 
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with those of member ``src``."""
+        self.broadcast_bytes += sum(x.numel() * x.element_size() for x in tensors)
         for x in tensors:
             wire = x if x.device == self.wire else x.to(self.wire)
             self._run(partial(dist.broadcast, wire, src=src, async_op=True))

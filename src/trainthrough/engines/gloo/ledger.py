@@ -75,7 +75,8 @@ class RecoveryLog:
             self.join_times.append(t - self.t_grow)
             self.joined += len(self.last_joined)
             return RankJoined(n=m.n, ranks=m.ranks, action="join",
-                              join_seconds=t - self.t_grow, slots=self.last_joined)
+                              join_seconds=t - self.t_grow, slots=self.last_joined,
+                              bytes=m.state_bytes, transfer_seconds=m.transfer_seconds)
         if isinstance(m, Reformed):
             self.reform_times.append(t - self.t_detect)
             for rec in self.open:  # measured by the first member of the recovering group

@@ -78,7 +78,8 @@ class Returned(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class Exit(Message):
-    """A rank process's last words: counters, a hash of its replica, its commits."""
+    """A rank process's last words: counters, a hash of its replica, its commits, and
+    its peak resident set size in bytes (``peak_rss``; 0 where the platform has none)."""
 
     TYPE = "exit"
     slot: int
@@ -86,6 +87,7 @@ class Exit(Message):
     logical: int
     params_sha256: str
     outer_steps: int = 0
+    peak_rss: int = 0
     history: list[list[Any]] = field(default_factory=list)  # (logical, attempt, members)
 
 
@@ -147,13 +149,16 @@ class Failed(Message):
 @dataclass(frozen=True, kw_only=True)
 class Reformed(Message):
     """The first member of attempt ``n`` carried out its plan's ``action``;
-    ``perturbation``: measured after a rollback or lossy re-formation."""
+    ``perturbation``: measured after a rollback or lossy re-formation; a ``join``: the
+    bytes of the state share and the seconds the first member spent in it."""
 
     TYPE = "reformed"
     n: int
     ranks: list[int]
     action: str
     perturbation: float | None = None
+    state_bytes: int | None = None
+    transfer_seconds: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

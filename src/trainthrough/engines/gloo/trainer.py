@@ -20,6 +20,8 @@ as ``sim`` does) and saves checkpoints (:class:`~.checkpoints.RankSaves`).
 from __future__ import annotations
 
 import hashlib
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -152,8 +154,11 @@ class Trainer:
         # What the failure-free group would hold once this recovery is done: the
         # replica itself while the interrupted step is outstanding (never applied).
         reference = self.replica.params
+        transfer: tuple[int, float] | None = None
         if plan.action == "join":
+            t, sent = time.perf_counter(), g.broadcast_bytes
             self._share_state(g, holder=not self.joining)
+            transfer = (g.broadcast_bytes - sent, time.perf_counter() - t)
         elif plan.action == "lossy" and plan.complete and fl is not None:
             full = run_blocking(failure_free(self.replica, fl, g, self.spec, plan.buckets_done))
             dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
@@ -172,7 +177,9 @@ class Trainer:
             norm = (perturbation(reference, self.replica.params)[0]
                     if plan.action in ("rollback", "lossy") else None)
             post(self.store, Reformed(n=plan.n, ranks=list(g.members), action=plan.action,
-                                      perturbation=norm))
+                                      perturbation=norm,
+                                      state_bytes=transfer[0] if transfer else None,
+                                      transfer_seconds=transfer[1] if transfer else None))
 
     def post_before(self) -> None:
         """The group restarts: measure the restart's perturbation, from the replica as
@@ -342,4 +349,17 @@ class Trainer:
         for n in sorted(shown):
             h.update(shown[n].cpu().numpy().tobytes())
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
-                "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps}
+                "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps,
+                "peak_rss": peak_rss()}
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes (0 where ``resource`` is missing).
+    A rank forked from the zygote starts from the zygote's size at the fork, as a plain
+    process starts from its own imports."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(kib) * (1 if sys.platform == "darwin" else 1024)  # macOS reports bytes
