@@ -45,7 +45,8 @@ class RunSpec:
     the controller's store; ``t0``: the run's start (wall clock, for @time triggers);
     ``loop``: a user's own loop by reference (None: a workload's step); ``net``: where
     the rank's gloo binds (net.py); ``collective``/``gpus_per_rank``: dp/devices.py's
-    choice for every rank."""
+    choice for every rank; ``heartbeat``: seconds between the process's heartbeats
+    (liveness.py)."""
 
     config: dict[str, Any]
     host: str
@@ -56,6 +57,7 @@ class RunSpec:
     net: dict[str, Any] | None = None
     collective: str = "gloo"
     gpus_per_rank: float = 0.0
+    heartbeat: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,9 @@ class Report:
 
     ``reason``: ``error`` (a collective failed or timed out) or ``ctl`` (it stopped
     at a step boundary because the controller asked). ``phase``/``buckets_done``
-    locate the interrupted step; ``t`` is when the error surfaced.
+    locate the interrupted step; ``t`` is when the error surfaced; ``waited``: how long
+    the failed collective waited (its full timeout: a member never came,
+    :func:`~.timing.timed_out`).
     """
 
     slot: int
@@ -131,6 +135,7 @@ class Report:
     logical: int = 0
     t: float = field(default_factory=time.time)
     error: str = ""
+    waited: float = 0.0
 
 
 def serve(host: str, timeout: float) -> dist.TCPStore:
