@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.loops.live_loop import train
+from trainthrough import events
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.signals import identify
 from trainthrough.errors import RankFailed
@@ -74,6 +75,21 @@ def test_a_rank_that_hangs_is_found_by_the_collective_timeout_and_recovered(
     assert r.returned["steps"] == 8
 
 
+def test_a_stopped_rank_is_found_by_its_silent_heartbeat_before_any_timeout(
+        tmp_path: Path) -> None:
+    """Rank 1 stops itself at step 3 and its peer would wait 30 s in the collective:
+    the stopped process's heartbeat stops too, and the liveness timeout (2 s) ends it
+    first; its peer's collective then fails at once and the run recovers."""
+    r = _launch(tmp_path / "run", fail="rank=1@iter=3,mode=hang", timeout=30.0,
+                liveness_timeout=2.0)
+    ev = _events(tmp_path / "run")
+    silent = [e for e in ev if e["type"] == "rank-silent"]
+    det = next(e for e in ev if e["type"] == "detection")
+    assert [e["slot"] for e in silent] == [1] and silent[0]["silent_seconds"] >= 2.0
+    assert det["failed"] == ["rank1"] and det["detection_seconds"] < 30.0
+    assert r.summary["failures"] == 1 and r.returned["steps"] == 8
+
+
 def test_a_rank_evaluating_when_its_group_changes_is_waited_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first rank evaluates after every step (1 s, twice the old grace); rank 2
@@ -117,7 +133,10 @@ def test_a_rank_error_that_repeats_ends_the_run_with_that_error(
     assert isinstance(failed, RankFailed) and failed.times == 2 and failed.step == 2
     assert str(failed).startswith("rank 1: ValueError: bad batch at step 2 (at step 2, 2 "
                                   "times in a row; max_restarts 1")
-    errors = [e for e in _events(tmp_path / "run") if e["type"] == "rank-error"]
+    records = _events(tmp_path / "run")
+    for record in records:  # the schema of docs/events.md, exactly
+        events.parse(record, strict=True)
+    errors = [e for e in records if e["type"] == "rank-error"]
     assert len(errors) == 2 and "raise kind(" in errors[0]["traceback"]
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["state"] == "failed" and "ValueError: bad batch" in status["reason"]
