@@ -25,7 +25,7 @@ def test_a_failure_is_recovered_max_restarts_times_in_a_row_then_the_run_gives_u
     assert policy.decide([boom], boom).action is CrashAction.RECOVER
     give_up = policy.decide([boom, boom], boom)
     assert give_up.action is CrashAction.GIVE_UP and give_up.times == 3
-    # Another step, or another error, in between: a new streak.
+    # The run got further, or another error came, in between: a new streak.
     assert policy.decide([boom, Unexpected("ValueError: boom", 8), boom], boom).times == 2
     assert policy.decide([boom, boom], Unexpected("OSError: disk", 7)).times == 1
     assert CrashLoopPolicy(0).decide([], boom).action is CrashAction.GIVE_UP
@@ -80,13 +80,39 @@ def test_a_crash_loop_ends_with_the_ranks_error_in_one_line() -> None:
     with pytest.raises(RankFailed) as caught:
         c.judge([c.cause(_Proc(1, 1, _Child(code=1)))], step=3)
     e = caught.value
-    assert str(e) == ("rank 1: ValueError: bad batch (at step 5, 2 times in a row; "
-                      "max_restarts 1; its traceback is in events.jsonl)")
+    assert str(e) == ("rank 1: ValueError: bad batch (at step 5; 2 times in a row, never "
+                      "past step 5; max_restarts 1; its traceback is in events.jsonl)")
     assert (e.slot, e.type_name, e.message, e.step, e.times) == (
         1, "builtins.ValueError", "bad batch", 5, 2)
     assert isinstance(e, RunStalled)  # the command line: one line, exit status 1
     again = pickle.loads(pickle.dumps(e))  # it crosses processes (a Ray driver's caller)
     assert str(again) == str(e) and again.times == 2
+
+
+def test_a_loop_that_gets_one_step_further_each_time_is_stuck_all_the_same() -> None:
+    """A model too big for a message: the first rank dies posting it at step 0, the
+    survivor goes on alone, commits step 0 and dies posting it at step 1; the group
+    restarts from step 0. The failing step alternates; the run never gets past 1."""
+    c = Crashes(max_restarts=3)
+    lost = "torch.distributed.DistNetworkError: Connection reset by peer"
+    failures = [(inc, slot) for inc in range(3) for slot in (0, 1)][:5]
+    for n, (inc, slot) in enumerate(failures, start=1):
+        c.on_error(RankError(slot=slot, inc=inc, error=lost, logical=slot,
+                             type_name="torch.distributed.DistNetworkError",
+                             message="Connection reset by peer"))
+        causes = [c.cause(_Proc(slot, inc, _Child(code=1)))]
+        if n < 5:  # the first at step 0 (the run no further than 0), then 4 at 1
+            c.judge(causes, step=slot)
+            continue
+        with pytest.raises(RankFailed, match=r"^rank 0: torch\.distributed\.DistNetworkError: "
+                                             r"Connection reset by peer \(at step 0; 4 times "
+                                             r"in a row, never past step 1; max_restarts 3"):
+            c.judge(causes, step=slot)
+    # Once the run got past that step, the same error starts a new streak.
+    c2 = Crashes(max_restarts=1)
+    c2.judge([c2.cause(_Proc(0, 0, _Child(code=-9)))], step=1)
+    c2.judge([c2.cause(_Proc(0, 1, _Child(code=-9)))], step=9)
+    assert len(c2.streak) == 1
 
 
 def test_a_caller_gets_a_builtin_exception_back_by_name_and_anything_else_named() -> None:

@@ -131,8 +131,8 @@ def test_a_rank_error_that_repeats_ends_the_run_with_that_error(
                 max_restarts=1)
     failed = caught.value.__cause__
     assert isinstance(failed, RankFailed) and failed.times == 2 and failed.step == 2
-    assert str(failed).startswith("rank 1: ValueError: bad batch at step 2 (at step 2, 2 "
-                                  "times in a row; max_restarts 1")
+    assert str(failed).startswith("rank 1: ValueError: bad batch at step 2 (at step 2; 2 "
+                                  "times in a row, never past step 2; max_restarts 1")
     records = _events(tmp_path / "run")
     for record in records:  # the schema of docs/events.md, exactly
         events.parse(record, strict=True)
@@ -147,7 +147,7 @@ def test_an_error_of_a_class_of_your_own_comes_back_named(
     monkeypatch.setenv("TT_RAISE_AT", "1")
     monkeypatch.setenv("TT_RAISE", "own")
     with pytest.raises(RankFailed, match=r"^rank 1: tests\.loops\.live_loop\.OwnError: bad "
-                                         r"batch at step 1 \(at step 1, 1 time in a row") as caught:
+                                         r"batch at step 1 \(at step 1; 1 time in a row") as caught:
         _launch(tmp_path / "run", max_restarts=0)
     assert caught.value.type_name == "tests.loops.live_loop.OwnError"
     assert caught.value.message == "bad batch at step 1"
@@ -168,7 +168,8 @@ def test_the_command_line_ends_a_crash_loop_in_one_line_with_exit_1(
     assert p.returncode == 1, p.stderr[-3000:]
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("trainthrough: run failed: rank 1: ValueError: bad batch at step 1 "
-                           "(at step 1, 2 times in a row; max_restarts 1"), p.stderr[-3000:]
+                           "(at step 1; 2 times in a row, never past step 1; max_restarts 1"), \
+        p.stderr[-3000:]
     assert "Traceback" not in p.stderr.split("trainthrough: run failed")[-1]
 
 

@@ -80,7 +80,7 @@ def _add_run(sub: Any) -> None:
                         "(default 30; a long step or evaluation keeps beating)")
     p.add_argument("--max-restarts", type=_int, dest="max_restarts", metavar="N",
                    help="dp: a failure nobody injected that repeats the same way (the same "
-                        "error at the same step) is recovered N times in a row, then ends "
+                        "error, the run no further) is recovered N times in a row, then ends "
                         "the run with that error (default 3)")
     p.add_argument("--paradigm", choices=field_choices("paradigm"),
                    help="ps (parameter server) or dp (data parallel, allreduce)")

@@ -183,7 +183,7 @@ class RunConfig:
     #: own, so a rank that computes, however long its step or evaluation, never is.
     liveness_timeout: float = bounded(30.0, gt=0)
     #: dp (gloo, ray): how many times in a row a failure nobody injected may repeat the
-    #: same way (the same error at the same step) and be recovered; the next one ends
+    #: same way (the same error, the run no further) and be recovered; the next one ends
     #: the run with that error (0: the first one does)
     max_restarts: int = bounded(3, ge=0)
     cost: CostModel = field(default_factory=CostModel)

@@ -150,7 +150,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             for dead (a stopped or frozen process). It beats from a thread, so a long
             step or evaluation never counts.
         max_restarts: how many times in a row a failure you did not inject may repeat
-            the same way (the same error at the same step) and be recovered; the next
+            the same way (the same error, the run no further) and be recovered; the next
             ends the run with that error (0: the first one does).
         micro_batches: gradient accumulation: each rank's batch (the ``DataLoader``'s
             ``batch_size``) is cut into this many micro-batches, each a forward and

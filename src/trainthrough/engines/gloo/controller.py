@@ -39,7 +39,6 @@ from trainthrough.engines.gloo.messages import (
     Message,
     Metrics,
     Params,
-    RankError,
     Reported,
     Returned,
     Saved,
@@ -226,11 +225,6 @@ class GlooEngine:
 
     # -- what the ranks tell us ---------------------------------------------------
     def _on_event(self, m: Message, blob: bytes | None) -> None:
-        if isinstance(m, RankError) and m.user is not None:  # one line (exit code 2)
-            raise UserError(m.user)
-        if isinstance(m, RankError):  # its process ends: a failure, counted (crashes.py)
-            self.emit(self.rec.crashes.on_error(m))
-            return
         if isinstance(m, (Params, Metrics)):  # the first member's state after a commit
             self.logical = m.logical  # goes back on a restart
             self.iteration = max(self.iteration, m.iteration)

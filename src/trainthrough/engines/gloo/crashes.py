@@ -45,6 +45,7 @@ class Crashes:
         self.policy = CrashLoopPolicy(max_restarts)
         self.errors: dict[tuple[int, int], RankError] = {}  # (slot, incarnation)
         self.streak: list[Unexpected] = []  # the same failure, repeated: oldest first
+        self.furthest = 0  # the most steps the run was seen to commit
 
     def on_error(self, m: RankError) -> RankErrored:
         """A rank process posted its error (it exits right after); the event to record."""
@@ -66,15 +67,17 @@ class Crashes:
 
     def judge(self, causes: list[Cause], step: int) -> None:
         """Count one loss nobody injected (``causes``: the ranks lost, at least one;
-        ``step``: the group's committed steps, where a rank did not say its own).
+        ``step``: the committed steps of the group, as its survivors or the last
+        evaluation said).
 
         Raises:
-            RankFailed: it is the same failure, at the same step, one time more than
-                ``max_restarts`` allows in a row.
+            RankFailed: it is the same failure, the run no further than at the last,
+                one time more than ``max_restarts`` allows in a row.
         """
         first = min(causes, key=lambda c: (not c.type_name, c.slot))  # an error says most
         at = first.logical if first.logical >= 0 else step
-        failure = Unexpected(first.error, at)
+        self.furthest = max([self.furthest, step, *(c.logical for c in causes)])
+        failure = Unexpected(first.error, self.furthest)
         d = self.policy.decide(self.streak, failure)
         if self.streak and self.streak[-1] != failure:
             self.streak = []
@@ -82,8 +85,9 @@ class Crashes:
         if d.action is CrashAction.GIVE_UP:
             where = "; its traceback is in events.jsonl" if first.type_name else ""
             times = f"{d.times} time{'s' if d.times != 1 else ''} in a row"
-            raise RankFailed(f"rank {first.slot}: {first.error} (at step {at}, {times}; "
-                             f"max_restarts {self.policy.max_restarts}{where})",
+            raise RankFailed(f"rank {first.slot}: {first.error} (at step {at}; {times}, "
+                             f"never past step {self.furthest}; max_restarts "
+                             f"{self.policy.max_restarts}{where})",
                              first.slot, first.type_name, first.message, at, d.times)
 
     def fatal(self, p: Proc, where: str) -> RankFailed:

@@ -18,6 +18,12 @@ safetensors bytes for parameters (nothing is pickled). Call order for one run:
    first member learns it from a thread waiting on ``ctl/<k>`` (no store round trip
    on the step path) and shares it in the commit vote, so every member acts on it
    after the same step.
+
+Beside these, every rank process beats on ``beat/<slot>/<inc>`` (:mod:`.liveness`), and
+one that ends on an error leaves its last words in ``error/<slot>/<inc>`` (a
+:class:`~.messages.RankError`, :func:`write_last_words`): a key of its own, not the
+event queue, so they arrive even if the process died in the middle of a post (the queue
+waits for the message whose number it took).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainthrough.engines.gloo.messages import Message, Reported
+from trainthrough.engines.gloo.messages import Message, RankError, Reported, parse
 from trainthrough.engines.gloo.timing import PLAN_WAIT_SECONDS
 
 
@@ -333,3 +339,18 @@ def read_reports(store: dist.Store, n: int, slots: list[int]) -> dict[int, Repor
     """The reports of attempt ``n`` that have arrived, by slot."""
     return {s: Report(**get(store, f"report/{n}/{s}")) for s in slots
             if has(store, f"report/{n}/{s}")}
+
+
+def write_last_words(store: dist.Store, message: RankError) -> None:
+    """A rank process ends on an error: what it says of it, read when its end is seen."""
+    put(store, f"error/{message.slot}/{message.inc}", message.wire())
+
+
+def read_last_words(store: dist.Store, slot: int, inc: int) -> RankError | None:
+    """What incarnation ``inc`` of ``slot`` said as it ended on an error (None: nothing,
+    it ended otherwise)."""
+    key = f"error/{slot}/{inc}"
+    if not has(store, key):
+        return None
+    m = parse(get(store, key))
+    return m if isinstance(m, RankError) else None

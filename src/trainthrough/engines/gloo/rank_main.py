@@ -8,12 +8,12 @@ starts (``fresh``, ``restart`` from the checkpoint step the controller chose, or
 plan, form the group, recover as the plan says, train; on a collective error report
 and wait for the next plan. A rank that is not in a plan, or is told to exit, ends.
 
-Anything other than a failed collective is an error of this rank: it is posted to
-the controller (one line, its type and message, its traceback) and the process exits
-with code 1, so no peer waits on it; the controller recovers the loss, and ends the
-run with that error once it repeats (``max_restarts``). The post goes over a fresh
-store connection if this process's own broke (the store drops a client that sent it
-a value it refuses).
+Anything other than a failed collective is an error of this rank: it leaves its last
+words for the controller (one line, its type and message, its traceback:
+:func:`~.protocol.write_last_words`) and the process exits with code 1, so no peer
+waits on it; the controller recovers the loss, and ends the run with that error once
+it repeats (``max_restarts``). They go over a fresh store connection if this process's
+own broke (the store drops a client that sent it a value it refuses).
 
 From its start to its end the process beats (:class:`~.liveness.Heartbeat`), so the
 controller can tell a rank that computes, however long, from one that stopped.
@@ -37,7 +37,12 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.gloo.liveness import Heartbeat
 from trainthrough.engines.gloo.messages import RankError
 from trainthrough.engines.gloo.net import IFNAME_ENV, gloo_interface
-from trainthrough.engines.gloo.protocol import PLAN_WAIT_SECONDS, RankSpec, connect, post
+from trainthrough.engines.gloo.protocol import (
+    PLAN_WAIT_SECONDS,
+    RankSpec,
+    connect,
+    write_last_words,
+)
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
 from trainthrough.errors import UserError
@@ -89,15 +94,16 @@ def error_message(spec: RankSpec, e: BaseException) -> RankError:
 
 
 def _tell(spec: RankSpec, store: dist.TCPStore, message: RankError) -> None:
-    """Post ``message``; over a new connection if this process's own is broken (the
-    store drops a client whose request it refused, a value over its size limit say)."""
+    """Leave ``message`` as this process's last words; over a new connection if its own
+    is broken (the store drops a client whose request it refused, a value over its size
+    limit say)."""
     try:
-        post(store, message)
+        write_last_words(store, message)
         return
     except Exception:  # noqa: BLE001 - whatever broke the connection, try a fresh one
         pass
     try:
-        post(connect(spec.run.host, spec.run.port, timeout=30.0), message)
+        write_last_words(connect(spec.run.host, spec.run.port, timeout=30.0), message)
     except Exception:  # noqa: BLE001 - the controller is gone: nobody left to tell
         traceback.print_exc()
 

@@ -41,8 +41,16 @@ from trainthrough.engines.gloo.group_state import (
 from trainthrough.engines.gloo.ledger import RecoveryLog
 from trainthrough.engines.gloo.messages import Failed, Message
 from trainthrough.engines.gloo.procs import Proc
-from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
+from trainthrough.engines.gloo.protocol import (
+    Plan,
+    Report,
+    read_last_words,
+    read_reports,
+    request,
+    write_plan,
+)
 from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline, timed_out
+from trainthrough.errors import UserError
 from trainthrough.events import CheckpointCorrupt, Detection, Event, Restored
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
@@ -125,7 +133,7 @@ class DistRecovery:
         if self.state is GroupState.STARTING:
             ended = [p for p in self.waiting if p.exitcode is not None]
             if ended:
-                self.port.pump()  # its last words, if it said any
+                self._last_words(ended[0])
                 raise self.crashes.fatal(ended[0], "ended while starting")
             if time.time() - self.started_at > START_SECONDS:
                 raise RuntimeError("dist engine: rank processes did not start within "
@@ -138,9 +146,10 @@ class DistRecovery:
             return True
         now = time.time()
         dead = [p for p in self.port.procs.newly_dead() if p.exitcode != 0]
+        for p in dead:
+            self._last_words(p)
         strays = [p for p in dead if p.slot not in self.members]
         if strays:
-            self.port.pump()
             raise self.crashes.fatal(strays[0], "ended before it joined")
         # Reports are read only once a member said it wrote one (a ``report`` event)
         # or a process ended: not N store round trips every tick.
@@ -170,6 +179,20 @@ class DistRecovery:
                 return True
         self._maybe_grow()
         return bool(dead)
+
+    def _last_words(self, p: Proc) -> None:
+        """Read what ``p`` said as it ended on an error (rank_main): an error the user
+        must fix ends the run here, in one line; any other is recorded and counted with
+        the loss (crashes.py).
+
+        Raises:
+            UserError: the rank's error was the user's to fix (a loss not finite).
+        """
+        m = read_last_words(self.port.store, p.slot, p.inc)
+        if m is not None and m.user is not None:
+            raise UserError(m.user)
+        if m is not None:
+            self.port.emit(self.crashes.on_error(m))
 
     def on_event(self, m: Message) -> Event:
         """Bookkeeping for a message from the ranks (:meth:`.ledger.RecoveryLog.on_event`
