@@ -184,7 +184,7 @@ def test_sigterm_to_the_whole_process_group_ends_the_run_as_interrupted(
            "TT_PIDS": str(pids), "TT_EPOCHS": "100000", "TT_STEP_SLEEP": "0"}
     p = _cli("--paradigm", "dp", "--engine", "gloo", "--ranks", "2", "--workload",
              f"{LOOP}:train", "--strategy", "rollback", "--out", str(tmp_path / "run"),
-             "--quiet", env=env, prefix=("timeout", "--preserve-status", "-s", "TERM", "12"))
+             "--quiet", env=env, prefix=("timeout", "--preserve-status", "-s", "TERM", "9"))
     started = [int(f.name) for f in pids.iterdir()]
     assert len(started) >= 2, f"the ranks never started: {p.stderr[-2000:]}"
     assert p.returncode == 143, p.stderr[-3000:]
