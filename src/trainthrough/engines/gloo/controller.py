@@ -4,12 +4,13 @@ The controller is the parent of every rank. It owns the ``TCPStore`` (a free por
 127.0.0.1, or on the address :mod:`.net` chooses for a run that spans hosts or names
 one) that outlives the ranks, starts them, and, woken by every event a rank
 posts and at least every :data:`~.timing.TICK` seconds: drains their events (failures they
-inflict on themselves, checkpoints, parameters to evaluate, their errors), notices
-processes that ended or whose heartbeat stopped (:mod:`.liveness`), and watches for
-reports (a group broke, or the ranks stopped because it asked). It never gives up on
-ranks that are alive, however long they compute: a hang is found by the ranks' own
-collective timeout or a heartbeat that stops (timing.py says which timeout guards
-what). It never trains: evaluation is the only tensor work it does. Recovery decisions come from the same policies as ``sim``
+inflict on themselves, checkpoints, parameters to evaluate), notices processes that
+ended (and what they said as they did) or whose heartbeat stopped (:mod:`.liveness`),
+and watches for reports (a group broke, or the ranks stopped because it asked). It
+never gives up on ranks that are alive, however long they compute: a hang is found by
+the ranks' own collective timeout or a heartbeat that stops (timing.py says which
+timeout guards what). It never trains: evaluation is the only tensor work it does.
+Recovery decisions come from the same policies as ``sim``
 (ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`; its
 one Checkpointer counts the saves rank 0 reports (:class:`~.checkpoints.ControllerSaves`).
 Times are wall-clock; ``sim_seconds`` in records equals ``wall_seconds``.
