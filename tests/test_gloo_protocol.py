@@ -24,9 +24,10 @@ from trainthrough.engines.gloo.protocol import (
     post,
     request,
     serve,
+    write_report,
 )
 from trainthrough.engines.gloo.recovery import DistRecovery
-from trainthrough.engines.gloo.timing import GRACE, report_deadline, stall_seconds
+from trainthrough.engines.gloo.timing import GRACE, report_deadline, timed_out
 from trainthrough.ft.strategy import resolve
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,15 +78,19 @@ def test_the_controller_sleeps_until_an_event_and_drains_each_once() -> None:
 def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str, Any]]]:
     store = dist.HashStore()
     emitted: list[dict[str, Any]] = []
-    procs = SimpleNamespace(current={s: SimpleNamespace(died_at=None) for s in range(4)},
-                            kill=lambda p: None, alive=lambda s: s != 3)
+    procs = SimpleNamespace(current={s: SimpleNamespace(slot=s, inc=0, died_at=None,
+                                                        silent_since=None, exitcode=None,
+                                                        process=SimpleNamespace())
+                                     for s in range(4)},
+                            kill=lambda p: None, alive=lambda s: s != 3, newly_dead=lambda: [])
     e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
                                       replace=False),
                         strategy=resolve(strategy), store=store,
                         procs=procs, pump=lambda: None,
                         emit=lambda ev: emitted.append(ev.to_record()),
                         saves=SimpleNamespace(checkpointer=SimpleNamespace(count=0)),
-                        iteration=0, logical=0, result=SimpleNamespace(updates_lost=0))
+                        iteration=0, logical=0, result=SimpleNamespace(updates_lost=0),
+                        stopping=False)
     rec = DistRecovery(e, [])  # type: ignore[arg-type]
     # A group of four broke: the controller waits for the reports.
     rec.members, rec.state = [0, 1, 2, 3], GroupState.REPORTING
@@ -146,11 +151,41 @@ def test_the_group_changes_state_only_as_the_table_says() -> None:
     assert rec.state is GroupState.TRAINING
 
 
-def test_a_member_is_presumed_hung_a_grace_after_the_first_report_or_a_timeout_later() -> None:
+def test_a_member_is_presumed_hung_a_grace_after_a_timed_out_report_or_a_timeout_later() -> None:
+    # A member's collective timed out: the group waited that long for the silent ones.
     assert report_deadline(10.0, 12.0, collective_timeout=5.0) == 12.0 + GRACE
-    # A death seen first: the survivors may learn of it only by their collective timeout.
+    # A death or a report without a timeout first: a live member may be evaluating or
+    # saving before its next collective, which fails at once, within the timeout.
     assert report_deadline(10.0, None, collective_timeout=5.0) == 15.0 + GRACE
-    assert stall_seconds(5.0) == 90.0 and stall_seconds(20.0) == 120.0
+    assert timed_out(5.0004, 5.0) and not timed_out(0.02, 5.0)
+
+
+@pytest.mark.parametrize("waited", [0.01, 5.0])
+def test_a_live_member_is_waited_for_unless_its_peers_timed_out_waiting_for_it(
+        waited: float) -> None:
+    """Rank 3 died; ranks 1 and 2 reported, rank 0 (alive) has not. Their collectives
+    failed at once (a death): rank 0 may be evaluating or saving before its next
+    collective, and is waited for up to the collective timeout. Had one of them waited
+    out the collective timeout (5 s here), rank 0 is what the group waited for: a grace."""
+    rec, store, emitted = _controller("rollback")
+    timeout = rec.port.cfg.cost.timeout_seconds
+    rec.first_sign = time.time()
+    for s in (1, 2):
+        write_report(store, 0, Report(s, "error", "allreduce", 0, executed=10, logical=9,
+                                      waited=waited if s == 1 else 0.01))
+    assert not rec.tick() and rec.state is GroupState.REPORTING
+    if waited >= timeout:
+        assert rec.first_timeout is not None
+        rec.first_timeout -= GRACE  # a grace later
+    else:
+        assert rec.first_timeout is None
+        rec.first_sign -= timeout  # not yet: the collective timeout has not passed
+        assert not rec.tick()
+        rec.first_sign -= GRACE  # now it has
+    assert rec.tick() and rec.state is GroupState.TRAINING
+    assert get(store, "plan/1")["members"] == [1, 2]
+    assert [x["failed"] for x in emitted if x["type"] == "detection"] == [["rank0", "rank3"]]
+    assert rec.crashes.streak[-1].error.startswith("hung:")  # a loss nobody injected
 
 
 def _until(cond: Any, seconds: float = 5.0) -> bool:

@@ -42,14 +42,15 @@ def _args(*args: str) -> Case:
 _INT_FLAGS = {"--shards": 0, "--workers": 0, "--ranks": 0, "--staleness": None,
               "--seed": None, "--checkpoint-every": 0, "--checkpoint-keep": 0,
               "--max-iterations": 0, "--eval-every": 0, "--replicas": 0,
-              "--merge-threshold": 0}
+              "--merge-threshold": 0, "--max-restarts": None}
 _INT_BAD = ["-1", "abc", "1.5", "99999999999999999999999", "", "\u0663", "1_0", "0x10"]
 _FLOAT_BAD = {"--lr": ["0", "-1", "nan", "inf", "1e999", "abc", ""],
               "--target": ["nan", "inf", "1e999", "abc", "NaN"],
               "--checkpoint-fraction": ["0", "-0.5", "1.5", "nan", "inf", "abc"],
               "--recovery-delay": ["-1", "nan", "inf", "abc"],
               "--wall-limit": ["0", "-1", "nan", "inf", "abc"],
-              "--keep-warm": ["0", "-1", "nan", "inf", "abc"]}
+              "--keep-warm": ["0", "-1", "nan", "inf", "abc"],
+              "--liveness-timeout": ["0", "-1", "nan", "inf", "abc"]}
 _ENUM_FLAGS = ["--engine", "--paradigm", "--consistency", "--elastic", "--checkpoint-rule",
                "--coordinator", "--merge-rule", "--workload", "--strategy"]
 
@@ -96,6 +97,11 @@ CLI.update({
     "wall-limit on sim": _args("--wall-limit", "5"),
     "recovery-delay on sim": _args("--recovery-delay", "2"),
     "ray-address on sim": _args("--ray-address", "127.0.0.1:1"),
+    "max-restarts on the parameter server": _args("--max-restarts", "2"),
+    "max-restarts negative on gloo": _args("--paradigm", "dp", "--engine", "gloo",
+                                           "--strategy", "rollback", "--max-restarts", "-1"),
+    "liveness-timeout zero on gloo": _args("--paradigm", "dp", "--engine", "gloo",
+                                           "--strategy", "rollback", "--liveness-timeout", "0"),
     # Addresses (issue 26): one IPv4 address of this machine, never every interface.
     "bind-address not an address": _args("--paradigm", "dp", "--engine", "gloo",
                                          "--strategy", "rollback", "--bind-address", "host"),

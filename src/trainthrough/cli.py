@@ -74,6 +74,14 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--merge-threshold", type=_int, dest="merge_threshold")
     p.add_argument("--wall-limit", type=_float, dest="wall_limit",
                    help="real engines: stop after this many seconds")
+    p.add_argument("--liveness-timeout", type=_float, dest="liveness_timeout",
+                   metavar="SECONDS",
+                   help="dp: a rank whose heartbeat stops this long is taken for dead "
+                        "(default 30; a long step or evaluation keeps beating)")
+    p.add_argument("--max-restarts", type=_int, dest="max_restarts", metavar="N",
+                   help="dp: a failure nobody injected that repeats the same way (the same "
+                        "error, the run no further) is recovered N times in a row, then ends "
+                        "the run with that error (default 3)")
     p.add_argument("--paradigm", choices=field_choices("paradigm"),
                    help="ps (parameter server) or dp (data parallel, allreduce)")
     p.add_argument("--ranks", type=_int, help="dp: data-parallel ranks N")

@@ -56,7 +56,8 @@ FLAG_FIELDS = (
     "checkpoint_fraction", "checkpoint_rule", "max_iterations", "eval_every", "target", "lr",
     "baseline", "ray_address", "bind_address", "checkpoint_shared", "keep_warm", "recovery_delay",
     "replicas", "coordinator", "zookeeper_hosts", "merge_rule", "merge_threshold", "wall_limit",
-    "allreduce_buckets", "micro_batches", "device", "collective", "sync_every", "sync_fragments")
+    "allreduce_buckets", "micro_batches", "device", "collective", "sync_every", "sync_fragments",
+    "liveness_timeout", "max_restarts")
 
 
 def flag_label(name: str) -> str:
@@ -181,6 +182,14 @@ class RunConfig:
     merge_threshold: int = bounded(50, ge=1)  #: stateless 'scaled': backlog size that keeps full steps
     backlog: int = bounded(256, ge=2)  #: stateless: buffered updates per shard before merging oldest
     wall_limit: float | None = bounded(gt=0)  #: real engines: stop after this many seconds
+    #: dp (gloo, ray): seconds a rank process's heartbeat may stop before it is taken for
+    #: dead (ended, and recovered as a failure). Its process beats from a thread of its
+    #: own, so a rank that computes, however long its step or evaluation, never is.
+    liveness_timeout: float = bounded(30.0, gt=0)
+    #: dp (gloo, ray): how many times in a row a failure nobody injected may repeat the
+    #: same way (the same error, the run no further) and be recovered; the next one ends
+    #: the run with that error (0: the first one does)
+    max_restarts: int = bounded(3, ge=0)
     cost: CostModel = field(default_factory=CostModel)
 
     def validate(self) -> None:

@@ -9,6 +9,9 @@ The bottom layer: it imports nothing, and every module of trainthrough may impor
 
 from __future__ import annotations
 
+import builtins
+from typing import Any
+
 
 class UserError(Exception):
     """Bad input: unknown name, malformed spec, impossible size, missing/corrupt file.
@@ -52,6 +55,49 @@ class RunStalled(RuntimeError):
     applied any more): it ends with this reason instead of waiting forever. Nothing the
     user typed is wrong, so it is not a :class:`UserError`; the CLI prints the reason
     on one line and exits with status 1. Takes one message argument (it pickles)."""
+
+
+class RankFailed(RunStalled):
+    """A rank's own error ended the run: it repeated the same way more often than
+    ``max_restarts`` allows, or came while the ranks were starting.
+
+    The message is one line, the rank's error first (``rank 0: ValueError: boom (at
+    step 12, 4 times in a row; ...)``); the traceback is in the run folder
+    (``events.jsonl``, the ``rank-error`` event). ``type_name``: the error's class as
+    ``module.Qualname`` (``builtins.ValueError``; ``""`` when the process ended without
+    one: killed, or its heartbeat stopped); ``message``: its text. Nothing of the
+    rank's exception object crosses: :func:`rebuilt` makes one of the same builtin type
+    from the name and the text. A :class:`RunStalled`: the CLI prints the line and
+    exits with status 1. Plain fields: it pickles.
+    """
+
+    def __init__(self, reason: str, slot: int = -1, type_name: str = "", message: str = "",
+                 step: int = -1, times: int = 0) -> None:
+        super().__init__(reason)
+        self.slot, self.type_name, self.message = slot, type_name, message
+        self.step, self.times = step, times
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RankFailed, (str(self), self.slot, self.type_name, self.message, self.step,
+                             self.times))
+
+
+def rebuilt(e: RankFailed) -> Exception:
+    """The rank's own exception, when its class is one of Python's builtin ones
+    (``ValueError``, ``KeyError``, ``RuntimeError``, ...): a new one of that class with
+    the rank's message, caused by ``e``. Any other class (the user's own, a library's)
+    cannot be made without running code the rank's message names: ``e`` itself then,
+    whose ``type_name`` says what it was."""
+    module, _, name = e.type_name.rpartition(".")
+    cls = getattr(builtins, name, None) if module == "builtins" else None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return e
+    try:
+        out = cls(e.message)
+    except Exception:  # noqa: BLE001 - a builtin that takes other arguments
+        return e
+    out.__cause__ = e
+    return out
 
 
 class CheckpointWriteFailed(OSError):

@@ -284,6 +284,29 @@ class RankPlaced(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankErrored(Event):
+    """gloo, Ray dp: a rank process ended on an exception of its own (the user's code,
+    or the rank's): a failure of that rank, recovered until it repeats the same way
+    more than ``max_restarts`` times in a row."""
+
+    type: ClassVar[str] = "rank-error"
+    slot: int  #: the rank's slot
+    error: str  #: the exception in one line (``ValueError: boom``)
+    logical: int  #: the committed steps of the process when it raised (-1: before any)
+    traceback: str  #: the whole traceback, as the rank printed it
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSilent(Event):
+    """gloo, Ray dp: a rank process's heartbeat stopped for the liveness timeout (it is
+    stopped or frozen): it is ended, and its loss recovered like a death."""
+
+    type: ClassVar[str] = "rank-silent"
+    slot: int  #: the rank's slot
+    silent_seconds: float  #: since its heartbeat was last seen moving
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restored(Event):
     """Checkpoint-restart chose its checkpoint, before the new processes start."""
 
@@ -370,7 +393,8 @@ _ALL: tuple[type[Event], ...] = (
     Failure, FailureSkipped, Detection, RecoveryEnded,
     ShardDown, ShardUp, Failover, ReplicaJoin, ReplacementLost, SpareReady,
     ZookeeperAbsent, ZookeeperRejoined, Fenced, ZookeeperSilent,
-    Reform, RankJoined, RankPlaced, Restored, Completed, TrainingResumed,
+    Reform, RankJoined, RankPlaced, RankErrored, RankSilent, Restored, Completed,
+    TrainingResumed,
     CheckpointSaved, CheckpointFailed, CheckpointCorrupt, CheckpointAbandoned,
     CheckpointSkipped, Resumed)
 #: Every kind of event, by its tag.

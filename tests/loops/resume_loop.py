@@ -64,7 +64,10 @@ def train(loop: Loop) -> dict[str, object]:
 if __name__ == "__main__":
     r = launch(train, ranks=2, engine=os.environ.get("TT_ENGINE", "gloo"),
                strategy="checkpoint-restart", out=sys.argv[1],
-               progress=False, resume=sys.argv[2:] == ["resume"])
+               progress=False, resume=sys.argv[2:] == ["resume"],
+               # The planned death ends the run at its first time, as a job that died
+               # whole: not retried from the checkpoint (max_restarts may differ on resume).
+               max_restarts=0)
     extras = r.summary.result.extras
     print(json.dumps({"returned": r.returned, "resumed_from": extras.get("resumed_from"),
                       "identical": extras.get("replicas_identical")}))

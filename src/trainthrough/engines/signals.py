@@ -15,10 +15,20 @@ the project sends goes through :func:`send`, which acts only when all of these h
 Anything else is refused with :class:`SignalRefused`, never delivered. Processes on
 another machine (a Ray cluster we joined) are not ours to signal: their engines stop
 them through the runtime's own API instead.
+
+A process this project starts itself is *pinned* instead (:func:`pin` for a child,
+:func:`adopt` for a rank the zygote forked and opened a pidfd for): a pidfd obtained
+while the process is known to be ours keeps referring to that very process for as long
+as it is held, whoever its parent becomes. A rank forked by the
+zygote stops being our descendant when the zygote dies first (a ``timeout`` or a
+terminal sends SIGTERM to the whole process group; the ranks are left to init): it is
+still the process this run started, and its :class:`Pinned` handle still reaches it,
+never another process that took its pid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -126,6 +136,104 @@ def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+class Pinned:
+    """A live descendant of this process, pinned by a pidfd (:func:`pin`).
+
+    Signals sent through it reach that process or nobody: once it has ended (and been
+    reaped), the kernel refuses the pidfd's signals instead of delivering them to a
+    process that reused the pid. :meth:`close` releases the descriptor.
+    """
+
+    def __init__(self, ident: ProcessIdentity, fd: int) -> None:
+        self.ident, self._fd = ident, fd
+        self._lock = threading.Lock()  # close() and send() from different threads
+
+    @property
+    def pid(self) -> int:
+        return self.ident.pid
+
+    def alive(self) -> bool:
+        """Whether the pinned process still runs (a zombie has ended)."""
+        return self._fd >= 0 and alive(self.ident)
+
+    def send(self, sig: int = signal.SIGKILL) -> bool:
+        """Send ``sig`` to the pinned process.
+
+        Returns:
+            True if delivered; False if it has ended (or the handle was closed).
+        """
+        with self._lock:
+            if self._fd < 0 or not alive(self.ident):
+                return False
+            try:
+                signal.pidfd_send_signal(self._fd, sig)
+            except ProcessLookupError:
+                return False
+        note_injected(self.ident.pid)
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __del__(self) -> None:  # a handle dropped unclosed must not leak its descriptor
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to do
+            self.close()
+
+
+def pin(pid: int | None) -> Pinned | None:
+    """Pin a process this project just started.
+
+    Returns:
+        Its handle; None if it has ended already, or if ``pid`` is no descendant of
+        this process any more (it ended and its pid went to another process): there is
+        nothing of ours to signal then.
+
+    Raises:
+        SignalRefused: ``pid`` is unknown, invalid or this process.
+    """
+    if pid is None or pid <= 1:
+        raise SignalRefused("no process to pin (pid unknown)")
+    if pid == os.getpid():
+        raise SignalRefused("refusing to pin this process itself")
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    # Checked after the pidfd is open: the descriptor then refers to the process checked.
+    ident = identify(pid)
+    if ident is None:
+        os.close(fd)
+        return None
+    if not is_descendant(pid):
+        os.close(fd)
+        return None
+    return Pinned(ident, fd)
+
+
+def adopt(pid: int, fd: int) -> Pinned | None:
+    """Pin ``pid`` by a pidfd another process of this project opened for it and handed
+    over (the zygote, for a rank it forked: it opened the descriptor before it could
+    reap the rank, so the descriptor is that rank's). Takes ownership of ``fd``.
+
+    Returns:
+        Its handle; None if it has ended already (the descriptor is closed then).
+    """
+    ident = identify(pid)
+    try:
+        if ident is None:
+            raise ProcessLookupError(pid)
+        # Signal 0 delivers nothing: it checks the descriptor's process was not reaped,
+        # so ``pid`` was still its pid when identified just before.
+        signal.pidfd_send_signal(fd, 0)
+    except ProcessLookupError:
+        os.close(fd)
+        return None
+    return Pinned(ident, fd)
 
 
 def note_injected(pid: int) -> None:

@@ -11,7 +11,9 @@ how far and under what conditions this part of the run goes may differ
   one (one at or below the checkpoint's iteration ends it at once);
 - ``wall_limit``: the limit of this invocation;
 - ``failures``: the resumed part's own failures (iteration triggers at or before the
-  checkpoint are skipped: :meth:`~trainthrough.engines.base.RunContext.resumed`).
+  checkpoint are skipped: :meth:`~trainthrough.engines.base.RunContext.resumed`);
+- ``liveness_timeout``, ``max_restarts``: how this invocation supervises its ranks
+  (when a silent rank is taken for dead, how often a repeating failure is retried).
 
 Anything else that differs is refused in one line naming the first such setting
 (:func:`conflict`); the resumed run records its config again in ``config.toml``.
@@ -27,7 +29,8 @@ from trainthrough.ft.checkpoint import absolute_base
 from trainthrough.lab.runner import resolve_defaults
 
 #: The settings a resumed run takes from the caller (module docstring says why).
-FREE_ON_RESUME = ("max_iterations", "wall_limit", "failures")
+FREE_ON_RESUME = ("max_iterations", "wall_limit", "failures", "liveness_timeout",
+                  "max_restarts")
 
 
 class Conflict(NamedTuple):

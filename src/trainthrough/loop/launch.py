@@ -18,7 +18,7 @@ from typing import Any
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.result import RunSummary
-from trainthrough.errors import UserError
+from trainthrough.errors import RankFailed, UserError, rebuilt
 from trainthrough.events import Record, Recovery
 from trainthrough.workloads.user_loop import TrainingLoop
 
@@ -127,7 +127,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            wall_limit: float | None = None, elastic: str = "keep-global",
            sync_every: int | None = None, overwrite: bool = False, progress: bool = True,
            micro_batches: int = 1, resume: bool = False, allreduce_buckets: int = 1,
-           options: Mapping[str, Any] | None = None) -> LoopResult:
+           options: Mapping[str, Any] | None = None,
+           max_restarts: int = RunConfig.max_restarts,
+           liveness_timeout: float = RunConfig.liveness_timeout) -> LoopResult:
     """Run ``train(loop, **options)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
@@ -149,7 +151,16 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         engine: ``ray`` (local Ray, or the cluster at ``ray_address``) or ``gloo``.
         replace: start a replacement for a lost rank ``recovery_delay`` seconds later; it
             joins with a live peer's state (the group shrinks, then grows back).
-        timeout: the collective timeout in seconds (how long a hung rank can stall).
+        timeout: the collective timeout in seconds: how long a rank waits for its peers
+            in a collective before it reports them lost (a hung rank stalls the group that
+            long), and so the longest the first rank may spend evaluating or saving
+            between two steps while the others wait for it.
+        liveness_timeout: seconds a rank process's heartbeat may stop before it is taken
+            for dead (a stopped or frozen process). It beats from a thread, so a long
+            step or evaluation never counts.
+        max_restarts: how many times in a row a failure you did not inject may repeat
+            the same way (the same error, the run no further) and be recovered; the next
+            ends the run with that error (0: the first one does).
         micro_batches: gradient accumulation: each rank's batch (the ``DataLoader``'s
             ``batch_size``) is cut into this many micro-batches, each a forward and
             backward of its own, and one update follows their averaged gradient.
@@ -176,7 +187,16 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             that keeps checkpoints (``checkpoint-restart``).
 
     Raises:
-        UserError: a bad argument (one line says which, by the name it has here).
+        UserError: a bad argument (one line says which, by the name it has here), or a
+            rank's loss or gradient is not finite.
+        Exception: your loop's own error, once it repeated ``max_restarts`` times more
+            (or came while the ranks were starting): an exception of the same class
+            with its message when the class is one of Python's builtin ones
+            (``ValueError``, ``KeyError``, ``RuntimeError``, ...), else a
+            :class:`~trainthrough.errors.RankFailed` whose ``type_name`` and
+            ``message`` say what it was. Either way the run's ``RankFailed`` is its
+            ``__cause__`` (one line: rank, error, step, how often), and the traceback is
+            in the run folder's ``events.jsonl`` (``rank-error``).
     """
     from trainthrough.ft.strategy import resolve
     from trainthrough.lab import runner
@@ -196,12 +216,21 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     elastic=elastic, wall_limit=wall_limit,
                     allreduce_buckets=allreduce_buckets,
                     workload_options=dict(options or {}),
+                    max_restarts=max_restarts, liveness_timeout=liveness_timeout,
                     cost=CostModel(timeout_seconds=timeout),
                     sync_every=RunConfig.sync_every if sync_every is None else sync_every)
     if resume:
         cfg = _as_recorded(cfg, folder)
     callbacks: list[Callback] = [_Narrator(train.metric)] if progress else []
-    summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite, resume=resume,
-                         names=PYTHON)
+    try:
+        summary = runner.run(cfg, folder, callbacks=callbacks, overwrite=overwrite,
+                             resume=resume, names=PYTHON)
+    except RankFailed as e:
+        # Your exception's own class where it can be made from its name and message
+        # (the rank's object never crosses: nothing is unpickled).
+        mine = rebuilt(e)
+        if mine is e:
+            raise
+        raise mine from e
     extras = summary.result.extras  # the controller's (engines/gloo/controller.py)
     return LoopResult(extras.get("returned"), summary, folder, list(extras.get("committed", [])))

@@ -22,6 +22,7 @@ CAPABILITIES = {
                modes=("crash", "hang"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "device", "collective",
-                        "recovery_delay", "wall_limit", "bind_address"),
+                        "recovery_delay", "wall_limit", "bind_address", "liveness_timeout",
+                        "max_restarts"),
                sync=("every-step", "localsgd", "diloco", "streaming-diloco")),
 }

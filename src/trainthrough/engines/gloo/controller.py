@@ -5,8 +5,11 @@ The controller is the parent of every rank. It owns the ``TCPStore`` (a free por
 one) that outlives the ranks, starts them, and, woken by every event a rank
 posts and at least every :data:`~.timing.TICK` seconds: drains their events (failures they
 inflict on themselves, checkpoints, evaluations), notices processes that
-ended, and watches for reports (a group broke, or the ranks
-stopped because it asked). It holds no parameters: the first rank evaluates its own
+ended (and what they said as they did) or whose heartbeat stopped (:mod:`.liveness`),
+and watches for reports (a group broke, or the ranks stopped because it asked). It
+never gives up on ranks that are alive, however long they compute: a hang is found by
+the ranks' own collective timeout or a heartbeat that stops (timing.py says which
+timeout guards what). It holds no parameters: the first rank evaluates its own
 replica and posts the scores (:mod:`.evals`), so the store carries control messages
 only, whatever the model's size. Recovery decisions come from the same policies as ``sim``
 (ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`; its
@@ -29,13 +32,13 @@ from trainthrough.engines.base import RunContext
 from trainthrough.engines.gloo.checkpoints import ControllerSaves
 from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
+from trainthrough.engines.gloo.liveness import Watch
 from trainthrough.engines.gloo.messages import (
     Before,
     Copies,
     Exit,
     Message,
     Metrics,
-    RankError,
     Reported,
     Returned,
     Saved,
@@ -45,10 +48,10 @@ from trainthrough.engines.gloo.net import rank_net, store_host
 from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, RunSpec, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
-from trainthrough.engines.gloo.timing import TICK, stall_seconds
+from trainthrough.engines.gloo.timing import TICK, heartbeat_period
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
-from trainthrough.events import CheckpointCorrupt, Event
+from trainthrough.events import CheckpointCorrupt, Event, RankSilent
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
 
@@ -122,8 +125,9 @@ class GlooEngine:
 
         Raises:
             UserError: a rank's user code refused to go on (a diverged loss), in one line.
-            RuntimeError: a rank hit a bug (its traceback is in the message), or the
-                run stopped making progress.
+            RankFailed: a rank's error repeated the same way more than ``max_restarts``
+                times in a row, or a rank was lost where nothing recovers it (while
+                starting); one line, the rank's own error first.
         """
         self.t0 = time.time()  # ranks measure @time triggers from here (wall clock)
         self.ctx.start_clock()
@@ -135,14 +139,17 @@ class GlooEngine:
         lim = self.ctx.limits
         cfg = replace(self.cfg, max_iterations=self.max_iter, eval_every=lim.eval_every,
                       target=lim.target)
+        beat = heartbeat_period(cfg.liveness_timeout)
         base = RunSpec(cfg.to_dict(), self.host, store.port, self.t0, self.url, self.program,
                        rank_net(self.cfg.bind_address, cluster=cluster_ip is not None),
-                       self.devices.collective.backend, self.devices.gpus_per_rank)
+                       self.devices.collective.backend, self.devices.gpus_per_rank, beat)
         self.store, self.events = store, EventReader(store)
+        self.watch = Watch(store, cfg.liveness_timeout, beat)
         self.evals = ControllerEvals(self, copies=self.program is None)
         self.evals.start()
         self.procs = Procs(store, base, self.start_rank)
         self.rec = DistRecovery(self, order_dicts(self.orders))
+        ended = False
         try:
             self.cb.before_run(self.cfg.to_dict())
             restore = self._resume() if self.ctx.resume else None
@@ -150,10 +157,13 @@ class GlooEngine:
             self.rec.start(range(self.cfg.ranks), "fresh" if restore is None else "restart",
                            attempt=0, executed=restore or 0, restore=restore)
             self._loop()
+            ended = True
         finally:
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
                 self.procs.kill(p)
-            self.procs.shutdown()
+            # A run cut short (an error, Ctrl-C, SIGTERM) ends its ranks at once: they
+            # would train on, not exit, in the seconds a finished run's are given.
+            self.procs.shutdown(timeout=5.0 if ended else 0.0)
         self.pump()  # the last words of the last ranks
         self.events.bell.close()
         self.evals.close()  # an evaluation still waiting for copies: score it with what came
@@ -181,23 +191,24 @@ class GlooEngine:
         return step
 
     def _loop(self) -> None:
-        idle_since = time.time()
-        stall = stall_seconds(self.cfg.cost.timeout_seconds)
         while True:
-            progressed = self.pump()
-            progressed = self.rec.tick() or progressed
+            self.pump()
+            self.rec.tick()
             if self.rec.finished():
                 return
             if (self.cfg.wall_limit is not None and not self.stopping
                     and time.time() - self.t0 >= self.cfg.wall_limit):
                 self.request_stop()
-            now = time.time()
-            if progressed:
-                idle_since = now
-            elif now - idle_since > stall:
-                raise RuntimeError(f"dist engine: no progress for {stall:.0f} s "
-                                   f"(state {self.rec.state.value}); giving up")
+            self._look_for_silence()
             self.events.bell.wait(TICK)  # an event wakes us at once
+
+    def _look_for_silence(self) -> None:
+        """End the processes whose heartbeat stopped: stopped or frozen, they are lost
+        (their end is then a death like any other, dated from their last beat)."""
+        now = time.time()
+        for p, since in self.watch.silent(list(self.procs.current.values()), now):
+            self.emit(RankSilent(slot=p.slot, silent_seconds=round(now - since, 3)))
+            self.procs.lose(p, since)
 
     def pump(self) -> bool:
         """Handle every message the ranks posted so far; returns whether there were any."""
@@ -218,10 +229,6 @@ class GlooEngine:
 
     # -- what the ranks tell us ---------------------------------------------------
     def _on_event(self, m: Message) -> None:
-        if isinstance(m, RankError) and m.user is not None:  # one line (exit code 2)
-            raise UserError(m.user)
-        if isinstance(m, RankError):
-            raise RuntimeError(f"dist engine: rank {m.slot} failed with a bug:\n{m.traceback}")
         if isinstance(m, Metrics):  # the first member evaluated its state after a commit
             self.logical = m.logical  # goes back on a restart
             self.iteration = max(self.iteration, m.iteration)

@@ -67,6 +67,9 @@ class Group:
         self.wire = device if backend == "nccl" and device is not None else torch.device("cpu")
         self.formed = False
         self.broadcast_bytes = 0  # what :meth:`broadcast` moved (a joiner's state transfer)
+        #: how long the collective that broke the group waited (its report says it: the
+        #: full timeout means a member never came, timing.timed_out)
+        self.waited = 0.0
 
     def form(self) -> None:
         """Rendezvous and check the group with one small collective.
@@ -83,6 +86,7 @@ class Group:
             # The project aborts a stalled communicator itself (:meth:`_wait`).
             os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
             timeout += NCCL_WATCHDOG_GRACE
+        start = time.monotonic()
         try:
             dist.init_process_group(self.backend,
                                     store=dist.PrefixStore(f"attempt{self.n}", self.store),
@@ -96,6 +100,7 @@ class Group:
             message = f"forming group {self.n}: {e}"
         else:
             return
+        self.waited = time.monotonic() - start
         self.close()  # outside the handler, as in _run
         raise PeerLost(message)
 
@@ -149,11 +154,13 @@ class Group:
         work.wait()
 
     def _run(self, op: Callable[[], Work | None]) -> None:
+        start = time.monotonic()
         try:
             self._wait(op())
             return
         except (RuntimeError, TimeoutError) as e:
             message = str(e).splitlines()[0][:300]
+        self.waited = time.monotonic() - start
         # Raised outside the handler: an exception raised inside keeps the gloo error as
         # its context, whose traceback holds torch's frames and with them the process
         # group, whose sockets then stay open after close(): the peers that were not

@@ -8,8 +8,8 @@ mean something in which state:
 * ``waiting``, ``started_at``: STARTING only (the processes spawned, and when);
 * ``members``, ``n``: the group of attempt ``n``, from TRAINING on (a restart's
   STARTING keeps the broken group's until the fresh processes are ready);
-* ``first_sign``, ``first_report``: REPORTING only (None otherwise): when the group
-  was first seen broken, and when its first report came;
+* ``first_sign``, ``first_timeout``: REPORTING only (None otherwise): when the group
+  was first seen broken, and when the first report that its collective timed out came;
 * ``joiners``, ``grow_requested``: warm replacements and whether the group was asked
   to take them in; cleared by a restart;
 * ``log.open`` (:class:`~.ledger.RecoveryLog`): the recoveries decided and not yet

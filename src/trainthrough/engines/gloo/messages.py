@@ -32,11 +32,24 @@ class Message:
 
 @dataclass(frozen=True, kw_only=True)
 class RankError(Message):
-    """A rank ends: ``user`` (the user's to fix, one line) or ``traceback`` (a bug)."""
+    """A rank process ends on an error: ``user`` (the user's to fix, one line: the run
+    ends) or an exception (a bug, or the user's code raising: a failure of that rank).
+
+    ``inc``: the incarnation of ``slot`` that raised; ``error``: the exception in one
+    line (``ValueError: boom``); ``type_name``: its class (``builtins.ValueError``) and
+    ``message`` its text, from which a caller may raise one of the same builtin type
+    (never unpickled); ``logical``: the committed steps of the process (-1: none
+    known); ``traceback``: the whole of it.
+    """
 
     TYPE = "error"
     slot: int
+    inc: int = -1
     user: str | None = None
+    error: str = ""
+    type_name: str = ""
+    message: str = ""
+    logical: int = -1
     traceback: str = ""
 
 

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from trainthrough.engines.gloo import zygote
 from trainthrough.engines.gloo.protocol import RankSpec, RunSpec, has
-from trainthrough.engines.signals import ProcessIdentity, identify, send
+from trainthrough.engines.signals import Pinned, pin
 from trainthrough.errors import UserError
 
 #: How local rank processes start: ``fork`` from the warm zygote, or ``exec`` a fresh
@@ -73,6 +73,9 @@ class Proc:
     process: Child
     started: float = field(default_factory=time.time)
     died_at: float | None = None
+    #: when its heartbeat was last seen, once the controller took it for dead for its
+    #: silence (:meth:`Procs.lose`): its death dates from then
+    silent_since: float | None = None
 
     @property
     def exitcode(self) -> int | None:
@@ -80,7 +83,7 @@ class Proc:
 
 
 class LocalProcess:
-    """A rank process started with ``python -m``, identified (pid and start time) at once."""
+    """A rank process started with ``python -m``, pinned at once."""
 
     def __init__(self, spec: RankSpec) -> None:
         self.popen = subprocess.Popen(
@@ -90,8 +93,8 @@ class LocalProcess:
         with self.popen.stdin as pipe:  # the spec is plain values (protocol.RankSpec)
             pipe.write(json.dumps(spec.to_dict()).encode())
         self.pid: int | None = self.popen.pid
-        # None: it ended before it was identified (then there is nothing to signal).
-        self.ident: ProcessIdentity | None = identify(self.popen.pid)
+        # None: it ended before it was pinned (then there is nothing to signal).
+        self.handle: Pinned | None = pin(self.popen.pid)
 
     @property
     def exitcode(self) -> int | None:
@@ -102,11 +105,13 @@ class LocalProcess:
             self.popen.wait(timeout)
 
     def kill(self) -> None:
-        if self.exitcode is None and self.ident is not None:
-            send(self.ident)
+        if self.exitcode is None and self.handle is not None:
+            self.handle.send()
 
     def close(self) -> None:
         self.join(timeout=0)  # reaped: nothing else holds it
+        if self.handle is not None and self.exitcode is not None:
+            self.handle.close()
 
 
 def local_launch() -> Launch:
@@ -165,9 +170,16 @@ class Procs:
         out = []
         for p in self.current.values():
             if p.died_at is None and p.exitcode is not None:
-                p.died_at = time.time()
+                p.died_at = p.silent_since if p.silent_since is not None else time.time()
                 out.append(p)
         return out
+
+    def lose(self, p: Proc, silent_since: float) -> None:
+        """End a process whose heartbeat stopped at ``silent_since`` (frozen, or
+        stopped): its end is then reported by :meth:`newly_dead`, as a death at that
+        time, and recovered like any other."""
+        p.silent_since = silent_since
+        p.process.kill()
 
     def kill(self, p: Proc) -> None:
         """SIGKILL one process this controller started (a stopped one dies too)."""
@@ -185,7 +197,8 @@ class Procs:
             self.kill(p)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """End every process this run started (normally all have exited already)."""
+        """End every process this run started (normally all have exited already; 0:
+        kill the rest at once)."""
         self.wait_exit([p for p in self.started if p.exitcode is None], timeout)
         for p in self.started:
             p.process.close()

@@ -23,6 +23,12 @@ travels over the process group (:mod:`trainthrough.dp.repair`). Call order for o
    first member learns it from a thread waiting on ``ctl/<k>`` (no store round trip
    on the step path) and shares it in the commit vote, so every member acts on it
    after the same step.
+
+Beside these, every rank process beats on ``beat/<slot>/<inc>`` (:mod:`.liveness`), and
+one that ends on an error leaves its last words in ``error/<slot>/<inc>`` (a
+:class:`~.messages.RankError`, :func:`write_last_words`): a key of its own, not the
+event queue, so they arrive even if the process died in the middle of a post (the queue
+waits for the message whose number it took).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainthrough.engines.gloo.messages import Message, Reported
+from trainthrough.engines.gloo.messages import Message, RankError, Reported, parse
 from trainthrough.engines.gloo.timing import PLAN_WAIT_SECONDS
 
 
@@ -50,7 +56,8 @@ class RunSpec:
     the controller's store; ``t0``: the run's start (wall clock, for @time triggers);
     ``loop``: a user's own loop by reference (None: a workload's step); ``net``: where
     the rank's gloo binds (net.py); ``collective``/``gpus_per_rank``: dp/devices.py's
-    choice for every rank."""
+    choice for every rank; ``heartbeat``: seconds between the process's heartbeats
+    (liveness.py)."""
 
     config: dict[str, Any]
     host: str
@@ -61,6 +68,7 @@ class RunSpec:
     net: dict[str, Any] | None = None
     collective: str = "gloo"
     gpus_per_rank: float = 0.0
+    heartbeat: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,9 @@ class Report:
 
     ``reason``: ``error`` (a collective failed or timed out) or ``ctl`` (it stopped
     at a step boundary because the controller asked). ``phase``/``buckets_done``
-    locate the interrupted step; ``t`` is when the error surfaced.
+    locate the interrupted step; ``t`` is when the error surfaced; ``waited``: how long
+    the failed collective waited (its full timeout: a member never came,
+    :func:`~.timing.timed_out`).
     """
 
     slot: int
@@ -136,6 +146,7 @@ class Report:
     logical: int = 0
     t: float = field(default_factory=time.time)
     error: str = ""
+    waited: float = 0.0
 
 
 def serve(host: str, timeout: float) -> dist.TCPStore:
@@ -350,3 +361,18 @@ def read_reports(store: dist.Store, n: int, slots: list[int]) -> dict[int, Repor
     """The reports of attempt ``n`` that have arrived, by slot."""
     return {s: Report(**get(store, f"report/{n}/{s}")) for s in slots
             if has(store, f"report/{n}/{s}")}
+
+
+def write_last_words(store: dist.Store, message: RankError) -> None:
+    """A rank process ends on an error: what it says of it, read when its end is seen."""
+    put(store, f"error/{message.slot}/{message.inc}", message.wire())
+
+
+def read_last_words(store: dist.Store, slot: int, inc: int) -> RankError | None:
+    """What incarnation ``inc`` of ``slot`` said as it ended on an error (None: nothing,
+    it ended otherwise)."""
+    key = f"error/{slot}/{inc}"
+    if not has(store, key):
+        return None
+    m = parse(get(store, key))
+    return m if isinstance(m, RankError) else None

@@ -8,8 +8,15 @@ starts (``fresh``, ``restart`` from the checkpoint step the controller chose, or
 plan, form the group, recover as the plan says, train; on a collective error report
 and wait for the next plan. A rank that is not in a plan, or is told to exit, ends.
 
-Anything other than a failed collective is a bug: it is posted to the controller
-with its traceback and the process exits with code 1, so no peer waits on it.
+Anything other than a failed collective is an error of this rank: it leaves its last
+words for the controller (one line, its type and message, its traceback:
+:func:`~.protocol.write_last_words`) and the process exits with code 1, so no peer
+waits on it; the controller recovers the loss, and ends the run with that error once
+it repeats (``max_restarts``). They go over a fresh store connection if this process's
+own broke (the store drops a client that sent it a value it refuses).
+
+From its start to its end the process beats (:class:`~.liveness.Heartbeat`), so the
+controller can tell a rank that computes, however long, from one that stopped.
 
 With ``spec["loop"]`` (a user's own loop, :mod:`trainthrough.loop`) the rank runs the
 program the loop's marker names instead (:func:`loop_program`), imported by that name.
@@ -27,9 +34,15 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo.liveness import Heartbeat
 from trainthrough.engines.gloo.messages import RankError
 from trainthrough.engines.gloo.net import IFNAME_ENV, gloo_interface
-from trainthrough.engines.gloo.protocol import PLAN_WAIT_SECONDS, RankSpec, connect, post
+from trainthrough.engines.gloo.protocol import (
+    PLAN_WAIT_SECONDS,
+    RankSpec,
+    connect,
+    write_last_words,
+)
 from trainthrough.engines.gloo.session import RankSession
 from trainthrough.engines.gloo.trainer import Trainer
 from trainthrough.errors import UserError
@@ -45,6 +58,7 @@ def main(spec: RankSpec) -> int:
     # Ranks share a few cores: one intra-op thread each.
     torch.set_num_threads(1)
     store = connect(spec.run.host, spec.run.port, timeout=PLAN_WAIT_SECONDS)
+    beat = Heartbeat(spec.run.host, spec.run.port, spec.slot, spec.inc, spec.run.heartbeat)
     try:
         # Gloo binds to the interface net.py chooses (loopback for a local run), set
         # before any group is formed.
@@ -55,12 +69,43 @@ def main(spec: RankSpec) -> int:
         else:
             _run(spec, store)
     except UserError as e:  # the user's to fix (a diverged loss): one line, no traceback
-        post(store, RankError(slot=spec.slot, user=str(e)))
+        _tell(spec, store, RankError(slot=spec.slot, inc=spec.inc, user=str(e)))
         return 1
-    except Exception:  # a bug: tell the controller rather than leave peers waiting
-        post(store, RankError(slot=spec.slot, traceback=traceback.format_exc()))
+    except Exception as e:  # tell the controller rather than leave peers waiting
+        _tell(spec, store, error_message(spec, e))
         return 1
+    finally:
+        beat.close()
     return 0
+
+
+def error_message(spec: RankSpec, e: BaseException) -> RankError:
+    """What the controller is told of ``e``, raised in this rank process."""
+    kind = type(e)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
+    text = str(e)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    session = RankSession.current
+    return RankError(slot=spec.slot, inc=spec.inc, error=f"{name}: {first}" if first else name,
+                     type_name=f"{kind.__module__}.{kind.__qualname__}", message=text,
+                     logical=session.tr.logical if session is not None else -1,
+                     traceback=traceback.format_exc())
+
+
+def _tell(spec: RankSpec, store: dist.TCPStore, message: RankError) -> None:
+    """Leave ``message`` as this process's last words; over a new connection if its own
+    is broken (the store drops a client whose request it refused, a value over its size
+    limit say)."""
+    try:
+        write_last_words(store, message)
+        return
+    except Exception:  # noqa: BLE001 - whatever broke the connection, try a fresh one
+        pass
+    try:
+        write_last_words(connect(spec.run.host, spec.run.port, timeout=30.0), message)
+    except Exception:  # noqa: BLE001 - the controller is gone: nobody left to tell
+        traceback.print_exc()
 
 
 def _user_ifname() -> str | None:

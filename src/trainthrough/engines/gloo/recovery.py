@@ -3,11 +3,15 @@
 States (:mod:`.group_state`, which says which fields mean something when): STARTING
 (processes spawned, waiting until every one is ready, then the start plan is
 published), TRAINING (a group is running; watch for reports and deaths), REPORTING
-(the group ended: wait for the reports), and back. When a group breaks, the survivors report; the controller waits
-until every member whose process is still alive has reported, or a grace period
-after the first report (after the collective timeout when a death came first: see
-``timing.report_deadline``; a hung rank never reports: it is then presumed failed and
-SIGKILLed). Who reported is who is alive: that is the agreement. The strategy's
+(the group ended: wait for the reports), and back. When a group breaks, the
+survivors report; the controller waits until every member whose process is still alive
+has reported, or the deadline ``timing.report_deadline`` sets (a grace period after a
+report that its collective timed out; else the collective timeout, since a live member
+may be evaluating or saving before it reaches its next collective); a hung rank never
+reports: it is then presumed failed and SIGKILLed. Who reported is who is alive: that
+is the agreement. A member lost without a failure order (its code raised, it was
+killed, presumed hung, silent) is counted by :class:`~.crashes.Crashes` first, which
+ends the run once such a failure repeats the same way (``max_restarts``). The strategy's
 policy (the same as ``sim``'s) then decides:
 
 - rollback / lossy-forward: publish the next attempt with the survivors, and spawn
@@ -27,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainthrough.dp.step import group_phase
+from trainthrough.engines.gloo.crashes import Crashes
 from trainthrough.engines.gloo.group_state import (
     TRANSITIONS,
     GroupState,
@@ -36,8 +41,16 @@ from trainthrough.engines.gloo.group_state import (
 from trainthrough.engines.gloo.ledger import RecoveryLog
 from trainthrough.engines.gloo.messages import Failed, Message
 from trainthrough.engines.gloo.procs import Proc
-from trainthrough.engines.gloo.protocol import Plan, Report, read_reports, request, write_plan
-from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline
+from trainthrough.engines.gloo.protocol import (
+    Plan,
+    Report,
+    read_last_words,
+    read_reports,
+    request,
+    write_plan,
+)
+from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline, timed_out
+from trainthrough.errors import UserError
 from trainthrough.events import CheckpointCorrupt, Detection, Event, Restored
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
@@ -64,11 +77,14 @@ class DistRecovery:
         self.joiners: list[tuple[Proc, float]] = []
         self.grow_requested = False
         self.reported = False  # a member announced a report (protocol.write_report)
-        # REPORTING only: a report or a death (the group broke), and the first report.
+        # REPORTING only: a report or a death (the group broke), and the first report
+        # that its collective timed out.
         self.first_sign: float | None = None
-        self.first_report: float | None = None
-        # Any state: failures not yet matched to a decision, open recoveries, counters.
+        self.first_timeout: float | None = None
+        # Any state: failures not yet matched to a decision, open recoveries, counters;
+        # the ranks' own errors and the losses nobody injected.
         self.log = RecoveryLog(port, cfg.ranks)
+        self.crashes = Crashes(cfg.max_restarts)
 
     # -- starting -----------------------------------------------------------------
     def start(self, slots: range | list[int], mode: str, attempt: int, executed: int,
@@ -117,10 +133,8 @@ class DistRecovery:
         if self.state is GroupState.STARTING:
             ended = [p for p in self.waiting if p.exitcode is not None]
             if ended:
-                p = ended[0]
-                why = getattr(p.process, "why", "")
-                raise RuntimeError(f"dist engine: rank {p.slot} ended while starting "
-                                   f"(exit code {p.exitcode}{': ' + why if why else ''})")
+                self._last_words(ended[0])
+                raise self.crashes.fatal(ended[0], "ended while starting")
             if time.time() - self.started_at > START_SECONDS:
                 raise RuntimeError("dist engine: rank processes did not start within "
                                    f"{START_SECONDS:g} s")
@@ -132,8 +146,11 @@ class DistRecovery:
             return True
         now = time.time()
         dead = [p for p in self.port.procs.newly_dead() if p.exitcode != 0]
-        if any(p.slot not in self.members for p in dead):
-            raise RuntimeError("dist engine: a replacement rank process ended before joining")
+        for p in dead:
+            self._last_words(p)
+        strays = [p for p in dead if p.slot not in self.members]
+        if strays:
+            raise self.crashes.fatal(strays[0], "ended before it joined")
         # Reports are read only once a member said it wrote one (a ``report`` event)
         # or a process ended: not N store round trips every tick.
         if not (self.reported or dead or self.state is GroupState.REPORTING):
@@ -149,18 +166,33 @@ class DistRecovery:
         if sign and self.state is GroupState.TRAINING:
             self._to(GroupState.REPORTING)
             self.first_sign = now
-        if reports and self.first_report is None:
-            self.first_report = now
+        timeout = self.port.cfg.cost.timeout_seconds
+        if self.first_timeout is None and any(
+                r.reason == "error" and timed_out(r.waited, timeout) for r in reports.values()):
+            self.first_timeout = now
         if self.state is GroupState.REPORTING:
             expected = [s for s in self.members if self.port.procs.alive(s)]
             assert self.first_sign is not None
-            deadline = report_deadline(self.first_sign, self.first_report,
-                                       self.port.cfg.cost.timeout_seconds)
+            deadline = report_deadline(self.first_sign, self.first_timeout, timeout)
             if all(s in reports for s in expected) or now > deadline:
                 self._decide(reports)
                 return True
         self._maybe_grow()
         return bool(dead)
+
+    def _last_words(self, p: Proc) -> None:
+        """Read what ``p`` said as it ended on an error (rank_main): an error the user
+        must fix ends the run here, in one line; any other is recorded and counted with
+        the loss (crashes.py).
+
+        Raises:
+            UserError: the rank's error was the user's to fix (a loss not finite).
+        """
+        m = read_last_words(self.port.store, p.slot, p.inc)
+        if m is not None and m.user is not None:
+            raise UserError(m.user)
+        if m is not None:
+            self.port.emit(self.crashes.on_error(m))
 
     def on_event(self, m: Message) -> Event:
         """Bookkeeping for a message from the ranks (:meth:`.ledger.RecoveryLog.on_event`
@@ -180,7 +212,7 @@ class DistRecovery:
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
         self.reported = False  # the next attempt's reports are announced anew
-        self.first_report = None
+        self.first_timeout = None
         # A victim posts its failure before it dies, and survivors report after: drain
         # once more, so the failure event is in even if it came within this tick.
         self.port.pump()
@@ -189,6 +221,7 @@ class DistRecovery:
         self.first_sign = None
         survivors = sorted(reports)
         failed = [s for s in self.members if s not in reports]
+        hung = {s for s in failed if procs.alive(s)}
         for s in failed:  # hung, or too slow to report: presumed failed, and made so
             procs.kill(procs.current[s])
         errors = [r for r in reports.values() if r.reason == "error"]
@@ -214,6 +247,11 @@ class DistRecovery:
         at_iteration = min((e.iteration for e in victims), default=executed)
         logical = max([r.logical for r in reports.values()]
                       + [e.logical for e in victims], default=self.port.logical)
+        by_order = {e.ids[0] for e in victims}
+        unexpected = [self.crashes.cause(procs.current[s], hung=s in hung)
+                      for s in failed if s not in by_order]
+        if unexpected:  # a failure that repeats ends the run here, with its own error
+            self.crashes.judge(unexpected, logical)
         done = min((r.buckets_done if r.phase == "allreduce" else 0 for r in errors), default=0)
         # A member's last collective may complete where another's failed (a ring's
         # last messages): those behind catch up with one that committed.

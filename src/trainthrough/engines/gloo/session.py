@@ -20,7 +20,7 @@ unwound (:class:`~trainthrough.errors.Retired`, raised by ``Loop.step``).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.distributed as dist
 
@@ -43,7 +43,12 @@ from trainthrough.errors import UserError
 class RankSession:
     """The plan loop of one rank process around its :class:`~.trainer.Trainer`."""
 
+    #: The session of this process (one per rank process), once built: how far it got
+    #: is what an error of this process reports (rank_main.error_message).
+    current: ClassVar[RankSession | None] = None
+
     def __init__(self, spec: RankSpec, store: dist.Store, trainer: Trainer) -> None:
+        RankSession.current = self
         self.spec, self.store, self.tr = spec, store, trainer
         self.slot, self.n = spec.slot, spec.attempt
         self.g: Group | None = None
@@ -84,15 +89,16 @@ class RankSession:
                 g.form()
                 self.tr.recover(g, plan)
             except PeerLost as e:
-                self._broken(e)
+                self._broken(e, g)
                 continue
             self.g = g
             return
 
-    def _broken(self, e: PeerLost) -> None:
+    def _broken(self, e: PeerLost, g: Group) -> None:
         tr = self.tr
         write_report(self.store, self.n, Report(self.slot, "error", e.phase, e.buckets_done,
-                                                tr.executed, tr.logical, e.t, e.message))
+                                                tr.executed, tr.logical, e.t, e.message,
+                                                waited=g.waited))
         self.n += 1
 
     def step(self) -> bool:
@@ -104,7 +110,7 @@ class RankSession:
             try:
                 ctl = self.tr.step(self.g)
             except PeerLost as e:
-                self._broken(e)
+                self._broken(e, self.g)
                 lost = True
             else:
                 lost = False

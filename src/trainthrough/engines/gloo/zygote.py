@@ -9,7 +9,9 @@ and forks a rank per request in milliseconds; :class:`ForkedProcess` is the
 :func:`shared` hands out one zygote per process (a CLI run, a test session, a driver
 that runs several loops), started at first use and ended when the process exits. The
 zygote is this process's child and each rank is the zygote's, so the ranks are
-descendants the project may signal (:mod:`trainthrough.engines.signals`).
+descendants the project may signal (:mod:`trainthrough.engines.signals`); each is pinned
+as it starts, so it stays reachable if the zygote dies before it (a SIGTERM to the whole
+process group ends the zygote at once and leaves its ranks to init).
 
 Only the project's rank code is preloaded, never the user's ``__main__``: a rank that
 runs a user's loop imports it by reference, as a ``python -m`` rank does.
@@ -31,7 +33,7 @@ import threading
 from pathlib import Path
 
 from trainthrough.engines.gloo.protocol import RankSpec
-from trainthrough.engines.signals import ProcessIdentity, identify, send
+from trainthrough.engines.signals import Pinned, adopt, pin
 
 #: Environment variables read when torch and its libraries are imported: a zygote
 #: started under other values would give its ranks the wrong ones.
@@ -54,7 +56,7 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainthrough.engines.gloo.zygote_main", self.path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
-        self.ident: ProcessIdentity | None = identify(self.proc.pid)
+        self.handle: Pinned | None = pin(self.proc.pid)
         self.signature = _signature()
         self._ready = False
         self._lock = threading.Lock()
@@ -93,14 +95,17 @@ class Zygote:
                 # inherits them (sys.stdout may be replaced, e.g. captured in memory).
                 socket.send_fds(conn, [b"F"], [1, 2])
                 conn.sendall(_LEN.pack(len(request)) + request)
-                answer = _readline(conn, READY_SECONDS)
+                answer, fds = _read_answer(conn, READY_SECONDS)
             except OSError as e:
                 conn.close()
                 raise ZygoteFailed(f"the rank zygote refused a request: {e}") from None
-        if not answer.startswith("pid "):
+        if not answer.startswith("pid ") or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
             conn.close()
             raise ZygoteFailed(f"the rank zygote answered {answer!r}")
-        return ForkedProcess(int(answer[4:]), conn)
+        pid = int(answer[4:])
+        return ForkedProcess(pid, conn, adopt(pid, fds[0]))
 
     def close(self) -> None:
         """End the zygote: its stdin closes and it exits; the ranks it forked are not
@@ -111,8 +116,11 @@ class Zygote:
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
-            send(self.ident)
+            if self.handle is not None:
+                self.handle.send()
             self.proc.wait(5)
+        if self.handle is not None:
+            self.handle.close()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         with contextlib.suppress(OSError):
@@ -122,11 +130,12 @@ class Zygote:
 
 
 class ForkedProcess:
-    """A rank forked by the zygote: a :class:`~.procs.Child`, identified at once."""
+    """A rank forked by the zygote: a :class:`~.procs.Child`, pinned by the pidfd the
+    zygote opened for it (None: it ended before; nothing to signal then)."""
 
-    def __init__(self, pid: int, conn: socket.socket) -> None:
+    def __init__(self, pid: int, conn: socket.socket, handle: Pinned | None) -> None:
         self.pid: int | None = pid
-        self.ident = identify(pid)  # None: it ended before (nothing to signal then)
+        self.handle = handle
         self._conn: socket.socket | None = conn
         self._code: int | None = None
 
@@ -155,17 +164,34 @@ class ForkedProcess:
             self._code = 1
 
     def _running(self) -> bool:
-        return self.ident is not None and identify(self.ident.pid) == self.ident
+        return self.handle is not None and self.handle.alive()
 
     def join(self, timeout: float | None = None) -> None:
         self._poll(timeout)
 
     def kill(self) -> None:
-        if self.exitcode is None and self.ident is not None:
-            send(self.ident)
+        if self.exitcode is None and self.handle is not None:
+            self.handle.send()
 
     def close(self) -> None:
         self._poll(0.0)
+        if self.handle is not None and self._code is not None:
+            self.handle.close()
+
+
+def _read_answer(conn: socket.socket, timeout: float) -> tuple[str, list[int]]:
+    """The zygote's ``pid <pid>`` line and the descriptors sent with it."""
+    conn.settimeout(timeout)
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, 64, 1)
+    except TimeoutError:
+        return "", []
+    finally:
+        conn.settimeout(None)
+    line = data
+    if data and not data.endswith(b"\n"):  # a line split in two: the rest, no more fds
+        line += _readline(conn, timeout).encode() + b"\n"
+    return line.decode(errors="replace").strip(), fds
 
 
 def _readline(conn: socket.socket, timeout: float) -> str:

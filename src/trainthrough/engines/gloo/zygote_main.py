@@ -11,7 +11,10 @@ initialised when it forks. Then it serves, one at a time, requests on the Unix s
 2. then a length-prefixed JSON request ``{"spec", "env", "cwd"}``;
 3. the zygote forks; the child takes the descriptors, the environment and the working
    folder of the request, reseeds what a fresh interpreter would seed afresh, and runs
-   :func:`.rank_main.main`; the zygote answers ``pid <pid>``;
+   :func:`.rank_main.main`; the zygote answers ``pid <pid>``, with a pidfd of the
+   child attached (SCM_RIGHTS): the client pins the rank with it
+   (:func:`~trainthrough.engines.signals.adopt`), so that it reaches that very process
+   even if this zygote dies first and the rank is left to init;
 4. when the child ends, the zygote answers ``exit <code>`` on the same connection
    (``-N``: killed by signal N, as :class:`subprocess.Popen` reports it) and closes it.
 
@@ -134,7 +137,13 @@ def serve(path: str) -> None:
                 _child(request, fds, own)  # 0, 1 and 2 are replaced there, not closed
             for fd in fds:
                 os.close(fd)
-            conn.sendall(f"pid {pid}\n".encode())
+            # Opened before the child can be reaped (only this loop reaps it), so the
+            # descriptor refers to it, never to a process that took its pid later.
+            pidfd = os.pidfd_open(pid)
+            try:
+                socket.send_fds(conn, [f"pid {pid}\n".encode()], [pidfd])
+            finally:
+                os.close(pidfd)
             waiting[pid] = conn
             _reap(waiting)
 
