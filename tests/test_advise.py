@@ -401,24 +401,26 @@ def test_advise_bad_input_exits_2_with_one_line(args: list[str], cli, tmp_path: 
 
 # -- predictions against measurement ---------------------------------------------------
 @pytest.mark.timeout(400)
-def test_mlr_predictions_within_20_percent_of_the_seeded_trace() -> None:
-    """The recommended and the runner-up, at the advisor's interval, on 16 seeds of the
-    trace (seeds 0-15, fixed before looking: the failure count is Poisson, so fewer
-    seeds leave the mean time to target ~1/sqrt(16 x 8) = 9% noisy)."""
+def test_mlr_prediction_within_20_percent_of_the_seeded_trace() -> None:
+    """The recommended strategy, at the advisor's interval, on 16 seeds of the trace
+    (seeds 0-15, fixed before looking: the failure count is Poisson, so fewer seeds
+    leave the mean time to target ~1/sqrt(16 x 8) = 9% noisy). The runner-up is the
+    same model on another candidate: ``benchmarks/advise_check.py`` checks it (and cnn,
+    and Ray); here it would double the suite's longest test."""
     a = advise(RunConfig.from_toml(EXAMPLE), trace_spec("ps", "3s", None))
     assert a.clock == "simulated seconds"
     assert a.recommended.seconds_to_target <= a.runner_up.seconds_to_target  # type: ignore[union-attr]
     # Through JSON (advice.json, advise_check --save/--advice) and back, infinities too.
     again = Advice.from_dict(json.loads(json.dumps(a.to_dict())))
     assert again.to_dict() == a.to_dict() and again.predictions == a.predictions
-    free = failure_free(a, list(range(16)), jobs=2)  # two at a time: sim's results do
-    for p in a.predictions[:2]:                       # not depend on it (below)
-        c = check(a, p.name, list(range(16)), free, jobs=2)
-        assert c.reached == 16, c
-        assert c.measured_steady == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
-        assert c.measured_blocked == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
-        assert c.measured_seconds == pytest.approx(c.predicted_seconds, rel=0.2), c
-        assert c.measured_overhead == pytest.approx(c.predicted_overhead, rel=0.2), c
+    # Two at a time: sim's results do not depend on it (below).
+    free = failure_free(a, list(range(16)), jobs=2)
+    c = check(a, a.recommended.name, list(range(16)), free, jobs=2)
+    assert c.reached == 16, c
+    assert c.measured_steady == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
+    assert c.measured_blocked == pytest.approx(c.predicted_steady, rel=0.2, abs=1e-4), c
+    assert c.measured_seconds == pytest.approx(c.predicted_seconds, rel=0.2), c
+    assert c.measured_overhead == pytest.approx(c.predicted_overhead, rel=0.2), c
     # Seeds run side by side compute what they compute one after another (sim's clock);
     # on a wall clock they would time each other, so that is refused.
     one = check(a, c.name, [3], {3: free[3]})
