@@ -52,8 +52,8 @@ def test_a_step_longer_than_the_liveness_timeout_is_not_taken_for_a_hang(
     monkeypatch.setenv("TT_EVAL_SLEEP", f"{1.2 * liveness}@4")
     r = _launch(tmp_path / "run", liveness_timeout=liveness, timeout=10.0)
     kinds = [e["type"] for e in _events(tmp_path / "run")]
-    assert r.summary["failures"] == 0 and "rank-silent" not in kinds, kinds
-    assert r.returned["steps"] == 8 and r.summary["replicas_identical"]
+    assert r.summary.result.failures == 0 and "rank-silent" not in kinds, kinds
+    assert r.returned["steps"] == 8 and r.summary.result.extras["replicas_identical"]
 
 
 def test_a_rank_that_hangs_is_found_by_the_collective_timeout_and_recovered(
@@ -71,7 +71,7 @@ def test_a_rank_that_hangs_is_found_by_the_collective_timeout_and_recovered(
     # Decided a grace after the timed-out report: the wait for a rank that may still
     # be computing (a second collective timeout) is not spent on one the group waited for.
     assert det["wall_seconds"] - fail["wall_seconds"] < 2 * timeout
-    assert r.summary["failures"] == 1 and len(r.recoveries) == 1
+    assert r.summary.result.failures == 1 and len(r.recoveries) == 1
     assert r.returned["steps"] == 8
 
 
@@ -87,7 +87,7 @@ def test_a_stopped_rank_is_found_by_its_silent_heartbeat_before_any_timeout(
     det = next(e for e in ev if e["type"] == "detection")
     assert [e["slot"] for e in silent] == [1] and silent[0]["silent_seconds"] >= 2.0
     assert det["failed"] == ["rank1"] and det["detection_seconds"] < 30.0
-    assert r.summary["failures"] == 1 and r.returned["steps"] == 8
+    assert r.summary.result.failures == 1 and r.returned["steps"] == 8
 
 
 def test_a_rank_evaluating_when_its_group_changes_is_waited_for(
@@ -103,7 +103,7 @@ def test_a_rank_evaluating_when_its_group_changes_is_waited_for(
                     strategy="rollback", failures=["rank=2@iter=1"], recovery_delay=0.5,
                     eval_every=1, cost=CostModel(timeout_seconds=5.0))
     s = run(cfg, tmp_path / "run")
-    assert (s["failures"], s["ranks_joined"]) == (1, 1)
+    assert (s.result.failures, s.result.extras["ranks_joined"]) == (1, 1)
     assert [e["type"] for e in _events(tmp_path / "run")].count("detection") == 1
 
 
@@ -117,7 +117,7 @@ def test_checkpoint_restart_with_a_slow_evaluation_ends_with_the_failure_free_re
                 checkpoint_every=2)
     monkeypatch.setenv("TT_EVAL_SLEEP", "0")
     clean = _launch(tmp_path / "clean", strategy="checkpoint-restart", checkpoint_every=2)
-    assert r.summary["failures"] == 1 and r.summary["restarts"] == 1, r.summary
+    assert r.summary.result.failures == 1 and r.summary.result.extras["restarts"] == 1, r.summary
     assert r.returned == clean.returned and r.returned["steps"] == 8
 
 

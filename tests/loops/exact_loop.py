@@ -43,4 +43,4 @@ if __name__ == "__main__":
                fail=[] if fail == "-" else [fail], out=out, timeout=5.0, progress=False,
                micro_batches=int(micro), allreduce_buckets=int(buckets),
                options=json.loads(options))
-    print(json.dumps({"returned": r.returned, "summary": r.summary}))
+    print(json.dumps({"returned": r.returned, "summary": r.summary.to_dict()}))

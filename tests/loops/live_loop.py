@@ -86,4 +86,4 @@ if __name__ == "__main__":
     r = launch(train, ranks=2, engine="gloo", strategy=strategy,
                fail=[fail] if fail != "-" else [], out=out, progress=False,
                checkpoint_every=int(ckpt), recovery_delay=0.2)
-    print(json.dumps({"returned": r.returned, "summary": r.summary}))
+    print(json.dumps({"returned": r.returned, "summary": r.summary.to_dict()}))
