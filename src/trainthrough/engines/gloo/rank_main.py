@@ -24,6 +24,7 @@ program the loop's marker names instead (:func:`loop_program`), imported by that
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -44,6 +45,7 @@ from trainthrough.engines.gloo.protocol import (
     write_last_words,
 )
 from trainthrough.engines.gloo.session import RankSession
+from trainthrough.engines.gloo.timing import LAST_WORDS_SECONDS
 from trainthrough.engines.gloo.trainer import Trainer
 from trainthrough.errors import UserError
 from trainthrough.workloads import reference
@@ -102,10 +104,11 @@ def _tell(spec: RankSpec, store: dist.TCPStore, message: RankError) -> None:
         return
     except Exception:  # noqa: BLE001 - whatever broke the connection, try a fresh one
         pass
-    try:
-        write_last_words(connect(spec.run.host, spec.run.port, timeout=30.0), message)
-    except Exception:  # noqa: BLE001 - the controller is gone: nobody left to tell
-        traceback.print_exc()
+    # If that fails too the controller is gone: its run already ended and said how;
+    # nobody is left to tell, and the terminal is no longer this rank's to write to.
+    with contextlib.suppress(Exception):
+        write_last_words(connect(spec.run.host, spec.run.port, timeout=LAST_WORDS_SECONDS),
+                         message)
 
 
 def _user_ifname() -> str | None:

@@ -45,6 +45,13 @@ GRACE = 0.5
 #: so this only ends ranks that would otherwise wait for ever.
 PLAN_WAIT_SECONDS = 120.0
 
+#: How long a rank whose own store connection broke tries a fresh one to leave its last
+#: words. Guards against telling a controller that is gone: one that runs answers a
+#: connection in milliseconds, and a rank orphaned by a signal to the whole job (its
+#: zygote died before handing it over, :mod:`.zygote_main`) should end within seconds
+#: of its run, quietly, not print a traceback into the terminal half a minute later.
+LAST_WORDS_SECONDS = 3.0
+
 #: The longest between two heartbeats of a rank process (:mod:`.liveness`); a shorter
 #: liveness timeout beats more often (:func:`heartbeat_period`). One store call each.
 HEARTBEAT_SECONDS = 1.0

@@ -60,6 +60,10 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(_recv_exact(conn, size)), fds
 
 
+#: Signals held while a rank is forked and handed over (see :func:`serve`).
+_HELD = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
 def _child(request: dict[str, Any], fds: list[int], keep_closed: list[int]) -> None:
     """In the forked child: become a rank process as ``python -m rank_main`` would be."""
     code = 1
@@ -130,20 +134,28 @@ def serve(path: str) -> None:
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            # A signal to the whole job (``timeout -s TERM``, Ctrl-C) that ended this
+            # process between the fork and the hand-over would leave a rank nobody
+            # pinned: held until its pidfd is sent (the child restores the mask).
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
             pid = os.fork()
             if pid == 0:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
                 own = [listener.fileno(), wake_r, wake_w, conn.fileno(),
                        *(c.fileno() for c in waiting.values())]
                 _child(request, fds, own)  # 0, 1 and 2 are replaced there, not closed
-            for fd in fds:
-                os.close(fd)
-            # Opened before the child can be reaped (only this loop reaps it), so the
-            # descriptor refers to it, never to a process that took its pid later.
-            pidfd = os.pidfd_open(pid)
             try:
-                socket.send_fds(conn, [f"pid {pid}\n".encode()], [pidfd])
+                for fd in fds:
+                    os.close(fd)
+                # Opened before the child can be reaped (only this loop reaps it), so the
+                # descriptor refers to it, never to a process that took its pid later.
+                pidfd = os.pidfd_open(pid)
+                try:
+                    socket.send_fds(conn, [f"pid {pid}\n".encode()], [pidfd])
+                finally:
+                    os.close(pidfd)
             finally:
-                os.close(pidfd)
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             waiting[pid] = conn
             _reap(waiting)
 
