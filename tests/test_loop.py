@@ -99,12 +99,18 @@ def test_module_replica_state_round_trips_and_buffers_average() -> None:
     r = ModuleReplica(0, model, opt, lambda rows: data[rows], run_seed=1)
     r.begin_step(StepFns(lambda x: model(x).pow(2).mean()))
     before = r.state()
-    contribs = r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))])
+    grads = r.new_grads(separate=True)
+    r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))], grads)
     assert all(torch.equal(before[k], v) for k, v in r.state().items()), "gradients moved it"
-    flat = (contribs[0][1] + contribs[1][1]) / 2
+    flat = (grads.parts[0][1] + grads.parts[1][1]) / 2
+    # Summed in place into the replica's own vector: the same sum (its .grad are views).
+    summed = r.new_grads(separate=False)
+    r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))], summed)
+    assert summed.flat is not None and torch.equal(summed.flat / 2, flat)
     r.apply(flat)
     mean_of_stats = model[1].running_mean.clone()
-    assert torch.allclose(mean_of_stats, flat[-8:-4])  # the buffers' mean, as reduced
+    # The buffers come first in the flat vector (BatchNorm: weight, bias, mean, var).
+    assert torch.allclose(mean_of_stats, flat[:4])  # the buffers' mean, as reduced
     # A fresh replica of the same model takes the state, Adam moments included.
     model2 = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     r2 = ModuleReplica(1, model2, torch.optim.Adam(model2.parameters(), lr=0.1),

@@ -53,7 +53,14 @@ class Work(Protocol):
 
 
 class Group:
-    """The live members of attempt ``n``; this process is ``members.index(slot)``."""
+    """The live members of attempt ``n``; this process is ``members.index(slot)``.
+
+    Its collectives block (never suspend), so the step may :meth:`start` a bucket from
+    inside the backward (:attr:`overlaps`): the reduction runs on the backend's own
+    threads while the backward goes on, as DDP's bucket hooks do.
+    """
+
+    overlaps = True
 
     def __init__(self, store: dist.Store, n: int, members: list[int], slot: int,
                  timeout: float, backend: str = "gloo",
@@ -106,6 +113,26 @@ class Group:
         """
         out = _local_sum(parts, bucket, extra=0)
         return self._reduce(out)
+
+    async def start(self, parts: Sequence[Contribution], bucket: Bucket) -> _Started:
+        """Begin the sum of ``bucket`` over the group: this rank's ``parts`` are summed
+        into a new tensor now (the caller may change them as soon as this returns)."""
+        out = _local_sum(parts, bucket, extra=0)
+        wire = out if out.device == self.wire else out.to(self.wire)
+        try:
+            work = dist.all_reduce(wire, async_op=True)
+        except RuntimeError as e:
+            message = str(e).splitlines()[0][:300]
+        else:
+            return _Started(out, wire, work)
+        self.close()  # outside the handler, as in _run
+        raise PeerLost(message)
+
+    async def wait(self, handle: _Started) -> torch.Tensor:
+        """The sum :meth:`start` began, on the parts' device."""
+        self._run(lambda: handle.work)
+        wire = handle.wire
+        return wire if wire is handle.out else wire.to(handle.out.device)
 
     async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
                      ballot: float) -> tuple[torch.Tensor, float]:
@@ -166,6 +193,13 @@ class Group:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self.formed = False
+
+
+class _Started:
+    """A bucket :meth:`Group.start` began: its local sum and where it is reduced."""
+
+    def __init__(self, out: torch.Tensor, wire: torch.Tensor, work: Work | None) -> None:
+        self.out, self.wire, self.work = out, wire, work
 
 
 def wait_or_abort(work: Work, timeout: float, abort: Callable[[], None],

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
-from trainthrough.dp.allreduce import make_buckets
+from trainthrough.dp.allreduce import plan_buckets
 from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
 from trainthrough.dp.rank import Rank, Replica, Tensors
@@ -50,6 +50,7 @@ from trainthrough.engines.gloo.messages import (
     StepCompleted,
 )
 from trainthrough.engines.gloo.protocol import Doorbell, Plan, post
+from trainthrough.errors import UserError
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.ft.perturbation import perturbation
 from trainthrough.ft.strategy import resolve
@@ -82,7 +83,11 @@ class Trainer:
         self.stream = SampleStream(samples, cfg.seed)
         self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
-        self.spec = StepSpec(make_buckets(replica.layout.numel, cfg.allreduce_buckets), mean)
+        numel = replica.layout.numel
+        if cfg.allreduce_buckets is not None and cfg.allreduce_buckets > numel:
+            raise UserError(f"allreduce_buckets must be at most the {numel} values of the "
+                            f"model's gradient (got {cfg.allreduce_buckets})")
+        self.spec = StepSpec(plan_buckets(numel, cfg.allreduce_buckets), mean)
         self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica, checkpoint_every,
                                lambda saved: post(store, saved))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
@@ -121,7 +126,7 @@ class Trainer:
         for every rank (None: start over from x0)."""
         if step is not None:
             tensors, self.cursor = self.saves.load(step)
-            self.replica.load(tensors)
+            self.replica.load(tensors, own=True)
             self.logical = step
 
     def recover(self, g: Group, plan: Plan) -> None:
@@ -132,14 +137,15 @@ class Trainer:
             self._share_state(g, holder=self.logical == plan.logical)
             fl = None
         # What the failure-free group would hold once this recovery is done: the
-        # replica itself while the interrupted step is outstanding (never applied).
-        reference = self.replica.params
+        # replica itself (None) while the interrupted step is outstanding (never
+        # applied), or after a completion that dropped nothing.
+        reference: Tensors | None = None
         if plan.action == "join":
             self._share_state(g, holder=not self.joining)
         elif plan.action == "lossy" and plan.complete and fl is not None:
-            full = run_blocking(failure_free(self.replica, fl, g, self.spec, plan.buckets_done))
+            reference = run_blocking(failure_free(self.replica, fl, g, self.spec,
+                                                  plan.buckets_done))
             dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
-            reference = full if full is not None else self.replica.params
             if g.rank == 0 and dropped:
                 post(self.store, StepCompleted(micro_dropped=dropped,
                                                samples_dropped=dropped * self.micro))
@@ -151,8 +157,10 @@ class Trainer:
         if plan.action == "start" and self.executed == 0 and g.rank == 0:
             self.post_params()  # the initial evaluation, as sim does
         if g.rank == 0 and plan.action != "start":
-            norm = (perturbation(reference, self.replica.params)[0]
-                    if plan.action in ("rollback", "lossy") else None)
+            norm = None
+            if plan.action in ("rollback", "lossy"):
+                now = self.replica.params
+                norm = perturbation(now if reference is None else reference, now)[0]
             post(self.store, Reformed(n=plan.n, ranks=list(g.members), action=plan.action,
                                       perturbation=norm))
 
@@ -207,8 +215,8 @@ class Trainer:
                            self.micro)
         if self.before_step is not None:
             self.before_step(batch.next_cursor.epoch, self.logical)
-        fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel,
-                                          self.replica.device)
+        fl = self.flight = InFlight.begin(batch, self.logical,
+                                          self.replica.new_grads(separate=False))
 
         def ballot() -> float:  # the first member shares the controller's counter
             return self._control() if g.rank == 0 else 0.0
@@ -232,7 +240,8 @@ class Trainer:
             d = self.elastic.decide(g.size)
             batch = plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale,
                                g.members, self.micro)
-            fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel)
+            fl = self.flight = InFlight.begin(batch, self.logical,
+                                              self.replica.new_grads(separate=False))
             run_blocking(inner_step(self.replica, fl, self.inj, self.spec, before))
             self.pending_outer = self.sync.due(self.logical + 1)
             self._commit(g, fl)
@@ -290,8 +299,9 @@ class Trainer:
         # Relaxed sync: the parameters evaluated change only at outer steps, so one
         # look-back copy per outer step (the step it follows) is all there is to keep.
         keep = self.evaluate_here is None and (self.sync is None or bool(self.pending_outer))
+        # A copy of the parameters only where one may be kept (a user's loop keeps none).
         if self.evals.after_commit(self.executed, self.logical, self.applied,
-                                   self.shown(), recovered, keep=keep):
+                                   self.shown() if keep else {}, recovered, keep=keep):
             self.post_params()
 
     def post_params(self, final: bool = False) -> None:
@@ -313,9 +323,13 @@ class Trainer:
         """What every rank reports at the end: counters and a hash of its replica."""
         self.saves.flush()
         h = hashlib.sha256()
-        shown = self.shown()
+        # The live parameters, one at a time (a copy of the model here would set the
+        # run's peak memory); with a relaxed sync, those of the last outer step.
+        shown = (self.replica.synced_params() if isinstance(self.replica, RelaxedReplica)
+                 else {k[len("params/"):]: v for k, v in self.replica.state(copy=False).items()
+                       if k.startswith("params/")})
         for n in sorted(shown):
-            h.update(shown[n].cpu().numpy().tobytes())
+            h.update(shown[n].detach().cpu().contiguous().numpy().data)
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps}
 
