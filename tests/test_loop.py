@@ -247,3 +247,29 @@ def test_your_loop_trains_with_diloco_through_a_lost_rank(tmp_path: Path,
     assert all(len(a) == 1 for steps in seen.values() for a in steps.values())
     assert max(seen[2]) == 9 and set(seen[0]) == set(seen[1]) == set(range(max(seen[0]) + 1))
     assert max(seen[0]) > 9
+
+
+BUCKETS = ROOT / "tests" / "loops" / "buckets_loop.py"
+
+
+def _buckets_run(buckets: int | None, strategy: str = "rollback",
+                 fail: tuple[str, ...] = ()) -> dict[str, Any]:
+    from trainthrough.config import CostModel, RunConfig
+    from trainthrough.lab.runner import run_silent
+
+    s = run_silent(RunConfig(workload=f"{BUCKETS}:train", paradigm="dp", engine="gloo", ranks=2,
+                             strategy=strategy, failures=list(fail), allreduce_buckets=buckets,
+                             recovery_delay=0.5, cost=CostModel(timeout_seconds=5)))
+    return {**s, **s.get("extras", {})}
+
+
+def test_buckets_started_in_the_backward_keep_a_rollback_bit_exact() -> None:
+    """Four buckets, started from the backward's hooks (gloo overlaps), train the same
+    bits as one; a kill at the second bucket (inside the backward) is rolled back to
+    the same bits too (2 ranks, one micro-batch each: every sum has the same order)."""
+    one, four = _buckets_run(1), _buckets_run(4)
+    hit = _buckets_run(4, fail=("rank=1@iter=3,phase=allreduce:1",))
+    assert one["returned"]["steps"] == four["returned"]["steps"] == 8
+    assert hit["failures"] == 1 and hit["recoveries"][0]["action"] == "mini-batch-rollback"
+    assert hit["replicas_identical"] and four["replicas_identical"]
+    assert one["returned"]["sha"] == four["returned"]["sha"] == hit["returned"]["sha"]

@@ -148,10 +148,11 @@ class Grads:
         self.indices.append(index)
 
     def contributions(self) -> list[Contribution]:
-        """What the collective sums: the parts, or the sum under its first micro-batch."""
+        """What the collective sums: the parts, or the sum (with the micro-batch whose
+        backward is under way: a bucket is started when its elements are whole)."""
         if self.flat is None:
             return list(self.parts)
-        return [(min(self.indices), self.flat)] if self.indices else []
+        return [(min(self.indices, default=-1), self.flat)]
 
 
 @dataclass

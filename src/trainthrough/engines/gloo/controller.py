@@ -79,7 +79,8 @@ class GlooEngine:
         self.devices = plan_devices(cfg.device, cfg.collective, self.program is not None,
                                     cfg.ranks, cuda_count())
         schedule = ctx.schedule({"rank": cfg.ranks})
-        check_specs(ctx.specs, None if template is None else
+        # A user's model is built in the ranks: its buckets are known here only by count.
+        check_specs(ctx.specs, cfg.allreduce_buckets if template is None else
                     len(plan_buckets(template.layout.numel, cfg.allreduce_buckets)))
         if cfg.cost.timeout_seconds <= 0:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
