@@ -273,3 +273,14 @@ def test_buckets_started_in_the_backward_keep_a_rollback_bit_exact() -> None:
     assert hit["failures"] == 1 and hit["recoveries"][0]["action"] == "mini-batch-rollback"
     assert hit["replicas_identical"] and four["replicas_identical"]
     assert one["returned"]["sha"] == four["returned"]["sha"] == hit["returned"]["sha"]
+
+
+def test_lossy_forward_keeps_the_bucket_reduced_in_the_backward_before_a_kill() -> None:
+    """A kill at the second of four buckets: the first, reduced with both shares from
+    inside the backward, is kept; the survivor, whose backward the loss cut short,
+    computes its share again and finishes the step alone."""
+    hit = _buckets_run(4, "lossy-forward", ("rank=1@iter=3,phase=allreduce:1",))
+    rec = hit["recoveries"][0]
+    assert hit["failures"] == 1 and rec["action"] == "lossy-forward" and hit["replicas_identical"]
+    assert hit["samples_dropped"] == 16 and rec["perturbation_norm"] > 0
+    assert hit["returned"]["steps"] == 8

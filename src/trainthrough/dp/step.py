@@ -102,10 +102,11 @@ class InFlight:
             RuntimeError: a result beyond ``done`` was written over this rank's share
                 already (at most one bucket is in flight, so peers are never two behind).
         """
-        if self._pending is not None and self._pending[0].index < done:
+        held = self._pending[0].index if self._pending is not None else None
+        if held is not None and held < done:
             self._flush()
         self._pending = None
-        written = [i for i, d in enumerate(self.done) if d and i >= done]
+        written = [i for i, d in enumerate(self.done) if d and i >= done and i != held]
         self.done = self.done[:done]
         if written and self.grads.flat is not None:
             raise RuntimeError(f"buckets {written} were reduced in place beyond the {done} "
