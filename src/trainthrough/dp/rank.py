@@ -72,6 +72,13 @@ class Replica(Protocol):
     def state_bytes(self) -> int: ...
 
 
+def live_params(replica: Replica) -> Tensors:
+    """The replica's parameters by name as they are (no copies): to read before it
+    changes again (a hash, a norm)."""
+    return {k[len("params/"):]: v for k, v in replica.state(copy=False).items()
+            if k.startswith("params/")}
+
+
 def micro_seed(run_seed: int, step: int, micro: int) -> int:
     """Sampling seed of a micro-batch: independent of the rank that computes it, so a
     micro-batch redone by another rank (rollback) draws the same dropout masks."""

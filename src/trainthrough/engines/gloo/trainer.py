@@ -32,7 +32,7 @@ from trainthrough.config import RunConfig
 from trainthrough.dp.allreduce import plan_buckets
 from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
-from trainthrough.dp.rank import Rank, Replica, Tensors
+from trainthrough.dp.rank import Rank, Replica, Tensors, live_params
 from trainthrough.dp.reference import failure_free
 from trainthrough.dp.relaxed import RelaxedReplica, SyncSpec, inner_step, outer_step
 from trainthrough.dp.repair import complete, share_state
@@ -159,7 +159,7 @@ class Trainer:
         if g.rank == 0 and plan.action != "start":
             norm = None
             if plan.action in ("rollback", "lossy"):
-                now = self.replica.params
+                now = live_params(self.replica)
                 norm = perturbation(now if reference is None else reference, now)[0]
             post(self.store, Reformed(n=plan.n, ranks=list(g.members), action=plan.action,
                                       perturbation=norm))
@@ -326,8 +326,7 @@ class Trainer:
         # The live parameters, one at a time (a copy of the model here would set the
         # run's peak memory); with a relaxed sync, those of the last outer step.
         shown = (self.replica.synced_params() if isinstance(self.replica, RelaxedReplica)
-                 else {k[len("params/"):]: v for k, v in self.replica.state(copy=False).items()
-                       if k.startswith("params/")})
+                 else live_params(self.replica))
         for n in sorted(shown):
             h.update(shown[n].detach().cpu().contiguous().numpy().data)
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
