@@ -97,13 +97,22 @@ class Rank:
         self.params: Params = {n: v.detach().clone() for n, v in params.items()}
         self.opt: Tensors = optim.init_state(spec, self.params)
         self.layout = FlatLayout(self.params)
+        self._flat: torch.Tensor | None = None  # new_grads' summed vector, allocated once
         self.steps = 0  # optimizer steps this replica applied
         self.label = workload.name
         self.device = torch.device("cpu")  # trainthrough's workloads compute on the CPU
 
     # -- training ---------------------------------------------------------------
     def new_grads(self, separate: bool) -> Grads:
-        return Grads(self.layout.numel, separate=separate)
+        """Per micro-batch, or summed into a flat vector kept from step to step (a new
+        one each step would cost its page faults every step)."""
+        if separate:
+            return Grads(self.layout.numel, separate=True)
+        if self._flat is None:
+            self._flat = torch.zeros(self.layout.numel)
+        else:
+            self._flat.zero_()
+        return Grads(self.layout.numel, separate=False, flat=self._flat)
 
     def gradients(self, step: int, micro: Sequence[MicroBatch], into: Grads,
                   ready: Ready | None = None) -> None:
