@@ -9,7 +9,11 @@ per-rank batch and step count, each in processes of its own:
   defaults: 25 MB buckets, gradients copied into them), one process per rank;
 - ``free``: a ``trainthrough.loop`` on the gloo engine, no failure (strategy rollback);
 - ``rollback``: the same with rank 1 SIGKILLed at its step ``--kill-at``; the survivor
-  redoes the step, a replacement joins with its state and trains to the end.
+  redoes the step, a replacement joins with its state and trains to the end;
+- ``lossy``: the same kill under lossy-forward (the survivor finishes the step without
+  rank 1's share, measuring the failure-free step beside it), then the replacement;
+- ``restart``: the same kill under checkpoint-restart, a checkpoint every 2 steps:
+  every rank starts again from the last one.
 
 Each rank process writes its record after every step (so a killed one leaves one):
 its peak resident memory (``VmHWM`` of ``/proc/self/status``, which counts the
@@ -189,11 +193,15 @@ def train(loop: Loop) -> None:
         rec.step(loop.step_index)
 
 
+STRATEGY = {"free": "rollback", "rollback": "rollback", "lossy": "lossy-forward",
+            "restart": "checkpoint-restart"}
+
+
 def run_loop(program: str, kill_at: int, folder: Path) -> None:
-    fail = [f"rank=1@iter={kill_at}"] if program == "rollback" else []
-    launch(train, ranks=RANKS, engine="gloo", strategy="rollback", fail=fail,
+    fail = [f"rank=1@iter={kill_at}"] if program != "free" else []
+    launch(train, ranks=RANKS, engine="gloo", strategy=STRATEGY[program], fail=fail,
            out=folder / "run", overwrite=True, progress=False, recovery_delay=0.5,
-           timeout=120.0)
+           timeout=120.0, checkpoint_every=2 if program == "restart" else None)
 
 
 # -- plain DDP -------------------------------------------------------------------------
@@ -248,7 +256,8 @@ def measure(program: str, a: argparse.Namespace, folder: Path) -> list[dict[str,
 
 
 def summarize(program: str, recs: list[dict[str, Any]], steps: int) -> dict[str, float]:
-    """The largest peak over the ranks that finished, and the median steps/s."""
+    """The largest peak over the ranks that finished (a restart's new processes
+    included), and the median steps/s."""
     done = [r for r in recs if r["steps"] == steps] or recs
     rates = [r["timed"] / r["seconds"] for r in done if r["seconds"] > 0]
     return {"peak_mb": max(r["peak_mb"] for r in done),
@@ -263,7 +272,8 @@ def main() -> int:
     p.add_argument("--block", type=int, default=128, help="tokens per sequence")
     p.add_argument("--kill-at", type=int, default=4)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--only", default="ddp,free,rollback")
+    p.add_argument("--only", default="ddp,free,rollback",
+                   help=f"programs, comma-separated: ddp, {', '.join(STRATEGY)}")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     p.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
@@ -281,6 +291,9 @@ def main() -> int:
     if not WARM < a.kill_at < a.steps:
         p.error(f"--kill-at must be between {WARM + 1} and {a.steps - 1}")
     programs = a.only.split(",")
+    unknown = set(programs) - {"ddp", *STRATEGY}
+    if unknown:
+        p.error(f"unknown programs {sorted(unknown)} (use ddp, {', '.join(STRATEGY)})")
     n = sum(t.numel() for t in build({**settings(), "params": a.params, "steps": 1})[0]
             .parameters())
     print(f"GPT {n / 1e6:.1f}M parameters, {RANKS} ranks, batch {a.batch}x{a.block} per "

@@ -219,7 +219,8 @@ def test_the_survivors_compute_the_failure_free_step_bit_for_bit_in_sim(point: s
     done = fls[0].buckets_done
     out = _quiet().run(coll, {s: failure_free(group[s], fls[s], coll, spec, done)
                               for s in coll.members})
-    assert all(_same(out[s], free[0].params) for s in coll.members)
+    # The first member measures (the others make the collectives, not the copy).
+    assert _same(out[0], free[0].params) and out[1] is None and out[2] is None
     assert not _same(group[0].params, free[0].params)  # measuring applied nothing
 
 

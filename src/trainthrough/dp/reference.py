@@ -37,10 +37,13 @@ async def failure_free(rank: Replica, fl: InFlight, coll: Collective, spec: Step
     micro-batch in index order, so ``sim`` gets the failure-free step's exact bits.
     The rank's own share is made whole in ``fl`` first
     (:func:`~trainthrough.dp.repair.own_share`: the completion then finds it done).
+    Only the first member takes the step (on a copy of its state, put back after): it
+    is the one that reports the recovery, and the others spare that copy's memory.
 
     Returns:
         None when the completion *is* the failure-free step: nothing was dropped
-        (every bucket was reduced, or the failed ranks held no micro-batch).
+        (every bucket was reduced, or the failed ranks held no micro-batch); None on
+        every member but the first.
 
     Raises:
         PeerLost: another member was lost meanwhile.
@@ -62,6 +65,8 @@ async def failure_free(rank: Replica, fl: InFlight, coll: Collective, spec: Step
             full[b.start:b.stop] = total / count if spec.mean else total
     except PeerLost as e:  # where the completion would have stood: nothing reduced yet
         raise e.located("allreduce", done) from None
+    if members.index(rank.rank_id) != 0:
+        return None
     start = spec.buckets[done].start
     full[:start] = fl.reduced[:start]
     del mine
