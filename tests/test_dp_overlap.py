@@ -185,3 +185,40 @@ def test_a_joiner_receives_into_its_own_parameters_and_the_donor_copies_nothing(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # The donor's state() hands out its live tensors: no copy of the model to send.
     assert live == big(donor.state(copy=False)) and len(live) == 3 * 6
+
+
+class Odd(nn.Module):
+    """A model with a frozen layer, an unused parameter and a float64 one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(12, 12).requires_grad_(False)
+        self.body = nn.Linear(12, 3)
+        self.unused = nn.Parameter(torch.ones(5))
+        self.scale = nn.Parameter(torch.ones(3, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.frozen(x)) * self.scale.float()
+
+
+def test_a_stale_vector_is_written_whole_by_the_first_micro_batch() -> None:
+    """The replica's vector is not zeroed between steps: the first micro-batch copies
+    its gradients in, and what has none (frozen, unused) becomes zeros; the sum is the
+    same bits as the micro-batches kept apart and added."""
+    torch.manual_seed(0)
+    model = Odd()
+    r = ModuleReplica(0, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                      lambda rows: (X[rows], Y[rows]), run_seed=5)
+    r.begin_step(StepFns(lambda b: F.cross_entropy(model(b[0]), b[1])))
+    micro = plan_batch(SampleStream(64, 0), Cursor(), 16, 1.0, [0], 8).share[0]
+    summed = r.new_grads(separate=False)
+    assert summed.flat is not None and summed.fresh
+    summed.flat.fill_(float("nan"))  # what a last step could have left
+    r.gradients(0, micro, summed)
+    apart = r.new_grads(separate=True)
+    r.gradients(0, micro, apart)
+    assert torch.equal(summed.flat, apart.parts[0][1] + apart.parts[1][1])
+    # Nothing stale is left: the frozen layer and the unused parameter are zeros.
+    assert bool(torch.isfinite(summed.flat).all())
+    assert int((summed.flat == 0).sum()) >= 12 * 12 + 12 + 5
+    assert model.scale.grad is None  # float64: moved in by its hook, no view

@@ -122,12 +122,14 @@ class Grads:
     (a real host: each rank sums its own, then the ranks; one gradient's memory
     whatever the number of micro-batches). A replica may accumulate into ``flat``
     itself (a user's model: its ``.grad`` are views of it) and record each
-    micro-batch with :meth:`mark`.
+    micro-batch with :meth:`mark`. A ``fresh`` vector holds stale values (a replica's
+    buffer from its last step): the first micro-batch writes it whole, or
+    :meth:`settle` zeroes it, so it needs no zeroing before every step.
     """
 
     def __init__(self, numel: int, *, separate: bool, flat: torch.Tensor | None = None,
-                 device: torch.device | None = None) -> None:
-        self.numel, self.separate = numel, separate
+                 device: torch.device | None = None, fresh: bool = False) -> None:
+        self.numel, self.separate, self.fresh = numel, separate, fresh and flat is not None
         self.device = flat.device if flat is not None else (device or torch.device("cpu"))
         self.parts: list[Contribution] = []
         self.flat: torch.Tensor | None = None
@@ -140,8 +142,15 @@ class Grads:
         if self.flat is None:
             self.parts.append((index, g))
         else:
+            self.settle()
             self.flat.add_(g)
         self.indices.append(index)
+
+    def settle(self) -> None:
+        """A :attr:`fresh` vector becomes zeros (nothing written yet)."""
+        if self.fresh and self.flat is not None:
+            self.flat.zero_()
+        self.fresh = False
 
     def mark(self, index: int) -> None:
         """Micro-batch ``index`` was accumulated into :attr:`flat` by the replica itself."""
@@ -152,6 +161,7 @@ class Grads:
         backward is under way: a bucket is started when its elements are whole)."""
         if self.flat is None:
             return list(self.parts)
+        self.settle()  # nothing computed here (an empty share): zeros
         return [(min(self.indices, default=-1), self.flat)]
 
 

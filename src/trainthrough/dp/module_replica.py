@@ -119,6 +119,7 @@ class ModuleReplica:
         # Dropout on a GPU draws from that device's generator: forked and seeded too.
         self._rng_devices = [self.device] if self.device.type == "cuda" else []
         self._viewed: set[int] = set()  # parameters whose .grad is a view of the flat vector
+        self._fresh: set[int] = set()  # parameters whose elements hold nothing yet
         self._into: torch.Tensor | None = None  # the flat vector a backward adds to now
         self._ready: Ready | None = None  # told of what is whole (the last micro-batch)
         self._flat: torch.Tensor | None = None  # new_grads' vector, allocated once
@@ -145,14 +146,13 @@ class ModuleReplica:
 
     def new_grads(self, separate: bool) -> Grads:
         """The step's accumulator: summed into this replica's own flat gradient (kept
-        from step to step, as DDP keeps its buckets), or per micro-batch."""
+        from step to step, as DDP keeps its buckets; the first micro-batch overwrites
+        it), or per micro-batch."""
         if separate:
             return Grads(self.layout.numel, separate=True, device=self.device)
         if self._flat is None:
-            self._flat = torch.zeros(self.layout.numel, device=self.device)
-        else:
-            self._flat.zero_()
-        return Grads(self.layout.numel, separate=False, flat=self._flat)
+            self._flat = torch.empty(self.layout.numel, device=self.device)
+        return Grads(self.layout.numel, separate=False, flat=self._flat, fresh=True)
 
     def gradients(self, step: int, micro: Sequence[MicroBatch], into: Grads,
                   ready: Ready | None = None) -> None:
@@ -161,19 +161,26 @@ class ModuleReplica:
 
         The backward accumulates straight into the flat vector: every float32
         parameter's ``.grad`` is a view of it (DDP's ``gradient_as_bucket_view``), so
-        no second copy of the gradient exists; other dtypes are added in by their
-        hook. During the last micro-batch, ``ready`` hears of each parameter as its
-        gradient is whole (its post-accumulate hook), in the backward's order.
+        no second copy of the gradient exists. Into a vector that holds nothing yet
+        (``into.fresh``), the first micro-batch's gradients are copied in as their hook
+        fires (no zeroing first, no addition to zeros); other dtypes are moved in by
+        their hook. During the last micro-batch, ``ready`` hears of each parameter as
+        its gradient is whole (its post-accumulate hook), in the backward's order.
         """
         if self._fns is None:
             raise RuntimeError("no loss function: the host calls begin_step before a step")
+        if not micro:
+            into.settle()
+            return
         base = {n: b.clone() for n, b in self._float_bufs.items()}
         ints = {n: b.clone() for n, b in self._int_bufs.items()}
         try:
             for i, mb in enumerate(micro):
-                flat = into.flat if into.flat is not None else torch.zeros(
+                fresh = into.flat is None or into.fresh
+                flat = into.flat if into.flat is not None else torch.empty(
                     self.layout.numel, device=self.device)
-                self._accumulate(step, mb, flat, ready if i == len(micro) - 1 else None)
+                into.fresh = False  # from here on it holds (part of) a micro-batch's
+                self._accumulate(step, mb, flat, fresh, ready if i == len(micro) - 1 else None)
                 if into.flat is None:
                     into.add(mb.index, flat)
                 else:
@@ -184,11 +191,12 @@ class ModuleReplica:
             self._set(self._float_bufs, base)
             self._set(self._int_bufs, ints)
 
-    def _accumulate(self, step: int, mb: MicroBatch, flat: torch.Tensor,
+    def _accumulate(self, step: int, mb: MicroBatch, flat: torch.Tensor, fresh: bool,
                     ready: Ready | None) -> None:
-        """One micro-batch's forward and backward, its gradient added into ``flat``."""
+        """One micro-batch's forward and backward, its gradient added into ``flat``
+        (``fresh``: written into it, whatever it held)."""
         assert self._fns is not None
-        self._bind(flat)
+        self._bind(flat, fresh=fresh)
         batch = to_device(self.fetch(mb.rows), self.device)
         # The same dropout masks whichever rank computes it (a rollback redoes it).
         with torch.random.fork_rng(devices=self._rng_devices):
@@ -203,39 +211,65 @@ class ModuleReplica:
                             f"(micro-batch {mb.index}): training diverged")
         with torch.no_grad():  # the buffers as this forward left them (restored later:
             for b, (start, stop) in zip(self._float_bufs.values(), self._buf_regions):
-                flat[start:stop].add_(b.reshape(-1))  # the backward may still read them)
+                part = flat[start:stop]  # the backward may still read them)
+                part.copy_(b.reshape(-1)) if fresh else part.add_(b.reshape(-1))
+            if fresh:  # what is not trained has no gradient: zeros
+                for start, stop in self._frozen_regions:
+                    flat[start:stop] = 0.0
         self._into, self._ready = flat, ready
         if ready is not None:  # whole already: the buffers and what is not trained
             for start, stop in self._still:
                 ready(start, stop)
         torch.autograd.backward(loss, inputs=self._trained)
         self._into = self._ready = None
+        for p in self._trained:  # no gradient this time (unused): zeros
+            if id(p) in self._fresh:
+                start, stop = self._regions[id(p)]
+                flat[start:stop] = 0.0
+                self._view(p, flat)
         # What the user's loss was: scaler.scale(loss) multiplied it by the scale.
         self.losses.append(value / self._scalers[0].get_scale() if self._scalers else value)
 
     def _accumulated(self, p: torch.Tensor) -> None:
-        """A parameter's post-accumulate hook: its gradient of this micro-batch is in."""
+        """A parameter's post-accumulate hook: its gradient of this micro-batch is in.
+        A gradient that is not a view of the flat vector is moved into it (copied if
+        the vector held nothing of it yet, else added) and the view takes its place."""
         flat = self._into
         if flat is None:  # a backward of the user's own, outside a step
             return
-        start, stop = self._regions[id(p)]
-        if id(p) not in self._viewed and p.grad is not None:  # not a view: add it in
-            flat[start:stop].add_(p.grad.detach().reshape(-1).to(flat.device, flat.dtype))
-            p.grad = None
+        key = id(p)
+        start, stop = self._regions[key]
+        if key not in self._viewed and p.grad is not None:
+            part, g = flat[start:stop], p.grad.detach().reshape(-1)
+            part.copy_(g) if key in self._fresh else part.add_(g.to(flat.device, flat.dtype))
+            self._view(p, flat)
+        self._fresh.discard(key)
         if self._ready is not None:
             self._ready(start, stop)
 
-    def _bind(self, flat: torch.Tensor, copy_others: bool = False) -> None:
-        """Point every float32 parameter's ``.grad`` at its elements of ``flat``; the
-        others get None (their hook adds them in) or, ``copy_others``, a converted copy."""
+    def _view(self, p: torch.Tensor, flat: torch.Tensor) -> None:
+        """``p.grad`` becomes the view of its elements of ``flat`` (None for another
+        dtype or device: its hook moves its gradient in)."""
+        if p.dtype == flat.dtype and p.device == flat.device:
+            start, stop = self._regions[id(p)]
+            p.grad = flat[start:stop].view_as(p)
+            self._viewed.add(id(p))
+        else:
+            p.grad = None
+
+    def _bind(self, flat: torch.Tensor, fresh: bool = False, copy_others: bool = False) -> None:
+        """Point every float32 parameter's ``.grad`` at its elements of ``flat``
+        (``fresh``: at nothing yet, their hook copies the first gradient in); other
+        dtypes get None, or (``copy_others``) a converted copy of their elements."""
         self._viewed.clear()
+        self._fresh = {id(p) for p in self._trained} if fresh else set()
         for p, (start, stop) in zip(self._trained, self._trained_regions):
-            part = flat[start:stop].view_as(p)
-            if p.dtype == flat.dtype and p.device == flat.device:
-                p.grad = part
-                self._viewed.add(id(p))
+            if fresh:
+                p.grad = None
+            elif copy_others and not (p.dtype == flat.dtype and p.device == flat.device):
+                p.grad = flat[start:stop].view_as(p).to(p.dtype).clone()
             else:
-                p.grad = part.to(p.dtype).clone() if copy_others else None
+                self._view(p, flat)
 
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
         """Apply a fully reduced vector: the buffers as they are, the gradient through
@@ -301,8 +335,9 @@ class ModuleReplica:
         self._trained = [p for p in self._params.values() if p.requires_grad]
         self._trained_regions = [self._regions[id(p)] for p in self._trained]
         # Whole before any backward: the buffers, and parameters that are not trained.
-        self._still = self._buf_regions + [self._regions[id(p)] for p in self._params.values()
-                                           if not p.requires_grad]
+        self._frozen_regions = [self._regions[id(p)] for p in self._params.values()
+                                if not p.requires_grad]
+        self._still = self._buf_regions + self._frozen_regions
         self._hooks = [p.register_post_accumulate_grad_hook(self._accumulated)
                        for p in self._trained]
 

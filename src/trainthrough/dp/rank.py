@@ -110,9 +110,7 @@ class Rank:
             return Grads(self.layout.numel, separate=True)
         if self._flat is None:
             self._flat = torch.zeros(self.layout.numel)
-        else:
-            self._flat.zero_()
-        return Grads(self.layout.numel, separate=False, flat=self._flat)
+        return Grads(self.layout.numel, separate=False, flat=self._flat, fresh=True)
 
     def gradients(self, step: int, micro: Sequence[MicroBatch], into: Grads,
                   ready: Ready | None = None) -> None:
@@ -124,6 +122,7 @@ class Rank:
             if into.flat is None:
                 into.add(mb.index, self.layout.flatten(g))
                 continue
+            into.settle()
             for name, part in self.layout.unflatten(into.flat).items():
                 if name in g:  # a parameter missing from g contributes zeros
                     part.add_(g[name])

@@ -51,9 +51,8 @@ def own_share(rank: Replica, fl: InFlight, spec: StepSpec, done: int) -> None:
         rank.gradients(fl.logical, missing, g)
         return
     start = spec.buckets[done].start if done < len(spec.buckets) else g.numel
-    if start == 0:
-        g.flat.zero_()
-        g.indices.clear()
+    if start == 0:  # nothing reduced: computed again in place
+        g.fresh, g.indices = True, []
         rank.gradients(fl.logical, mine, g)
         return
     fresh = Grads(g.numel, separate=False, device=g.device)

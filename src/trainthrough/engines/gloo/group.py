@@ -230,9 +230,17 @@ def _abort_nccl() -> None:
 
 def _local_sum(parts: Sequence[Contribution], bucket: Bucket, extra: int) -> torch.Tensor:
     """This rank's ``parts`` summed over ``bucket`` in the order given, in a new tensor
-    (on the parts' device) with ``extra`` zero elements after it (the commit vote's)."""
+    (on the parts' device) with ``extra`` zero elements after it (the commit vote's).
+    The first part is copied, the others added (one pass over a bucket of one part,
+    as the simulated collective sums)."""
     device = parts[0][1].device if parts else torch.device("cpu")
-    out = torch.zeros(bucket.numel + extra, device=device)
-    for _, g in parts:
-        out[:bucket.numel].add_(g[bucket.start:bucket.stop])
+    out = torch.empty(bucket.numel + extra, device=device)
+    out[bucket.numel:] = 0.0
+    if not parts:
+        out[:bucket.numel] = 0.0
+    for i, (_, g) in enumerate(parts):
+        if i == 0:
+            out[:bucket.numel].copy_(g[bucket.start:bucket.stop])
+        else:
+            out[:bucket.numel].add_(g[bucket.start:bucket.stop])
     return out
