@@ -8,7 +8,8 @@ per-rank batch and step count, each in processes of its own:
 - ``ddp``: plain ``torch.nn.parallel.DistributedDataParallel`` over gloo (its
   defaults: 25 MB buckets, gradients copied into them), one process per rank;
 - ``free``: a ``trainthrough.loop`` on the gloo engine, no failure (strategy rollback);
-- ``rollback``: the same with rank 1 SIGKILLed at its step ``--kill-at``; the survivor
+- ``rollback``: the same with rank 1 SIGKILLed at its step ``--kill-at`` as its first
+  gradient bucket starts (``phase=allreduce:0``, inside its backward); the survivor
   redoes the step, a replacement joins with its state and trains to the end;
 - ``lossy``: the same kill under lossy-forward (the survivor finishes the step without
   rank 1's share, measuring the failure-free step beside it), then the replacement;
@@ -198,7 +199,7 @@ STRATEGY = {"free": "rollback", "rollback": "rollback", "lossy": "lossy-forward"
 
 
 def run_loop(program: str, kill_at: int, folder: Path) -> None:
-    fail = [f"rank=1@iter={kill_at}"] if program != "free" else []
+    fail = [f"rank=1@iter={kill_at},phase=allreduce:0"] if program != "free" else []
     launch(train, ranks=RANKS, engine="gloo", strategy=STRATEGY[program], fail=fail,
            out=folder / "run", overwrite=True, progress=False, recovery_delay=0.5,
            timeout=120.0, checkpoint_every=2 if program == "restart" else None)

@@ -2,7 +2,8 @@
 
 Call order: :meth:`Group.form` (rendezvous on a fresh store prefix), then the
 collectives of the shared step and repair routines (:meth:`Group.allreduce`,
-:meth:`Group.commit`, :meth:`Group.broadcast`, in the order the protocol states), then
+:meth:`Group.start` and :meth:`Group.wait`, :meth:`Group.commit`,
+:meth:`Group.broadcast`, in the order the protocol states), then
 :meth:`Group.close`. They block (their coroutines never suspend: run them with
 :func:`~trainthrough.dp.collective.run_blocking`). Every collective that fails raises
 :class:`~trainthrough.dp.collective.PeerLost`; the group is then unusable and must
