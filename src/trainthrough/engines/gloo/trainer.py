@@ -328,7 +328,9 @@ class Trainer:
         shown = (self.replica.synced_params() if isinstance(self.replica, RelaxedReplica)
                  else live_params(self.replica))
         for n in sorted(shown):
-            h.update(shown[n].detach().cpu().contiguous().numpy().data)
+            # As bytes, whatever the dtype (numpy has no bfloat16).
+            h.update(shown[n].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                     .numpy().data)
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps}
 
