@@ -218,7 +218,11 @@ def _reference(steps: int, shrink_at: int, ranks: int = 4) -> dict[str, torch.Te
         rows, cursor = stream.take(cursor, ranks * w.batch_size)
         micro = split_micro(rows, micro_size(w.batch_size, 1))
         share = assign(len(micro), len(group))
-        contribs = [c for r, s in zip(group, share) for c in r.gradients(step, [micro[j] for j in s])]
+        contribs = []
+        for r, s in zip(group, share):
+            grads = r.new_grads(separate=True)
+            r.gradients(step, [micro[j] for j in s], grads)
+            contribs += grads.parts
         red = allreduce(contribs, buckets)
         for r in group:
             r.apply(red.flat)

@@ -12,7 +12,7 @@ import torch
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.dp.allreduce import Bucket, Contribution, FlatLayout, make_buckets
 from trainthrough.dp.batching import Cursor, SampleStream, micro_size, plan_batch
-from trainthrough.dp.collective import NoFailures, PeerLost, run_blocking
+from trainthrough.dp.collective import NoFailures, PeerLost, Sequential, run_blocking
 from trainthrough.dp.rank import Rank
 from trainthrough.dp.relaxed import POINTS as RELAXED_POINTS
 from trainthrough.dp.repair import complete, share_state
@@ -26,7 +26,7 @@ from trainthrough.lab.runner import build_engine, resolve_defaults
 from trainthrough.workloads import make_workload
 
 
-class Solo:
+class Solo(Sequential):
     """A blocking collective of one rank (what a gloo group of one does)."""
 
     members = [0]
@@ -70,13 +70,13 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def test_blocking_and_lock_step_hosts_run_the_same_step_bit_for_bit() -> None:
     _, solo, spec, batch = _setup(1)
-    fl = InFlight.begin(batch, 0, solo[0].layout.numel)
+    fl = InFlight.begin(batch, 0, solo[0].new_grads(separate=False))
     assert run_blocking(train_step(solo[0], fl, Solo(), NoFailures(), spec, 0, lambda: 2.5)) == 2.5
     assert fl.committed and fl.buckets_done == 4 and solo[0].steps == 1
     # Four simulated ranks share the same global batch: the same bits.
     _, group, spec, batch4 = _setup(4)
     coll = SimCollective(list(group))
-    fls = {s: InFlight.begin(batch4, 0, group[s].layout.numel) for s in group}
+    fls = {s: InFlight.begin(batch4, 0, group[s].new_grads(separate=True)) for s in group}
     out = _quiet().run(coll, {s: train_step(group[s], fls[s], coll, SimInjector(), spec, 0)
                               for s in group})
     assert out == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
@@ -86,7 +86,7 @@ def test_blocking_and_lock_step_hosts_run_the_same_step_bit_for_bit() -> None:
 def test_a_step_lost_at_its_commit_never_touched_the_replica() -> None:
     _, solo, spec, batch = _setup(1)
     before = solo[0].state()
-    fl = InFlight.begin(batch, 0, solo[0].layout.numel)
+    fl = InFlight.begin(batch, 0, solo[0].new_grads(separate=False))
     with pytest.raises(PeerLost) as e:
         run_blocking(train_step(solo[0], fl, Solo(lose_at_commit=True), NoFailures(), spec, 0))
     assert (e.value.phase, e.value.buckets_done) == ("allreduce", 3) and not fl.committed
@@ -107,7 +107,7 @@ def test_lock_step_strike_then_lossy_completion(point: str) -> None:
             if name == point else None
 
     coll = SimCollective(list(group))
-    fls = {s: InFlight.begin(batch, 0, group[s].layout.numel) for s in group}
+    fls = {s: InFlight.begin(batch, 0, group[s].new_grads(separate=True)) for s in group}
     out = LockStep(on_point, lambda _b, _n: None).run(
         coll, {s: train_step(group[s], fls[s], coll, SimInjector(), spec, 0) for s in group})
     order = ["boundary", "forward", "backward", *(f"allreduce:{k}" for k in range(4)), "update"]

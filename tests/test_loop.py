@@ -132,12 +132,18 @@ def test_module_replica_state_round_trips_and_buffers_average() -> None:
     r = ModuleReplica(0, model, opt, lambda rows: data[rows], run_seed=1)
     r.begin_step(StepFns(lambda x: model(x).pow(2).mean()))
     before = r.state()
-    contribs = r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))])
+    grads = r.new_grads(separate=True)
+    r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))], grads)
     assert all(torch.equal(before[k], v) for k, v in r.state().items()), "gradients moved it"
-    flat = (contribs[0][1] + contribs[1][1]) / 2
+    flat = (grads.parts[0][1] + grads.parts[1][1]) / 2
+    # Summed in place into the replica's own vector: the same sum (its .grad are views).
+    summed = r.new_grads(separate=False)
+    r.gradients(0, [MicroBatch(0, torch.arange(4)), MicroBatch(1, torch.arange(4, 8))], summed)
+    assert summed.flat is not None and torch.equal(summed.flat / 2, flat)
     r.apply(flat)
     mean_of_stats = model[1].running_mean.clone()
-    assert torch.allclose(mean_of_stats, flat[-8:-4])  # the buffers' mean, as reduced
+    # The buffers come first in the flat vector (BatchNorm: weight, bias, mean, var).
+    assert torch.allclose(mean_of_stats, flat[:4])  # the buffers' mean, as reduced
     # A fresh replica of the same model takes the state, Adam moments included.
     model2 = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     r2 = ModuleReplica(1, model2, torch.optim.Adam(model2.parameters(), lr=0.1),
@@ -274,3 +280,40 @@ def test_your_loop_trains_with_diloco_through_a_lost_rank(tmp_path: Path,
     assert all(len(a) == 1 for steps in seen.values() for a in steps.values())
     assert max(seen[2]) == 9 and set(seen[0]) == set(seen[1]) == set(range(max(seen[0]) + 1))
     assert max(seen[0]) > 9
+
+
+BUCKETS = ROOT / "tests" / "loops" / "buckets_loop.py"
+
+
+def _buckets_run(buckets: int | None, strategy: str = "rollback",
+                 fail: tuple[str, ...] = ()) -> dict[str, Any]:
+    from trainthrough.config import CostModel, RunConfig
+    from trainthrough.lab.runner import run_silent
+
+    s = run_silent(RunConfig(workload=f"{BUCKETS}:train", paradigm="dp", engine="gloo", ranks=2,
+                             strategy=strategy, failures=list(fail), allreduce_buckets=buckets,
+                             recovery_delay=0.5, cost=CostModel(timeout_seconds=5)))
+    return {**s, **s.get("extras", {})}
+
+
+def test_buckets_started_in_the_backward_keep_a_rollback_bit_exact() -> None:
+    """Four buckets, started from the backward's hooks (gloo overlaps), train the same
+    bits as one; a kill at the second bucket (inside the backward) is rolled back to
+    the same bits too (2 ranks, one micro-batch each: every sum has the same order)."""
+    one, four = _buckets_run(1), _buckets_run(4)
+    hit = _buckets_run(4, fail=("rank=1@iter=3,phase=allreduce:1",))
+    assert one["returned"]["steps"] == four["returned"]["steps"] == 8
+    assert hit["failures"] == 1 and hit["recoveries"][0]["action"] == "mini-batch-rollback"
+    assert hit["replicas_identical"] and four["replicas_identical"]
+    assert one["returned"]["sha"] == four["returned"]["sha"] == hit["returned"]["sha"]
+
+
+def test_lossy_forward_keeps_the_bucket_reduced_in_the_backward_before_a_kill() -> None:
+    """A kill at the second of four buckets: the first, reduced with both shares from
+    inside the backward, is kept; the survivor, whose backward the loss cut short,
+    computes its share again and finishes the step alone."""
+    hit = _buckets_run(4, "lossy-forward", ("rank=1@iter=3,phase=allreduce:1",))
+    rec = hit["recoveries"][0]
+    assert hit["failures"] == 1 and rec["action"] == "lossy-forward" and hit["replicas_identical"]
+    assert hit["samples_dropped"] == 16 and rec["perturbation_norm"] > 0
+    assert hit["returned"]["steps"] == 8

@@ -123,7 +123,8 @@ class Group:
         for s in self.scripts.values():
             s.step_no = self.logical
         coll = SimCollective(live)
-        fls = {r: InFlight.begin(batch, self.logical, self.scripts[r].replica.layout.numel)
+        fls = {r: InFlight.begin(batch, self.logical,
+                                 self.scripts[r].replica.new_grads(separate=True))
                for r in live}
         out = LockStep(lambda _: None, lambda _b, _n: None).run(
             coll, {r: train_step(self.scripts[r].replica, fls[r], coll, SimInjector(), self.spec,
@@ -263,7 +264,8 @@ def test_a_nan_is_a_value_and_a_missing_bucket_is_bookkeeping() -> None:
     s = Script(0, kinds=())
     stream = SampleStream(SAMPLES, 0)
     spec = StepSpec(make_buckets(s.replica.layout.numel, 2), True)
-    fl = InFlight.begin(plan_batch(stream, Cursor(), 8, 1.0, [0], 4), 0, s.replica.layout.numel)
+    fl = InFlight.begin(plan_batch(stream, Cursor(), 8, 1.0, [0], 4), 0,
+                        s.replica.new_grads(separate=False))
     fl.reduce_into(spec.buckets[0], torch.full((spec.buckets[0].numel,), float("nan")), 1, True)
     with pytest.raises(RuntimeError, match=r"unreduced buckets \[1\]"):
         fl.whole(spec)

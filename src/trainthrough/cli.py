@@ -89,8 +89,8 @@ def _add_run(sub: Any) -> None:
                    help="dp: after a rank is lost keep the global batch, or the per-rank "
                         "batch (lr scaled)")
     p.add_argument("--allreduce-buckets", type=_int, dest="allreduce_buckets",
-                   help="dp: gradient buckets, one allreduce each (default 1; allreduce:K "
-                        "failures strike before bucket K)")
+                   help="dp: gradient buckets, one allreduce each (default: buckets of "
+                        "about 25 MB, as DDP's; allreduce:K failures strike before bucket K)")
     p.add_argument("--micro-batches", type=_int, dest="micro_batches",
                    help="dp: micro-batches per rank, one gradient call each (default 1)")
     p.add_argument("--device", help="dp, your own loop: where replicas compute: auto (a GPU "

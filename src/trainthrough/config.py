@@ -111,8 +111,9 @@ class RunConfig:
     #: dp: keep-global (larger per-rank batch) or keep-local
     elastic: str = bounded("keep-global", choices=("keep-global", "keep-local"))
     #: dp: gradient buckets, one allreduce each (allreduce:K failures hit between
-    #: them); the last carries the commit vote
-    allreduce_buckets: int = bounded(1, ge=1)
+    #: them); the last carries the commit vote. None: buckets of about 25 MB (DDP's
+    #: bucket_cap_mb; one for a model under ~7M parameters), started during the backward
+    allreduce_buckets: int | None = bounded(None, ge=1)
     #: dp: micro-batches per rank at the nominal batch, one gradient call each (more
     #: spread a lost rank's share more evenly over the survivors: 4 over 3 ranks
     #: run 2/1/1, 16 run 6/5/5)

@@ -1,7 +1,10 @@
 """Bucketed gradient averaging with the semantics of an allreduce, interruptible.
 
 The gradient is one flat vector (parameters concatenated in their order) cut into
-``B`` contiguous buckets, reduced one after the other as DDP does. A failure may
+``B`` contiguous buckets, reduced one after the other as DDP does: by default buckets
+of about :data:`BUCKET_BYTES` (DDP's ``bucket_cap_mb``, 25 MB; the first one smaller,
+:data:`FIRST_BUCKET_BYTES`, so the first allreduce starts early in the backward), or
+``B`` equal ones when the run names a count (:func:`plan_buckets`). A failure may
 interrupt the reduction after ``k`` buckets: those hold the average, and which buckets
 hold a result is counted apart from the values (:attr:`Reduced.counts`; the step's
 :class:`~trainthrough.dp.step.InFlight` keeps the same), so a partly reduced gradient
@@ -24,6 +27,10 @@ from dataclasses import dataclass
 import torch
 
 Contribution = tuple[int, torch.Tensor]  # (micro-batch index, flat gradient)
+
+BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb
+FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket: the backward's first gradients go at once
+ELEMENT_BYTES = 4  # the flat gradient is float32
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,76 @@ def make_buckets(numel: int, count: int, weights: Sequence[float] | None = None
     for i in range(1, count + 1):  # every bucket keeps at least one element
         bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), numel - (count - i))
     return tuple(Bucket(i, bounds[i], bounds[i + 1]) for i in range(count))
+
+
+def plan_buckets(numel: int, count: int | None) -> tuple[Bucket, ...]:
+    """The run's buckets: ``count`` equal ones, or (None) buckets of :data:`BUCKET_BYTES`
+    after a first one of :data:`FIRST_BUCKET_BYTES` (one bucket for a small model).
+
+    Raises:
+        ValueError: ``count`` is not between 1 and ``numel``.
+    """
+    if count is not None:
+        return make_buckets(numel, count)
+    first, rest = FIRST_BUCKET_BYTES // ELEMENT_BYTES, BUCKET_BYTES // ELEMENT_BYTES
+    if numel <= first + rest:
+        return make_buckets(numel, 1)
+    sizes = [first] + [rest] * ((numel - first) // rest)
+    sizes[-1] += numel - sum(sizes)  # the tail joins the last bucket (at most 2x a bucket)
+    return make_buckets(numel, len(sizes), [float(x) for x in sizes])
+
+
+class Grads:
+    """One rank's gradients for one step: the micro-batches it computed, as the
+    allreduce takes them (:meth:`contributions`).
+
+    Kept apart, one flat vector per micro-batch (``separate``: the simulated host
+    sums every rank's micro-batches in index order, so a step is the same bit for bit
+    on N or N-1 ranks), or summed in place into one flat vector :attr:`flat`
+    (a real host: each rank sums its own, then the ranks; one gradient's memory
+    whatever the number of micro-batches). A replica may accumulate into ``flat``
+    itself (a user's model: its ``.grad`` are views of it) and record each
+    micro-batch with :meth:`mark`. A ``fresh`` vector holds stale values (a replica's
+    buffer from its last step): the first micro-batch writes it whole, or
+    :meth:`settle` zeroes it, so it needs no zeroing before every step.
+    """
+
+    def __init__(self, numel: int, *, separate: bool, flat: torch.Tensor | None = None,
+                 device: torch.device | None = None, fresh: bool = False) -> None:
+        self.numel, self.separate, self.fresh = numel, separate, fresh and flat is not None
+        self.device = flat.device if flat is not None else (device or torch.device("cpu"))
+        self.parts: list[Contribution] = []
+        self.flat: torch.Tensor | None = None
+        if not separate:
+            self.flat = flat if flat is not None else torch.zeros(numel, device=self.device)
+        self.indices: list[int] = []  # micro-batches whole in here, in the order added
+
+    def add(self, index: int, g: torch.Tensor) -> None:
+        """Take micro-batch ``index``'s flat gradient ``g`` (kept, or added into :attr:`flat`)."""
+        if self.flat is None:
+            self.parts.append((index, g))
+        else:
+            self.settle()
+            self.flat.add_(g)
+        self.indices.append(index)
+
+    def settle(self) -> None:
+        """A :attr:`fresh` vector becomes zeros (nothing written yet)."""
+        if self.fresh and self.flat is not None:
+            self.flat.zero_()
+        self.fresh = False
+
+    def mark(self, index: int) -> None:
+        """Micro-batch ``index`` was accumulated into :attr:`flat` by the replica itself."""
+        self.indices.append(index)
+
+    def contributions(self) -> list[Contribution]:
+        """What the collective sums: the parts, or the sum (with the micro-batch whose
+        backward is under way: a bucket is started when its elements are whole)."""
+        if self.flat is None:
+            return list(self.parts)
+        self.settle()  # nothing computed here (an empty share): zeros
+        return [(min(self.indices, default=-1), self.flat)]
 
 
 @dataclass

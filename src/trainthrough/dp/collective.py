@@ -59,14 +59,32 @@ class Collective(Protocol):
     2. if a replacement joins: one :meth:`allreduce` (who holds state), then
        :meth:`broadcast` from the first holder;
     3. lossy-forward completion only: :meth:`allreduce` for the buckets left;
-    4. per step: :meth:`allreduce` for buckets ``0 .. B-2`` in order, then
-       :meth:`commit` for the last one.
+    4. per step: for buckets ``0 .. B-2`` in order, :meth:`start` then :meth:`wait`
+       (at most one bucket started and not waited for: bucket K starts after K-1's
+       wait), then :meth:`commit` for the last one.
+
+    A host whose operations block (:attr:`overlaps`) may be asked to :meth:`start` a
+    bucket from inside the backward, as its gradients become ready (DDP's bucket
+    hooks): the reduction then runs while the backward goes on. The others reduce when
+    started, one bucket after the other (:class:`Sequential`).
 
     Any operation raises :class:`PeerLost` once a member is gone; the group is then
     unusable and the host forms a new one of the survivors.
     """
 
     members: list[int]  # rank slots of the group, in rank order
+    #: :meth:`start` may be called from inside the backward (it never suspends) and
+    #: returns before the reduction is done.
+    overlaps: bool
+
+    async def start(self, parts: Sequence[Contribution], bucket: Bucket) -> Any:
+        """Begin :meth:`allreduce` of ``bucket``: ``parts`` are read before it returns
+        (the caller may change them afterwards); the handle goes to :meth:`wait`."""
+        ...
+
+    async def wait(self, handle: Any) -> torch.Tensor:
+        """The sum a :meth:`start` began (a new tensor the caller owns)."""
+        ...
 
     async def allreduce(self, parts: Sequence[Contribution], bucket: Bucket) -> torch.Tensor:
         """The sum over every member's ``parts`` of elements ``bucket`` (not the mean).
@@ -87,6 +105,22 @@ class Collective(Protocol):
     async def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with member ``src``'s (same shapes)."""
         ...
+
+
+class Sequential:
+    """Default :meth:`Collective.start` and :meth:`Collective.wait` for a host that
+    reduces a bucket when it is started (the simulated one): no overlap."""
+
+    overlaps = False
+
+    async def allreduce(self, parts: Sequence[Contribution], bucket: Bucket) -> torch.Tensor:
+        raise NotImplementedError
+
+    async def start(self, parts: Sequence[Contribution], bucket: Bucket) -> Any:
+        return await self.allreduce(parts, bucket)
+
+    async def wait(self, handle: Any) -> torch.Tensor:
+        return handle  # type: ignore[no-any-return]
 
 
 class Injector(Protocol):

@@ -1,16 +1,17 @@
 """A user's own ``nn.Module`` and optimizer as a data-parallel replica.
 
-The step routine (:mod:`trainthrough.dp.step`) works on a replica that computes one
-flat gradient per micro-batch, applies a reduced one and saves or loads its state
+The step routine (:mod:`trainthrough.dp.step`) works on a replica that adds its
+micro-batches' gradients into one flat vector, applies a reduced one and saves or loads its state
 (:class:`~trainthrough.dp.rank.Rank` does it for a :class:`~trainthrough.workloads.base.Workload`).
 :class:`ModuleReplica` does the same for a model, an optimizer and a loss function
-that stay the user's: the gradient is ``torch.autograd.grad`` of their loss, the update
+that stay the user's: the gradient is the backward of their loss, accumulated into
+``.grad`` views of the flat vector the allreduce carries (as DDP's buckets), the update
 is their optimizer's ``step()``, so every recovery, checkpoint and injection point of
 the project applies to their loop unchanged.
 
 Model buffers (BatchNorm's running statistics) are synchronized, not refused: each
 micro-batch runs from the buffers of the last committed step, the floating buffers it
-leaves behind travel in the allreduce after the gradient, and every rank sets them to
+leaves behind travel in the allreduce with the gradient, and every rank sets them to
 their mean over the global batch (the running statistics of one update with the mean
 batch statistics; integer counters advance by one per step). So replicas stay
 identical, and a rollback or a joining rank finds the buffers of the committed step.
@@ -19,7 +20,7 @@ State travels as flat tensors (``params/``, ``buffers/``, ``optim/state/<i>/<key
 ``optim/group/<g>/<key>``, ``meta/steps``; the user's registered objects under
 ``user/<name>/`` (:mod:`~trainthrough.dp.user_state`) and the callbacks' counts,
 ``meta/epochs_ended`` and ``meta/evals_done`` (:mod:`~trainthrough.dp.hooks`)):
-safetensors on disk and over the network, never a pickle.
+safetensors on disk, tensors broadcast over the group to a joiner, never a pickle.
 
 The update is the user's optimizer step, or their own step (:attr:`StepFns.update`:
 clipping, a GradScaler, schedulers) on the averaged gradient, run only once the group
@@ -45,11 +46,11 @@ from typing import Any
 import torch
 
 from trainthrough.dp import user_state
-from trainthrough.dp.allreduce import Contribution
+from trainthrough.dp.allreduce import Grads
 from trainthrough.dp.batching import MicroBatch
 from trainthrough.dp.devices import to_device
 from trainthrough.dp.hooks import Hooks
-from trainthrough.dp.rank import Tensors, micro_seed
+from trainthrough.dp.rank import Ready, Tensors, micro_seed
 from trainthrough.errors import UserError
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -74,7 +75,7 @@ class StepFns:
 
 @dataclass(frozen=True)
 class Flat:
-    """The length of the flat vector the allreduce carries (gradient, then buffers)."""
+    """The length of the flat vector the allreduce carries (buffers, then the gradient)."""
 
     numel: int
 
@@ -83,9 +84,11 @@ class ModuleReplica:
     """One rank's view of the user's model: gradients, updates and state as the step needs.
 
     Call order per step (as for :class:`~trainthrough.dp.rank.Rank`), after the host's
-    :meth:`begin_step` with the user's :class:`StepFns`: :meth:`gradients`, the
-    allreduce outside, then :meth:`apply`; :attr:`losses` holds the step's losses. ``gradients`` leaves the model as it found it, so a step that
-    fails before its update needs no undo.
+    :meth:`begin_step` with the user's :class:`StepFns`: :meth:`new_grads`,
+    :meth:`gradients` into them, the allreduce outside, then :meth:`apply`;
+    :attr:`losses` holds the step's losses. ``gradients`` leaves the parameters,
+    buffers and optimizer as it found them (only ``.grad`` holds the local gradient),
+    so a step that fails before its update needs no undo.
     """
 
     def __init__(self, rank_id: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -115,8 +118,12 @@ class ModuleReplica:
         self.device: torch.device = devices.pop()
         # Dropout on a GPU draws from that device's generator: forked and seeded too.
         self._rng_devices = [self.device] if self.device.type == "cuda" else []
-        self._grad_numel = sum(p.numel() for p in self._params.values())
-        self.layout = Flat(self._grad_numel + sum(b.numel() for b in self._float_bufs.values()))
+        self._viewed: set[int] = set()  # parameters whose .grad is a view of the flat vector
+        self._fresh: set[int] = set()  # parameters whose elements hold nothing yet
+        self._into: torch.Tensor | None = None  # the flat vector a backward adds to now
+        self._ready: Ready | None = None  # told of what is whole (the last micro-batch)
+        self._flat: torch.Tensor | None = None  # new_grads' vector, allocated once
+        self._lay_out()
         self.steps = 0
         #: This rank's micro-batch losses since :meth:`begin_step` (a rolled-back step
         #: adds its micro-batches again: the last ones are the committed attempt's).
@@ -137,76 +144,160 @@ class ModuleReplica:
         self.losses.clear()
         return self.losses
 
-    def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]:
-        """One flat vector per micro-batch: the gradient of the user's loss, then the
-        floating buffers as that micro-batch left them (each starts from the same ones)."""
+    def new_grads(self, separate: bool) -> Grads:
+        """The step's accumulator: summed into this replica's own flat gradient (kept
+        from step to step, as DDP keeps its buckets; the first micro-batch overwrites
+        it), or per micro-batch."""
+        if separate:
+            return Grads(self.layout.numel, separate=True, device=self.device)
+        if self._flat is None:
+            self._flat = torch.empty(self.layout.numel, device=self.device)
+        return Grads(self.layout.numel, separate=False, flat=self._flat, fresh=True)
+
+    def gradients(self, step: int, micro: Sequence[MicroBatch], into: Grads,
+                  ready: Ready | None = None) -> None:
+        """Add the user's gradient of each micro-batch, then the floating buffers as that
+        micro-batch left them (each starts from the same ones), to ``into``.
+
+        The backward accumulates straight into the flat vector: every float32
+        parameter's ``.grad`` is a view of it (DDP's ``gradient_as_bucket_view``), so
+        no second copy of the gradient exists. Into a vector that holds nothing yet
+        (``into.fresh``), the first micro-batch's gradients are copied in as their hook
+        fires (no zeroing first, no addition to zeros); other dtypes are moved in by
+        their hook. During the last micro-batch, ``ready`` hears of each parameter as
+        its gradient is whole (its post-accumulate hook), in the backward's order.
+        """
         if self._fns is None:
             raise RuntimeError("no loss function: the host calls begin_step before a step")
-        loss_fn = self._fns.loss_fn
-        params = list(self._params.values())
+        if not micro:
+            into.settle()
+            return
         base = {n: b.clone() for n, b in self._float_bufs.items()}
         ints = {n: b.clone() for n, b in self._int_bufs.items()}
-        out = []
         try:
-            for mb in micro:
-                batch = to_device(self.fetch(mb.rows), self.device)
-                # The same dropout masks whichever rank computes it (a rollback redoes it).
-                with torch.random.fork_rng(devices=self._rng_devices):
-                    torch.manual_seed(micro_seed(self.run_seed, step, mb.index))
-                    loss = loss_fn(batch)
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise UserError("the loss function must return a scalar tensor")
-                value = float(loss.detach())
-                if not math.isfinite(value) and not self._scalers:
-                    # Under a GradScaler an overflow is routine: the scaler skips the step.
-                    raise UserError(f"rank {self.rank_id}: the loss is {value} at step {step} "
-                                    f"(micro-batch {mb.index}): training diverged")
-                grads = torch.autograd.grad(loss, [p for p in params if p.requires_grad],
-                                            allow_unused=True)
-                it = iter(grads)
-                flat = [(next(it) if p.requires_grad else None) for p in params]
-                parts = [(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                         for g, p in zip(flat, params)]
-                parts += [b.detach().reshape(-1) for b in self._float_bufs.values()]
-                out.append((mb.index, torch.cat(parts).detach().to(torch.float32).clone()))
-                # What the user's loss was: scaler.scale(loss) multiplied it by the scale.
-                self.losses.append(value / self._scalers[0].get_scale() if self._scalers
-                                   else value)
+            for i, mb in enumerate(micro):
+                fresh = into.flat is None or into.fresh
+                flat = into.flat if into.flat is not None else torch.empty(
+                    self.layout.numel, device=self.device)
+                into.fresh = False  # from here on it holds (part of) a micro-batch's
+                self._accumulate(step, mb, flat, fresh, ready if i == len(micro) - 1 else None)
+                if into.flat is None:
+                    into.add(mb.index, flat)
+                else:
+                    into.mark(mb.index)
                 self._set(self._float_bufs, base)
         finally:
+            self._into = self._ready = None
             self._set(self._float_bufs, base)
             self._set(self._int_bufs, ints)
-        return out
+
+    def _accumulate(self, step: int, mb: MicroBatch, flat: torch.Tensor, fresh: bool,
+                    ready: Ready | None) -> None:
+        """One micro-batch's forward and backward, its gradient added into ``flat``
+        (``fresh``: written into it, whatever it held)."""
+        assert self._fns is not None
+        self._bind(flat, fresh=fresh)
+        batch = to_device(self.fetch(mb.rows), self.device)
+        # The same dropout masks whichever rank computes it (a rollback redoes it).
+        with torch.random.fork_rng(devices=self._rng_devices):
+            torch.manual_seed(micro_seed(self.run_seed, step, mb.index))
+            loss = self._fns.loss_fn(batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise UserError("the loss function must return a scalar tensor")
+        value = float(loss.detach())
+        if not math.isfinite(value) and not self._scalers:
+            # Under a GradScaler an overflow is routine: the scaler skips the step.
+            raise UserError(f"rank {self.rank_id}: the loss is {value} at step {step} "
+                            f"(micro-batch {mb.index}): training diverged")
+        with torch.no_grad():  # the buffers as this forward left them (restored later:
+            for b, (start, stop) in zip(self._float_bufs.values(), self._buf_regions):
+                part = flat[start:stop]  # the backward may still read them)
+                part.copy_(b.reshape(-1)) if fresh else part.add_(b.reshape(-1))
+            if fresh:  # what is not trained has no gradient: zeros
+                for start, stop in self._frozen_regions:
+                    flat[start:stop] = 0.0
+        self._into, self._ready = flat, ready
+        if ready is not None:  # whole already: the buffers and what is not trained
+            for start, stop in self._still:
+                ready(start, stop)
+        torch.autograd.backward(loss, inputs=self._trained)
+        self._into = self._ready = None
+        for p in self._trained:  # no gradient this time (unused): zeros
+            if id(p) in self._fresh:
+                start, stop = self._regions[id(p)]
+                flat[start:stop] = 0.0
+                self._view(p, flat)
+        # What the user's loss was: scaler.scale(loss) multiplied it by the scale.
+        self.losses.append(value / self._scalers[0].get_scale() if self._scalers else value)
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        """A parameter's post-accumulate hook: its gradient of this micro-batch is in.
+        A gradient that is not a view of the flat vector is moved into it (copied if
+        the vector held nothing of it yet, else added) and the view takes its place."""
+        flat = self._into
+        if flat is None:  # a backward of the user's own, outside a step
+            return
+        key = id(p)
+        start, stop = self._regions[key]
+        if key not in self._viewed and p.grad is not None:
+            part, g = flat[start:stop], p.grad.detach().reshape(-1)
+            part.copy_(g) if key in self._fresh else part.add_(g.to(flat.device, flat.dtype))
+            self._view(p, flat)
+        self._fresh.discard(key)
+        if self._ready is not None:
+            self._ready(start, stop)
+
+    def _view(self, p: torch.Tensor, flat: torch.Tensor) -> None:
+        """``p.grad`` becomes the view of its elements of ``flat`` (None for another
+        dtype or device: its hook moves its gradient in)."""
+        if p.dtype == flat.dtype and p.device == flat.device:
+            start, stop = self._regions[id(p)]
+            p.grad = flat[start:stop].view_as(p)
+            self._viewed.add(id(p))
+        else:
+            p.grad = None
+
+    def _bind(self, flat: torch.Tensor, fresh: bool = False, copy_others: bool = False) -> None:
+        """Point every float32 parameter's ``.grad`` at its elements of ``flat``
+        (``fresh``: at nothing yet, their hook copies the first gradient in); other
+        dtypes get None, or (``copy_others``) a converted copy of their elements."""
+        self._viewed.clear()
+        self._fresh = {id(p) for p in self._trained} if fresh else set()
+        for p, (start, stop) in zip(self._trained, self._trained_regions):
+            if fresh:
+                p.grad = None
+            elif copy_others and not (p.dtype == flat.dtype and p.device == flat.device):
+                p.grad = flat[start:stop].view_as(p).to(p.dtype).clone()
+            else:
+                self._view(p, flat)
 
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
         """Apply a fully reduced vector: the buffers as they are, the gradient through
         the user's optimizer (:attr:`StepFns.update` if given, else ``opt.step()``),
-        the learning rate times ``lr_scale`` for this step.
+        the learning rate times ``lr_scale`` for this step. The parameters' ``.grad``
+        are views of ``flat`` meanwhile (the update may change them in place).
 
         Raises:
             UserError: the gradient is not finite and no GradScaler is registered to
                 skip the step (one line: the rank, the step, how many values).
         """
-        if not self._scalers and not bool(torch.isfinite(flat).all()):
+        # A finite sum means finite values (an inf or NaN anywhere makes it inf or NaN).
+        if not self._scalers and not math.isfinite(float(flat.sum())):
             bad = int((~torch.isfinite(flat)).sum())
-            raise UserError(f"rank {self.rank_id}: the averaged gradient of step {self.steps} "
-                            f"holds {bad} non-finite values (inf or NaN): training diverged")
+            if bad:
+                raise UserError(f"rank {self.rank_id}: the averaged gradient of step "
+                                f"{self.steps} holds {bad} non-finite values (inf or NaN): "
+                                "training diverged")
         update = self._fns.update if self._fns is not None else None
         if self._scalers and update is None:
             raise UserError("a GradScaler is registered: give your step to loop.step(loss_fn, "
                             "update=...), which calls scaler.step(optimizer) and "
                             "scaler.update()")
         flat = flat.to(self.device)
-        at = 0
-        for p in self._params.values():
-            n = p.numel()
-            p.grad = flat[at:at + n].view_as(p).to(p.dtype).clone() if p.requires_grad else None
-            at += n
+        self._bind(flat, copy_others=True)
         with torch.no_grad():
-            for b in self._float_bufs.values():
-                n = b.numel()
-                b.copy_(flat[at:at + n].view_as(b))
-                at += n
+            for b, (start, stop) in zip(self._float_bufs.values(), self._buf_regions):
+                b.copy_(flat[start:stop].view_as(b))
             for b in self._int_bufs.values():
                 b.add_(1)  # counters (num_batches_tracked) advance once per step
         saved = [g["lr"] for g in self.opt.param_groups]
@@ -225,7 +316,30 @@ class ModuleReplica:
                 # one (chainable schedulers): unscale it; an untouched rate goes back.
                 g["lr"] = lr if g["lr"] == lr * lr_scale else g["lr"] / lr_scale
             self.opt.zero_grad(set_to_none=True)
+            self._viewed.clear()
         self.steps += 1
+
+    def _lay_out(self) -> None:
+        """Where everything sits in the flat vector, in the order the backward finishes
+        it (DDP's reverse parameter order): the floating buffers (whole after the
+        forward), then the parameters last to first; the hooks that report them."""
+        at, self._buf_regions = 0, []
+        for b in self._float_bufs.values():
+            self._buf_regions.append((at, at + b.numel()))
+            at += b.numel()
+        self._regions: dict[int, tuple[int, int]] = {}
+        for p in reversed(list(self._params.values())):
+            self._regions[id(p)] = (at, at + p.numel())
+            at += p.numel()
+        self.layout = Flat(at)
+        self._trained = [p for p in self._params.values() if p.requires_grad]
+        self._trained_regions = [self._regions[id(p)] for p in self._trained]
+        # Whole before any backward: the buffers, and parameters that are not trained.
+        self._frozen_regions = [self._regions[id(p)] for p in self._params.values()
+                                if not p.requires_grad]
+        self._still = self._buf_regions + self._frozen_regions
+        self._hooks = [p.register_post_accumulate_grad_hook(self._accumulated)
+                       for p in self._trained]
 
     @staticmethod
     def _set(bufs: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
@@ -239,17 +353,20 @@ class ModuleReplica:
         """Copies of the parameters by name (what is evaluated and compared)."""
         return {n: p.detach().clone() for n, p in self._params.items()}
 
-    def state(self) -> Tensors:
-        """Copies of the model's parameters and buffers, the optimizer state and its
-        numeric hyperparameters, and the step count, as flat string keys."""
-        out = {f"params/{n}": p.detach().clone() for n, p in self._params.items()}
-        out.update({f"buffers/{n}": b.detach().clone()
-                    for n, b in self.model.named_buffers()})
+    def state(self, copy: bool = True) -> Tensors:
+        """The model's parameters and buffers, the optimizer state and its numeric
+        hyperparameters, and the step count, as flat string keys: copies, or the live
+        tensors (``copy`` False; small ones are made anyway)."""
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().clone() if copy else t.detach()
+
+        out = {f"params/{n}": take(p) for n, p in self._params.items()}
+        out.update({f"buffers/{n}": take(b) for n, b in self.model.named_buffers()})
         sd = self.opt.state_dict()
         for i, entry in sd["state"].items():
             for k, v in entry.items():
                 if isinstance(v, torch.Tensor):
-                    out[f"optim/state/{i}/{k}"] = v.detach().clone()
+                    out[f"optim/state/{i}/{k}"] = take(v)
                 elif isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[f"optim/state/{i}/{k}{_NUM}"] = torch.tensor(float(v),
                                                                      dtype=torch.float64)
@@ -269,8 +386,9 @@ class ModuleReplica:
         replica's keys are not a checkpoint's (:meth:`load` checks what it needs)."""
         return None
 
-    def load(self, tensors: Tensors) -> None:
-        """Take the state :meth:`state` produced on any replica of the same model.
+    def load(self, tensors: Tensors, own: bool = False) -> None:
+        """Take the state :meth:`state` produced on any replica of the same model
+        (``own``: the optimizer keeps the tensors given, not copies).
 
         Raises:
             KeyError: a parameter or buffer is missing.
@@ -288,7 +406,7 @@ class ModuleReplica:
                 if k.endswith(_NUM):
                     state.setdefault(int(i), {})[k[:-len(_NUM)]] = float(v)
                 else:
-                    state.setdefault(int(i), {})[k] = v.clone()
+                    state.setdefault(int(i), {})[k] = v if own else v.clone()
         for gi, group in enumerate(sd["param_groups"]):
             for k, v in list(group.items()):
                 t = tensors.get(f"optim/group/{gi}/{k}")
@@ -303,7 +421,7 @@ class ModuleReplica:
 
     @property
     def state_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state().values())
+        return sum(t.numel() * t.element_size() for t in self.state(copy=False).values())
 
 
 def _numbers(v: object) -> torch.Tensor | None:

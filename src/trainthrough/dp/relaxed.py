@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import torch
 
 from trainthrough.config import RunConfig
-from trainthrough.dp.allreduce import Bucket, Contribution, FlatLayout, make_buckets
+from trainthrough.dp.allreduce import Bucket, FlatLayout, Grads, make_buckets
 from trainthrough.dp.batching import MicroBatch
 from trainthrough.dp.collective import Collective, Injector, PeerLost
-from trainthrough.dp.rank import Numel, Replica, Tensors
+from trainthrough.dp.rank import Numel, Ready, Replica, Tensors
 from trainthrough.dp.step import InFlight, StepSpec
 
 # The injection points of a relaxed step, in order.
@@ -158,17 +158,21 @@ class RelaxedReplica:
     def params(self) -> Tensors:
         return self.inner.params
 
-    def gradients(self, step: int, micro: Sequence[MicroBatch]) -> list[Contribution]:
-        return self.inner.gradients(step, micro)
+    def new_grads(self, separate: bool) -> Grads:
+        return self.inner.new_grads(separate)
+
+    def gradients(self, step: int, micro: Sequence[MicroBatch], into: Grads,
+                  ready: Ready | None = None) -> None:
+        self.inner.gradients(step, micro, into, ready)
 
     def apply(self, flat: torch.Tensor, lr_scale: float = 1.0) -> None:
         self.inner.apply(flat, lr_scale)
         self.since_sync += 1
 
-    def state(self) -> Tensors:
-        out = self.inner.state()
-        out["outer/global"] = self.global_.clone()
-        out["outer/momentum"] = self.momentum.clone()
+    def state(self, copy: bool = True) -> Tensors:
+        out = self.inner.state(copy)
+        out["outer/global"] = self.global_.clone() if copy else self.global_
+        out["outer/momentum"] = self.momentum.clone() if copy else self.momentum
         return out
 
     def state_like(self) -> Tensors | None:
@@ -178,16 +182,16 @@ class RelaxedReplica:
         like.update({"outer/global": self.global_.clone(), "outer/momentum": self.momentum.clone()})
         return like
 
-    def load(self, tensors: Tensors) -> None:
+    def load(self, tensors: Tensors, own: bool = False) -> None:
         """Load a replica's state; the outer state too when it holds one (a checkpoint
         or a peer's state), else the outer step restarts from the loaded parameters."""
-        self.inner.load(tensors)
+        self.inner.load(tensors, own)
         g, m = tensors.get("outer/global"), tensors.get("outer/momentum")
         # Onto the replica's device (a checkpoint or a peer's bytes arrive in host memory).
         device = self.inner.device
-        self.global_ = (g.to(device, copy=True) if g is not None
+        self.global_ = (g.to(device, copy=not own) if g is not None
                         else self.flat.flatten(self.inner.params))
-        self.momentum = (m.to(device, copy=True) if m is not None
+        self.momentum = (m.to(device, copy=not own) if m is not None
                          else torch.zeros_like(self.global_))
         self.since_sync = 0
         self._synced = None
@@ -223,23 +227,23 @@ class RelaxedReplica:
             self.global_[s] -= self.sync.outer_lr * step
         local = self.flat.flatten(self.inner.params)
         local[s] = self.global_[s]
-        state = self.inner.state()
-        for n, v in self.flat.unflatten(local).items():
-            state[f"params/{n}"] = v.clone()
+        state = self.inner.state(copy=False)  # all but the parameters as they are
+        state.update({f"params/{n}": v for n, v in self.flat.unflatten(local).items()})
         steps = self.inner.steps
-        self.inner.load(state)
+        self.inner.load(state, own=True)
         self.inner.steps = steps
         if frag.index == len(self.fragments) - 1:
             self.since_sync = 0
 
 
-def local_gradient(contribs: Sequence[Contribution], spec: StepSpec,
-                   micro_count: int) -> torch.Tensor:
+def local_gradient(grads: Grads, spec: StepSpec, micro_count: int) -> torch.Tensor:
     """This replica's gradient of an inner step: the mean over its micro-batches; a
     ``sum`` workload's sum scaled to the whole global batch (what one step of the
-    synchronous group would apply)."""
-    total = torch.stack([g for _, g in sorted(contribs, key=lambda c: c[0])]).sum(0)
-    return total / len(contribs) if spec.mean else total * (micro_count / len(contribs))
+    synchronous group would apply). A summed ``grads`` is scaled in place."""
+    n = len(grads.indices)
+    total = (grads.flat if grads.flat is not None else
+             torch.stack([g for _, g in sorted(grads.parts, key=lambda c: c[0])]).sum(0))
+    return total.div_(n) if spec.mean else total.mul_(micro_count / n)
 
 
 async def inner_step(rank: RelaxedReplica, fl: InFlight, inj: Injector, spec: StepSpec,
@@ -252,10 +256,10 @@ async def inner_step(rank: RelaxedReplica, fl: InFlight, inj: Injector, spec: St
     await inj.at("boundary", step)
     mine = fl.batch.share.get(rank.rank_id, [])
     fl.phase = "inner"
-    fl.contribs = rank.gradients(fl.logical, mine)
+    rank.gradients(fl.logical, mine, fl.grads)
     await inj.at("inner", step)
-    if fl.contribs:
-        rank.apply(local_gradient(fl.contribs, spec, fl.batch.micro_count), fl.batch.lr_scale)
+    if fl.grads.indices:
+        rank.apply(local_gradient(fl.grads, spec, fl.batch.micro_count), fl.batch.lr_scale)
     fl.committed = True
 
 

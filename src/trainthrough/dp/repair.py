@@ -19,13 +19,47 @@ calls the same of these (collectives must match).
 
 from __future__ import annotations
 
-import safetensors.torch
+import json
+
 import torch
 
-from trainthrough.dp.allreduce import Bucket
+from trainthrough.dp.allreduce import Bucket, Grads
 from trainthrough.dp.collective import Collective, PeerLost
-from trainthrough.dp.rank import Replica
+from trainthrough.dp.rank import Replica, Tensors
 from trainthrough.dp.step import InFlight, StepSpec
+
+#: Tensors smaller than this travel packed together, in messages of about this size;
+#: larger ones are sent from and received into the replicas' own memory.
+PACK_BYTES = 4 * 2**20
+
+
+def own_share(rank: Replica, fl: InFlight, spec: StepSpec, done: int) -> None:
+    """Make ``fl.grads`` hold this rank's whole share of buckets ``done`` onwards, once
+    the group agreed that buckets ``[0, done)`` are reduced (:meth:`InFlight.rewind`).
+
+    Micro-batches it had not computed are computed. A summed vector may hold part of
+    one (a failure found during the backward, where buckets start on an overlapping
+    host): its share is then computed again, in place when nothing was reduced, else
+    aside (one gradient's memory, released at once) and copied into the buckets left.
+    """
+    fl.rewind(done)
+    g, mine = fl.grads, fl.batch.share[rank.rank_id]
+    missing = [m for m in mine if m.index not in g.indices]
+    if not missing:
+        return
+    if g.flat is None:
+        rank.gradients(fl.logical, missing, g)
+        return
+    start = spec.buckets[done].start if done < len(spec.buckets) else g.numel
+    if start == 0:  # nothing reduced: computed again in place
+        g.fresh, g.indices = True, []
+        rank.gradients(fl.logical, mine, g)
+        return
+    fresh = Grads(g.numel, separate=False, device=g.device)
+    rank.gradients(fl.logical, mine, fresh)
+    assert fresh.flat is not None
+    g.flat[start:] = fresh.flat[start:]
+    g.indices = fresh.indices
 
 
 async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec,
@@ -35,7 +69,7 @@ async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec
     Buckets ``[0, done)`` were reduced before the failure with every rank's share
     and are kept; the rest are reduced again over the survivors (``coll.members``),
     averaged over their micro-batches only: the failed ranks' share is dropped.
-    Micro-batches this rank had not computed yet are computed first.
+    Micro-batches this rank had not computed yet are computed first (:func:`own_share`).
 
     Args:
         done: buckets every survivor completed (the minimum the host gathered).
@@ -49,13 +83,12 @@ async def complete(rank: Replica, fl: InFlight, coll: Collective, spec: StepSpec
     """
     count = fl.batch.micro_of(coll.members)
     dropped = fl.batch.micro_count - count if done < len(spec.buckets) else 0
-    seen = {i for i, _ in fl.contribs}
-    missing = [m for m in fl.batch.share[rank.rank_id] if m.index not in seen]
-    fl.contribs += rank.gradients(fl.logical, missing)
+    own_share(rank, fl, spec, done)
     fl.phase, fl.buckets_done = "allreduce", done
     try:
         for b in spec.buckets[done:]:
-            fl.reduce_into(b, await coll.allreduce(fl.contribs, b), count, spec.mean)
+            fl.reduce_into(b, await coll.allreduce(fl.grads.contributions(), b), count,
+                           spec.mean)
             fl.buckets_done = b.index + 1
     except PeerLost as e:
         raise e.located(fl.phase, fl.buckets_done) from None
@@ -69,12 +102,19 @@ async def share_state(rank: Replica, coll: Collective, counters: list[int],
     """Every member takes the replica and ``counters`` of the first member that holds
     state (a joiner, ``holder=False``, receives; it may have the lowest slot).
 
-    Three collectives: who holds state (a sum of one-hot flags, so every member picks
-    the same donor), the size of the donor's state, then the state itself as
-    safetensors bytes (:meth:`~trainthrough.dp.rank.Rank.state`: parameters, optimizer
-    state, buffers, the step count) with the host's counters (executed steps, cursor,
-    ...): any replica's state, whatever its shapes (a joiner's optimizer may hold none
-    yet), and never a pickle.
+    Collectives, in order: who holds state (a sum of one-hot flags, so every member
+    picks the same donor); the size of the donor's manifest, then the manifest (JSON:
+    the counters, and the key, dtype and shape of every tensor of
+    :meth:`~trainthrough.dp.rank.Replica.state`: parameters, optimizer state,
+    buffers, the step count); then the tensors themselves as bytes, in the
+    manifest's order (:func:`_broadcast`). Any replica's state, whatever its shapes (a
+    joiner's optimizer may hold none yet), and never a pickle.
+
+    Nothing is serialized: the donor sends its live tensors and a member receives into
+    its own where it has the same key, dtype and shape (its parameters), into new ones
+    otherwise, so the transfer needs no copy of the model beside it. Members that
+    hold state hold the donor's replica already (they committed the same steps): what
+    they receive writes the values they have.
 
     Returns:
         The donor's ``counters`` (every member passes the same length).
@@ -92,18 +132,63 @@ async def share_state(rank: Replica, coll: Collective, counters: list[int],
     if not donors:
         raise RuntimeError("a group of joiners only: nobody to copy the replica from")
     donor = int(donors[0])
-    blob = b""
+    live = rank.state(copy=False)
+    text = b""
     if me == donor:
-        state = {k: v.cpu() for k, v in rank.state().items()}  # bytes are host memory
-        state["meta/counters"] = torch.tensor(counters, dtype=torch.int64)
-        blob = safetensors.torch.save(state)
-    size = torch.tensor([len(blob)], dtype=torch.int64)
+        text = json.dumps({"counters": list(counters), "tensors": [
+            [k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in live.items()]}
+        ).encode()
+    size = torch.tensor([len(text)], dtype=torch.int64)
     await coll.broadcast([size], src=donor)
-    buf = (torch.frombuffer(bytearray(blob), dtype=torch.uint8) if me == donor
+    buf = (torch.frombuffer(bytearray(text), dtype=torch.uint8) if me == donor
            else torch.zeros(int(size[0]), dtype=torch.uint8))
     await coll.broadcast([buf], src=donor)
+    manifest = json.loads(bytes(buf.numpy()))
     if me == donor:
+        await _broadcast([v.contiguous() for v in live.values()], donor, True, coll,
+                         rank.device)
         return list(counters)
-    received = safetensors.torch.load(buf.numpy().tobytes())
-    rank.load(received)
-    return [int(x) for x in received["meta/counters"]]
+    tensors: Tensors = {}
+    for key, dtype, shape in manifest["tensors"]:
+        kind = getattr(torch, dtype)
+        if not isinstance(kind, torch.dtype):
+            raise RuntimeError(f"the donor's state names an unknown dtype {dtype!r}")
+        mine = live.get(key)
+        fits = (mine is not None and mine.dtype == kind and list(mine.shape) == shape
+                and mine.is_contiguous() and mine.device == rank.device)
+        tensors[key] = mine if fits else torch.empty(shape, dtype=kind,  # type: ignore[assignment]
+                                                     device=rank.device)
+    await _broadcast(list(tensors.values()), donor, False, coll, rank.device)
+    rank.load(tensors, own=True)
+    return [int(x) for x in manifest["counters"]]
+
+
+async def _broadcast(tensors: list[torch.Tensor], src: int, sending: bool,
+                     coll: Collective, device: torch.device) -> None:
+    """Member ``src``'s ``tensors`` over everyone's (same shapes, contiguous, in order;
+    ``sending``: this member is ``src``): each of :data:`PACK_BYTES` or more in place,
+    the smaller ones packed together."""
+    pack: list[torch.Tensor] = []
+
+    async def flush() -> None:
+        if not pack:
+            return
+        sizes = [t.numel() for t in pack]
+        buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        if sending:
+            torch.cat(pack, out=buf)
+        await coll.broadcast([buf], src=src)
+        if not sending:
+            for t, part in zip(pack, buf.split(sizes)):
+                t.copy_(part)
+        pack.clear()
+
+    for t in tensors:
+        raw = t.reshape(-1).view(torch.uint8)
+        if raw.numel() >= PACK_BYTES:
+            await coll.broadcast([raw], src=src)
+            continue
+        pack.append(raw)
+        if sum(p.numel() for p in pack) >= PACK_BYTES:
+            await flush()
+    await flush()

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainthrough.dp.allreduce import Bucket, Contribution, bucket_sum
-from trainthrough.dp.collective import PeerLost
+from trainthrough.dp.collective import PeerLost, Sequential
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ class _Suspend:
         return (yield self.request)
 
 
-class SimCollective:
-    """One incarnation of a simulated group of rank slots ``members``."""
+class SimCollective(Sequential):
+    """One incarnation of a simulated group of rank slots ``members`` (a bucket is
+    reduced when started: the simulated backward has no time to overlap)."""
 
     def __init__(self, members: Sequence[int]) -> None:
         self.members = list(members)

@@ -7,7 +7,10 @@ A step, as one rank sees it (call order, each ``inj.at`` an injection point):
    ``backward``;
 3. for each bucket ``K`` in order: ``allreduce:K``, then the bucket's allreduce; the
    last one carries the commit vote as one more element (:meth:`Collective.commit`),
-   so a step costs one collective per bucket and no more (one by default);
+   so a step costs one collective per bucket and no more. On a host whose collective
+   overlaps, buckets before the last start from inside the backward of the last
+   micro-batch, as their gradients become ready (DDP's bucket hooks): ``backward``
+   and ``allreduce:K`` are then passed there, in the same order (:class:`_Reduction`);
 4. the step is committed once that collective completed: every member contributed
    its whole share. ``update``: apply the averaged gradient.
 
@@ -29,12 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from trainthrough.dp.allreduce import Bucket, Contribution
+from trainthrough.dp.allreduce import Bucket, Grads
 from trainthrough.dp.batching import StepBatch
-from trainthrough.dp.collective import Collective, Injector, PeerLost
+from trainthrough.dp.collective import Collective, Injector, PeerLost, run_blocking
 from trainthrough.dp.rank import Replica
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec
@@ -53,28 +57,66 @@ class StepSpec:
 
 @dataclass
 class InFlight:
-    """One rank's attempt at logical step ``logical``, as far as it got."""
+    """One rank's attempt at logical step ``logical``, as far as it got.
+
+    ``grads`` holds this rank's gradients; ``reduced`` the buckets' results: in a
+    summed ``grads`` it is ``grads.flat`` itself, so a bucket's result replaces this
+    rank's share in place and the gradient costs one flat vector (DDP's buckets as
+    ``.grad`` views). Which buckets hold a result is ``done``, never the values. The
+    result of the last bucket reduced is kept apart (``_pending``) until the next one
+    completes: peers may have reduced one bucket fewer when a failure strikes, and
+    this rank's share of that bucket must still be there (:meth:`rewind`).
+    """
 
     batch: StepBatch
     logical: int
-    reduced: torch.Tensor  # the buckets' results; which hold one is ``done``, never the values
+    grads: Grads
+    reduced: torch.Tensor
     done: list[bool] = field(default_factory=list)  # per bucket: its result is in ``reduced``
-    contribs: list[Contribution] = field(default_factory=list)
     phase: str = "boundary"  # the last point passed
     buckets_done: int = 0
     committed: bool = False  # the last bucket, and with it the vote, completed
+    _pending: tuple[Bucket, torch.Tensor, int] | None = None  # the newest sum, not yet written
 
     @classmethod
-    def begin(cls, batch: StepBatch, logical: int, numel: int,
-              device: torch.device | None = None) -> InFlight:
-        """A fresh record; ``reduced`` lives on the replica's ``device`` (default CPU)."""
-        return cls(batch, logical, torch.zeros(numel, device=device))
+    def begin(cls, batch: StepBatch, logical: int, grads: Grads) -> InFlight:
+        """A fresh record over ``grads`` (a replica's :meth:`~trainthrough.dp.rank.Replica.new_grads`)."""
+        reduced = grads.flat if grads.flat is not None else torch.zeros(grads.numel,
+                                                                        device=grads.device)
+        return cls(batch, logical, grads, reduced)
 
     def reduce_into(self, bucket: Bucket, total: torch.Tensor, count: int, mean: bool) -> None:
-        """Store a bucket's sum (divided by the ``count`` micro-batches if ``mean``)."""
-        self.reduced[bucket.start:bucket.stop] = total / count if mean else total
+        """Take a bucket's sum (divided by the ``count`` micro-batches if ``mean``);
+        ``total`` is read, never changed (a simulated group hands every member the same)."""
+        self._flush()
+        self._pending = (bucket, total, count if mean else 1)
         self.done += [False] * (bucket.index + 1 - len(self.done))
         self.done[bucket.index] = True
+
+    def rewind(self, done: int) -> None:
+        """The group agreed that buckets ``[0, done)`` hold a result (the fewest any
+        survivor reduced): a result this rank has beyond them is dropped, and those
+        buckets hold its own share again.
+
+        Raises:
+            RuntimeError: a result beyond ``done`` was written over this rank's share
+                already (at most one bucket is in flight, so peers are never two behind).
+        """
+        held = self._pending[0].index if self._pending is not None else None
+        if held is not None and held < done:
+            self._flush()
+        self._pending = None
+        written = [i for i, d in enumerate(self.done) if d and i >= done and i != held]
+        self.done = self.done[:done]
+        if written and self.grads.flat is not None:
+            raise RuntimeError(f"buckets {written} were reduced in place beyond the {done} "
+                               "the group agreed on")
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            b, total, count = self._pending
+            torch.div(total, count, out=self.reduced[b.start:b.stop])
+            self._pending = None
 
     def whole(self, spec: StepSpec) -> torch.Tensor:
         """The reduced vector, once every bucket of ``spec`` holds its result.
@@ -89,7 +131,72 @@ class InFlight:
                    if b.index >= len(self.done) or not self.done[b.index]]
         if missing:
             raise RuntimeError(f"refusing to apply a gradient with unreduced buckets {missing}")
+        self._flush()
         return self.reduced
+
+
+class _Reduction:
+    """A step's buckets, started in order as their gradients are ready.
+
+    Bucket ``K`` starts once bucket ``K-1`` completed here and the point
+    ``allreduce:K`` passed, so a failure at ``allreduce:K`` finds buckets ``[0, K)``
+    reduced by every member and nothing of ``K`` sent by the victim, whether the
+    buckets start during the backward (a host that :attr:`~.Collective.overlaps`,
+    fed by the replica's :data:`~trainthrough.dp.rank.Ready` calls) or after it.
+    The point ``backward`` comes before bucket 0 starts. The last bucket carries the
+    vote and starts once the backward is over (:meth:`finish`).
+    """
+
+    def __init__(self, fl: InFlight, coll: Collective, inj: Injector, spec: StepSpec,
+                 step: int) -> None:
+        self.fl, self.coll, self.inj, self.spec, self.step = fl, coll, inj, spec, step
+        self.left = [b.numel for b in spec.buckets]  # elements not ready yet
+        self.next = 0  # the next bucket to start
+        self.flight: tuple[Bucket, Any] | None = None
+        self.count = fl.batch.micro_count
+
+    def ready(self, start: int, stop: int) -> None:
+        """Elements ``[start, stop)`` hold this rank's whole share (from the backward):
+        start every bucket now complete, in order, but the last."""
+        for b in self.spec.buckets:
+            if b.start < stop and start < b.stop:
+                self.left[b.index] -= min(stop, b.stop) - max(start, b.start)
+        run_blocking(self._start_ready(everything=False))
+
+    async def _start_ready(self, everything: bool) -> None:
+        last = len(self.spec.buckets) - 1
+        while self.next < last and (everything or self.left[self.next] <= 0):
+            await self._start(self.spec.buckets[self.next])
+
+    async def _start(self, b: Bucket) -> None:
+        if b.index == 0:
+            await self.inj.at("backward", self.step)
+            self.fl.phase = "allreduce"
+        await self._land()
+        await self.inj.at(f"allreduce:{b.index}", self.step)
+        self.flight = (b, await self.coll.start(self.fl.grads.contributions(), b))
+        self.next = b.index + 1
+
+    async def _land(self) -> None:
+        if self.flight is not None:
+            b, handle = self.flight
+            self.flight = None
+            self.fl.reduce_into(b, await self.coll.wait(handle), self.count, self.spec.mean)
+            self.fl.buckets_done = b.index + 1
+
+    async def finish(self, ballot: Callable[[], float]) -> float:
+        """The buckets not started yet, then the last with the vote; the vote's sum."""
+        fl, last = self.fl, self.spec.buckets[-1]
+        await self._start_ready(everything=True)
+        if last.index == 0:
+            await self.inj.at("backward", self.step)
+            fl.phase = "allreduce"
+        await self._land()
+        await self.inj.at(f"allreduce:{last.index}", self.step)
+        total, tally = await self.coll.commit(fl.grads.contributions(), last, ballot())
+        fl.reduce_into(last, total, self.count, self.spec.mean)
+        fl.buckets_done, fl.committed = last.index + 1, True
+        return tally
 
 
 async def train_step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector,
@@ -123,22 +230,13 @@ async def _step(rank: Replica, fl: InFlight, coll: Collective, inj: Injector, sp
     mine = fl.batch.share[rank.rank_id]
     half = len(mine) // 2
     fl.phase = "forward"
-    fl.contribs = rank.gradients(fl.logical, mine[:half])
+    rank.gradients(fl.logical, mine[:half], fl.grads)
     await inj.at("forward", step)
     fl.phase = "backward"
-    fl.contribs += rank.gradients(fl.logical, mine[half:])
-    await inj.at("backward", step)
-    fl.phase = "allreduce"
-    count = fl.batch.micro_count
-    *first, last = spec.buckets
-    for b in first:
-        await inj.at(f"allreduce:{b.index}", step)
-        fl.reduce_into(b, await coll.allreduce(fl.contribs, b), count, spec.mean)
-        fl.buckets_done = b.index + 1
-    await inj.at(f"allreduce:{last.index}", step)
-    total, tally = await coll.commit(fl.contribs, last, ballot())
-    fl.reduce_into(last, total, count, spec.mean)
-    fl.buckets_done, fl.committed = last.index + 1, True
+    red = _Reduction(fl, coll, inj, spec, step)
+    # On a host that overlaps, buckets start from inside the last backward.
+    rank.gradients(fl.logical, mine[half:], fl.grads, red.ready if coll.overlaps else None)
+    tally = await red.finish(ballot)
     fl.phase = "update"
     await inj.at("update", step)
     rank.apply(fl.whole(spec), fl.batch.lr_scale)
@@ -153,7 +251,7 @@ def group_phase(point: str) -> str:
     return "boundary" if phase == "update" else phase
 
 
-def check_points(specs: list[FailureSpec], buckets: int, phases: Collection[str],
+def check_points(specs: list[FailureSpec], buckets: int | None, phases: Collection[str],
                  engine: str) -> None:
     """Refuse failure specs naming a point this host cannot strike at.
 
@@ -161,7 +259,9 @@ def check_points(specs: list[FailureSpec], buckets: int, phases: Collection[str]
         phases: the host's declared failure phases (its ``CAPABILITIES``): ``""``
             between steps, step points (``allreduce`` for every ``allreduce:K``) and
             host points such as ``recovery``.
-        buckets: the run's bucket count B (``K`` goes from 0 to B-1).
+        buckets: the run's bucket count B (``K`` goes from 0 to B-1); None: not known
+            before the ranks build the model (buckets sized by bytes), so only
+            ``allreduce:0`` surely exists.
 
     Raises:
         UserError: naming the spec and the phases to use instead.
@@ -171,7 +271,13 @@ def check_points(specs: list[FailureSpec], buckets: int, phases: Collection[str]
         if p is None:
             continue
         if p.startswith("allreduce:") and "allreduce" in phases:
-            if int(p[len("allreduce:"):]) >= buckets:
+            k = int(p[len("allreduce:"):])
+            if buckets is None and k > 0:
+                raise UserError(f"failure spec {s.text!r}: the allreduce's buckets are sized "
+                                "by bytes from the model, which only the ranks build; name "
+                                "their count with allreduce_buckets (--allreduce-buckets) to "
+                                f"strike at bucket {k}")
+            if buckets is not None and k >= buckets:
                 raise UserError(f"failure spec {s.text!r}: the allreduce has {buckets} "
                                 f"bucket{'s' * (buckets > 1)} (allreduce_buckets), so K in "
                                 f"allreduce:K goes from 0 to {buckets - 1}")

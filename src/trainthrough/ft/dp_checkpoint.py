@@ -76,9 +76,11 @@ class ReplicaCheckpoint:
         self._like = template.state_like() if template is not None else None
 
     # -- saving -----------------------------------------------------------------
-    def plan(self, rank: Replica, iteration: int, cursor: Cursor, ranks: list[int]) -> Planned:
-        """Copy ``rank``'s replica and the cursor as the save of logical ``iteration``."""
-        tensors = rank.state()
+    def plan(self, rank: Replica, iteration: int, cursor: Cursor, ranks: list[int],
+             copy: bool = True) -> Planned:
+        """Copy ``rank``'s replica and the cursor as the save of logical ``iteration``
+        (``copy`` False: its live tensors, for a write that ends before it changes)."""
+        tensors = rank.state(copy)
         meta = {"iteration": iteration, "epoch": cursor.epoch, "offset": cursor.offset,
                 "ranks": ranks, "workload": rank.label}
         return Planned(iteration, tensors, meta,

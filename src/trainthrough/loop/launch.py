@@ -126,7 +126,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            timeout: float = 5.0,
            wall_limit: float | None = None, elastic: str = "keep-global",
            sync_every: int | None = None, overwrite: bool = False, progress: bool = True,
-           micro_batches: int = 1, resume: bool = False, allreduce_buckets: int = 1,
+           micro_batches: int = 1, resume: bool = False, allreduce_buckets: int | None = None,
            options: Mapping[str, Any] | None = None,
            max_restarts: int = RunConfig.max_restarts,
            liveness_timeout: float = RunConfig.liveness_timeout) -> LoopResult:
@@ -164,10 +164,11 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         micro_batches: gradient accumulation: each rank's batch (the ``DataLoader``'s
             ``batch_size``) is cut into this many micro-batches, each a forward and
             backward of its own, and one update follows their averaged gradient.
-        allreduce_buckets: the gradient is averaged in this many buckets, one after the
-            other (``--allreduce-buckets``); ``fail="rank=1@iter=50,phase=allreduce:2"``
-            strikes after bucket 2 of them, so it needs at least 3 (fewer is refused
-            before anything starts).
+        allreduce_buckets: the gradient is averaged in this many equal buckets
+            (``--allreduce-buckets``); by default (None) in buckets of 25 MB, as DDP's,
+            each started as soon as the backward has filled it.
+            ``fail="rank=1@iter=50,phase=allreduce:2"`` strikes after bucket 2, so it
+            needs at least 3 (fewer is refused before anything starts).
         checkpoint_dir: where checkpoints go (a path or an fsspec URL); a
             ``checkpoint-restart`` on a cluster (``ray_address``) needs one every host
             reaches: a URL of shared storage, or a folder every host mounts with

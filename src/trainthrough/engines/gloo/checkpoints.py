@@ -82,7 +82,9 @@ class RankSaves:
             return
         t = time.perf_counter()
         self.flush()  # one write in flight: the snapshot's buffers are reused
-        p = self.saver.plan(rank, logical, cursor, members)
+        # A synchronous write ends before the next step: it reads the live state (a copy
+        # of the model here would be one more model's memory at every save).
+        p = self.saver.plan(rank, logical, cursor, members, copy=d.asynchronous)
         if not d.asynchronous:
             written = self._write(p)
             self.post(Saved(iteration=logical, payload=p.payload_bytes,

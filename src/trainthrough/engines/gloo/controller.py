@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainthrough.dp.allreduce import plan_buckets
 from trainthrough.dp.batching import Cursor, SampleStream
 from trainthrough.dp.devices import cuda_count, plan_devices
 from trainthrough.dp.rank import Rank
@@ -80,7 +81,9 @@ class GlooEngine:
         self.devices = plan_devices(cfg.device, cfg.collective, self.program is not None,
                                     cfg.ranks, cuda_count())
         schedule = ctx.schedule({"rank": cfg.ranks})
-        check_specs(ctx.specs, cfg.allreduce_buckets)
+        # A user's model is built in the ranks: its buckets are known here only by count.
+        check_specs(ctx.specs, cfg.allreduce_buckets if template is None else
+                    len(plan_buckets(template.layout.numel, cfg.allreduce_buckets)))
         if cfg.cost.timeout_seconds <= 0:
             raise UserError("cost.timeout_seconds (the collective timeout) must be positive")
         self.schedule, self.orders = schedule, resolve_orders(schedule)
@@ -112,7 +115,7 @@ class GlooEngine:
         template = Rank(0, workload, spec,
                         workload.init_params(torch.Generator().manual_seed(cfg.seed)), cfg.seed)
         numel = template.layout.numel
-        if not 1 <= cfg.allreduce_buckets <= numel:
+        if cfg.allreduce_buckets is not None and not 1 <= cfg.allreduce_buckets <= numel:
             raise UserError(f"allreduce-buckets must be between 1 and the {numel} parameters "
                             f"of {workload.name} (got {cfg.allreduce_buckets})")
         elastic = ElasticPolicy(cfg.elastic, cfg.ranks, workload.batch_size)

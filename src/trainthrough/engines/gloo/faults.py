@@ -42,8 +42,9 @@ class Order:
     spec: str
 
 
-def check_specs(specs: list[FailureSpec], buckets: int) -> None:
-    """Reject what the gloo engine cannot deliver (the shared check, with its phases).
+def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
+    """Reject what the gloo engine cannot deliver (the shared check, with its phases;
+    ``buckets`` None: the bucket count is not known before the ranks start).
 
     Raises:
         UserError: naming the spec and what to use instead.

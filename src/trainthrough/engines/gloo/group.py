@@ -2,7 +2,8 @@
 
 Call order: :meth:`Group.form` (rendezvous on a fresh store prefix), then the
 collectives of the shared step and repair routines (:meth:`Group.allreduce`,
-:meth:`Group.commit`, :meth:`Group.broadcast`, in the order the protocol states), then
+:meth:`Group.start` and :meth:`Group.wait`, :meth:`Group.commit`,
+:meth:`Group.broadcast`, in the order the protocol states), then
 :meth:`Group.close`. They block (their coroutines never suspend: run them with
 :func:`~trainthrough.dp.collective.run_blocking`). Every collective that fails raises
 :class:`~trainthrough.dp.collective.PeerLost`; the group is then unusable and must
@@ -53,7 +54,14 @@ class Work(Protocol):
 
 
 class Group:
-    """The live members of attempt ``n``; this process is ``members.index(slot)``."""
+    """The live members of attempt ``n``; this process is ``members.index(slot)``.
+
+    Its collectives block (never suspend), so the step may :meth:`start` a bucket from
+    inside the backward (:attr:`overlaps`): the reduction runs on the backend's own
+    threads while the backward goes on, as DDP's bucket hooks do.
+    """
+
+    overlaps = True
 
     def __init__(self, store: dist.Store, n: int, members: list[int], slot: int,
                  timeout: float, backend: str = "gloo",
@@ -112,6 +120,26 @@ class Group:
         """
         out = _local_sum(parts, bucket, extra=0)
         return self._reduce(out)
+
+    async def start(self, parts: Sequence[Contribution], bucket: Bucket) -> _Started:
+        """Begin the sum of ``bucket`` over the group: this rank's ``parts`` are summed
+        into a new tensor now (the caller may change them as soon as this returns)."""
+        out = _local_sum(parts, bucket, extra=0)
+        wire = out if out.device == self.wire else out.to(self.wire)
+        try:
+            work = dist.all_reduce(wire, async_op=True)
+        except RuntimeError as e:
+            message = str(e).splitlines()[0][:300]
+        else:
+            return _Started(out, wire, work)
+        self.close()  # outside the handler, as in _run
+        raise PeerLost(message)
+
+    async def wait(self, handle: _Started) -> torch.Tensor:
+        """The sum :meth:`start` began, on the parts' device."""
+        self._run(lambda: handle.work)
+        wire = handle.wire
+        return wire if wire is handle.out else wire.to(handle.out.device)
 
     async def commit(self, parts: Sequence[Contribution], bucket: Bucket,
                      ballot: float) -> tuple[torch.Tensor, float]:
@@ -177,6 +205,13 @@ class Group:
         self.formed = False
 
 
+class _Started:
+    """A bucket :meth:`Group.start` began: its local sum and where it is reduced."""
+
+    def __init__(self, out: torch.Tensor, wire: torch.Tensor, work: Work | None) -> None:
+        self.out, self.wire, self.work = out, wire, work
+
+
 def wait_or_abort(work: Work, timeout: float, abort: Callable[[], None],
                   poll: float = 0.0005) -> None:
     """Return once ``work`` completed; after ``timeout`` seconds call ``abort`` and raise.
@@ -205,9 +240,17 @@ def _abort_nccl() -> None:
 
 def _local_sum(parts: Sequence[Contribution], bucket: Bucket, extra: int) -> torch.Tensor:
     """This rank's ``parts`` summed over ``bucket`` in the order given, in a new tensor
-    (on the parts' device) with ``extra`` zero elements after it (the commit vote's)."""
+    (on the parts' device) with ``extra`` zero elements after it (the commit vote's).
+    The first part is copied, the others added (one pass over a bucket of one part,
+    as the simulated collective sums)."""
     device = parts[0][1].device if parts else torch.device("cpu")
-    out = torch.zeros(bucket.numel + extra, device=device)
-    for _, g in parts:
-        out[:bucket.numel].add_(g[bucket.start:bucket.stop])
+    out = torch.empty(bucket.numel + extra, device=device)
+    out[bucket.numel:] = 0.0
+    if not parts:
+        out[:bucket.numel] = 0.0
+    for i, (_, g) in enumerate(parts):
+        if i == 0:
+            out[:bucket.numel].copy_(g[bucket.start:bucket.stop])
+        else:
+            out[:bucket.numel].add_(g[bucket.start:bucket.stop])
     return out

@@ -30,10 +30,10 @@ import torch
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
-from trainthrough.dp.allreduce import make_buckets
+from trainthrough.dp.allreduce import plan_buckets
 from trainthrough.dp.batching import Cursor, MicroBatch, SampleStream, micro_size, plan_batch
 from trainthrough.dp.collective import run_blocking
-from trainthrough.dp.rank import Rank, Replica, Tensors
+from trainthrough.dp.rank import Rank, Replica, Tensors, live_params
 from trainthrough.dp.reference import failure_free
 from trainthrough.dp.relaxed import RelaxedReplica, SyncSpec, inner_step, outer_step
 from trainthrough.dp.repair import complete, share_state
@@ -90,11 +90,12 @@ class Trainer:
         self.micro = micro_size(batch_size, cfg.micro_batches)
         self.elastic = ElasticPolicy(cfg.elastic, cfg.ranks, batch_size)
         numel = replica.layout.numel
-        if not 1 <= cfg.allreduce_buckets <= numel:  # a user's model is known here only
+        if cfg.allreduce_buckets is not None and not 1 <= cfg.allreduce_buckets <= numel:
+            # A user's model is known here only.
             raise UserError(f"allreduce_buckets (--allreduce-buckets) must be between 1 and "
-                            f"the {numel} elements of the model's gradient "
+                            f"the {numel} values of the model's gradient "
                             f"(got {cfg.allreduce_buckets})")
-        self.spec = StepSpec(make_buckets(numel, cfg.allreduce_buckets), mean)
+        self.spec = StepSpec(plan_buckets(numel, cfg.allreduce_buckets), mean)
         self.saves = RankSaves(cfg, strategy, checkpoint_url, self.replica, checkpoint_every,
                                lambda saved: post(store, saved))
         self.cursor, self.logical, self.executed = Cursor(), 0, 0
@@ -141,7 +142,7 @@ class Trainer:
         for every rank (None: start over from x0)."""
         if step is not None:
             tensors, self.cursor = self.saves.load(step)
-            self.replica.load(tensors)
+            self.replica.load(tensors, own=True)
             self.logical = step
 
     def recover(self, g: Group, plan: Plan) -> None:
@@ -152,17 +153,18 @@ class Trainer:
             self._share_state(g, holder=self.logical == plan.logical)
             fl = None
         # What the failure-free group would hold once this recovery is done: the
-        # replica itself while the interrupted step is outstanding (never applied).
-        reference = self.replica.params
+        # replica itself (None) while the interrupted step is outstanding (never
+        # applied), or after a completion that dropped nothing.
+        reference: Tensors | None = None
         transfer: tuple[int, float] | None = None
         if plan.action == "join":
             t, sent = time.perf_counter(), g.broadcast_bytes
             self._share_state(g, holder=not self.joining)
             transfer = (g.broadcast_bytes - sent, time.perf_counter() - t)
         elif plan.action == "lossy" and plan.complete and fl is not None:
-            full = run_blocking(failure_free(self.replica, fl, g, self.spec, plan.buckets_done))
+            reference = run_blocking(failure_free(self.replica, fl, g, self.spec,
+                                                  plan.buckets_done))
             dropped = run_blocking(complete(self.replica, fl, g, self.spec, plan.buckets_done))
-            reference = full if full is not None else self.replica.params
             if g.rank == 0 and dropped:
                 post(self.store, StepCompleted(micro_dropped=dropped,
                                                samples_dropped=dropped * self.micro))
@@ -174,8 +176,10 @@ class Trainer:
         if plan.action == "start" and self.executed == 0 and g.rank == 0:
             self.post_params()  # the initial evaluation, as sim does
         if g.rank == 0 and plan.action != "start":
-            norm = (perturbation(reference, self.replica.params)[0]
-                    if plan.action in ("rollback", "lossy") else None)
+            norm = None
+            if plan.action in ("rollback", "lossy"):
+                now = live_params(self.replica)
+                norm = perturbation(now if reference is None else reference, now)[0]
             post(self.store, Reformed(n=plan.n, ranks=list(g.members), action=plan.action,
                                       perturbation=norm,
                                       state_bytes=transfer[0] if transfer else None,
@@ -235,8 +239,8 @@ class Trainer:
                            self.micro)
         if self.before_step is not None:
             self.before_step(batch.next_cursor.epoch, self.logical)
-        fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel,
-                                          self.replica.device)
+        fl = self.flight = InFlight.begin(batch, self.logical,
+                                          self.replica.new_grads(separate=False))
 
         def ballot() -> float:  # the first member shares the controller's counter
             return self._control() if g.rank == 0 else 0.0
@@ -260,7 +264,8 @@ class Trainer:
             d = self.elastic.decide(g.size)
             batch = plan_batch(self.stream, self.cursor, d.global_batch, d.lr_scale,
                                g.members, self.micro)
-            fl = self.flight = InFlight.begin(batch, self.logical, self.replica.layout.numel)
+            fl = self.flight = InFlight.begin(batch, self.logical,
+                                              self.replica.new_grads(separate=False))
             run_blocking(inner_step(self.replica, fl, self.inj, self.spec, before))
             self.pending_outer = self.sync.due(self.logical + 1)
             self._commit(g, fl)
@@ -317,9 +322,10 @@ class Trainer:
         self.saves.after_commit(self.replica, self.logical, self.cursor, g.members)
         # Relaxed sync: the parameters evaluated change only at outer steps, so one
         # look-back copy per outer step (the step it follows) is all there is to keep.
-        keep = self.sync is None or bool(self.pending_outer)
+        keep = self.evaluate_here is None and (self.sync is None or bool(self.pending_outer))
+        # A copy of the parameters only where one may be kept (a user's loop keeps none).
         if self.evals.after_commit(self.executed, self.logical, self.applied,
-                                   self.shown(), recovered, keep=keep):
+                                   self.shown() if keep else {}, recovered, keep=keep):
             self.post_params()
 
     def post_params(self, final: bool = False) -> None:
@@ -345,9 +351,14 @@ class Trainer:
         """What every rank reports at the end: counters and a hash of its replica."""
         self.saves.flush()
         h = hashlib.sha256()
-        shown = self.shown()
+        # The live parameters, one at a time (a copy of the model here would set the
+        # run's peak memory); with a relaxed sync, those of the last outer step.
+        shown = (self.replica.synced_params() if isinstance(self.replica, RelaxedReplica)
+                 else live_params(self.replica))
         for n in sorted(shown):
-            h.update(shown[n].cpu().numpy().tobytes())
+            # As bytes, whatever the dtype (numpy has no bfloat16).
+            h.update(shown[n].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                     .numpy().data)
         return {"slot": self.slot, "executed": self.executed, "logical": self.logical,
                 "params_sha256": h.hexdigest(), "outer_steps": self.outer_steps,
                 "peak_rss": peak_rss()}

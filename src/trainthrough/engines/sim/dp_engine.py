@@ -156,7 +156,8 @@ class SimDPEngine:
         g = self.g
         batch = self._batch = g.plan()
         self._hit = None
-        fls = {s: InFlight.begin(batch, self.logical, g.layout.numel) for s in g.live}
+        fls = {s: InFlight.begin(batch, self.logical, g.ranks[s].new_grads(separate=True))
+               for s in g.live}
         g.drive(self.lockstep, lambda r, c: train_step(r, fls[r.rank_id], c, self.injector,
                                                        self.spec, self.executed))
         after_commit = self._hit is not None and self._hit[1] == "update"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainthrough.dp.allreduce import FlatLayout, make_buckets
+from trainthrough.dp.allreduce import FlatLayout, plan_buckets
 from trainthrough.dp.batching import Cursor, SampleStream, StepBatch, micro_size, plan_batch
 from trainthrough.dp.rank import Rank, Replica
 from trainthrough.dp.repair import share_state
@@ -33,7 +33,8 @@ class SimGroup:
     """Rank slots ``0..size-1`` of one run, the live ranks and the sample cursor."""
 
     def __init__(self, workload: Workload, spec: OptimizerSpec, x0: Params, size: int,
-                 seed: int, buckets: int, elastic: ElasticPolicy, micro_batches: int = 1,
+                 seed: int, buckets: int | None, elastic: ElasticPolicy,
+                 micro_batches: int = 1,
                  wrap: Wrap | None = None) -> None:
         n = workload.sample_count()
         if n is None:
@@ -46,10 +47,10 @@ class SimGroup:
         self._wrap: Wrap = wrap or (lambda r: r)
         self.ranks: dict[int, Replica] = {i: self._new(i) for i in range(size)}
         self.layout = FlatLayout(x0)
-        if not 1 <= buckets <= self.layout.numel:
+        if buckets is not None and not 1 <= buckets <= self.layout.numel:
             raise UserError(f"allreduce-buckets must be between 1 and the {self.layout.numel} "
                             f"parameters of {workload.name} (got {buckets})")
-        self.buckets = make_buckets(self.layout.numel, buckets)
+        self.buckets = plan_buckets(self.layout.numel, buckets)
         self.stream = SampleStream(n, seed)
         self.cursor = Cursor()
         self.micro = micro_size(workload.batch_size, micro_batches)

@@ -96,7 +96,8 @@ class SimRelaxed:
         self.executed = executed
         batch = g.plan()
         self._compute = g.compute_seconds(batch, self.costs.compute)
-        fls = {s: InFlight.begin(batch, logical, g.layout.numel) for s in g.live}
+        fls = {s: InFlight.begin(batch, logical, g.ranks[s].new_grads(separate=True))
+               for s in g.live}
         self._hits = []
         g.drive(self.lockstep, lambda r, c: inner_step(r, fls[r.rank_id], self.injector,
                                                        self.spec, executed))

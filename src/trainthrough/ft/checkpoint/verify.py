@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from trainthrough.errors import CheckpointCorrupt
@@ -24,6 +23,7 @@ from trainthrough.ft.checkpoint.manifest import (
     ManifestError,
     parse_manifest,
 )
+from trainthrough.ft.checkpoint.views import read_into, tensors_of
 
 Tensors = dict[str, torch.Tensor]
 #: Expected tensors: exactly these keys; where a tensor is given, its dtype and shape.
@@ -98,7 +98,8 @@ def read_tensors(fs: Any, where: str, man: Manifest, like: Like | None) -> Tenso
     tensors: Tensors = {}
     for f in man.files:
         try:
-            data = read_bounded(fs, f"{where}/{f.name}", f.nbytes)
+            with fs.open(f"{where}/{f.name}", "rb") as opened:
+                data = read_into(opened, f.nbytes)
         except FileNotFoundError:
             raise ValueError(f"{f.name} is missing") from None
         if len(data) > f.nbytes:
@@ -108,8 +109,8 @@ def read_tensors(fs: Any, where: str, man: Manifest, like: Like | None) -> Tenso
                              "(truncated?)")
         if digest(f.algorithm, data) != f.digest:
             raise ValueError(f"{f.name} fails its {f.algorithm} check")
-        try:
-            part = safetensors.torch.load(data)
+        try:  # the tensors are views of the bytes just checked: no second copy
+            part = tensors_of(data)
         except Exception as e:  # any parse failure means corrupt
             raise ValueError(f"{f.name} is not valid safetensors ({e})") from None
         if sorted(part) != sorted(f.keys):
