@@ -293,7 +293,7 @@ def _buckets_run(buckets: int | None, strategy: str = "rollback",
     s = run_silent(RunConfig(workload=f"{BUCKETS}:train", paradigm="dp", engine="gloo", ranks=2,
                              strategy=strategy, failures=list(fail), allreduce_buckets=buckets,
                              recovery_delay=0.5, cost=CostModel(timeout_seconds=5)))
-    return {**s, **s.get("extras", {})}
+    return s.to_dict()  # its counters and the engine's extras, flat
 
 
 def test_buckets_started_in_the_backward_keep_a_rollback_bit_exact() -> None:
