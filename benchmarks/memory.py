@@ -44,79 +44,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainthrough.loop import Loop, launch, training_loop
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from char_gpt import GPT, GPTConfig  # noqa: E402
+
+from trainthrough.loop import Loop, launch, training_loop  # noqa: E402
 
 WARM = 2  # steps before the clock starts
 RANKS = 2
 
 
 # -- the model -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Shape:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    vocab: int
-    block: int = 256
-
-
-SHAPES = {10: Shape(4, 384, 6, 8192), 25: Shape(6, 512, 8, 10000),
-          50: Shape(8, 640, 10, 16384), 124: Shape(12, 768, 12, 50257)}
-
-
-class Attention(nn.Module):
-    def __init__(self, s: Shape) -> None:
-        super().__init__()
-        self.qkv, self.proj, self.heads = nn.Linear(s.n_embd, 3 * s.n_embd), \
-            nn.Linear(s.n_embd, s.n_embd), s.n_head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-                   for t in self.qkv(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
-
-
-class Block(nn.Module):
-    def __init__(self, s: Shape) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(s.n_embd), nn.LayerNorm(s.n_embd)
-        self.attn = Attention(s)
-        self.mlp = nn.Sequential(nn.Linear(s.n_embd, 4 * s.n_embd), nn.GELU(),
-                                 nn.Linear(4 * s.n_embd, s.n_embd))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, s: Shape) -> None:
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(s.vocab, s.n_embd), nn.Embedding(s.block, s.n_embd)
-        self.h = nn.ModuleList(Block(s) for _ in range(s.n_layer))
-        self.ln_f = nn.LayerNorm(s.n_embd)
-        self.head = nn.Linear(s.n_embd, s.vocab, bias=False)
-        self.head.weight = self.wte.weight  # tied
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
-        for b in self.h:
-            x = b(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+#: (layers, width, heads, vocabulary) per size in millions; 124 is GPT-2 small. The model
+#: is examples/char_gpt.py's GPT (as benchmarks/scale.py's), without dropout.
+SHAPES = {10: (4, 384, 6, 8192), 25: (6, 512, 8, 10000), 50: (8, 640, 10, 16384),
+          124: (12, 768, 12, 50257)}
 
 
 # -- settings, through the environment -------------------------------------------------
@@ -129,12 +79,13 @@ def settings() -> dict[str, Any]:
 
 def build(s: dict[str, Any]) -> tuple[GPT, TensorDataset]:
     torch.manual_seed(0)
-    shape = SHAPES[s["params"]]
-    model = GPT(shape)
+    layers, width, heads, vocab = SHAPES[s["params"]]
+    model = GPT(GPTConfig(block_size=s["block"], vocab_size=vocab, n_layer=layers,
+                          n_head=heads, n_embd=width, dropout=0.0))
     n = s["steps"] * s["batch"] * RANKS
     g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, shape.vocab, (n, s["block"] + 1), generator=g)
-    return model, TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    tokens = torch.randint(0, vocab, (n, s["block"] + 1), generator=g)
+    return model, TensorDataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
 
 
 def optimizer(model: nn.Module) -> torch.optim.AdamW:
@@ -184,7 +135,7 @@ def train(loop: Loop) -> None:
 
     def loss_of(batch: list[torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        return model(x, y)
+        return model(x, y)[1]
 
     loop.attach(model, opt, DataLoader(data, batch_size=s["batch"]))
     rec = Recorder(s["records"], os.environ.get("TT_MEM_PROGRAM", "tt"), loop.rank)
@@ -220,7 +171,7 @@ def ddp_rank(rank: int, port: int) -> None:
     for step in range(s["steps"]):
         at = (step * RANKS + rank) * b
         x, y = data.tensors[0][at:at + b], data.tensors[1][at:at + b]
-        ddp(x, y).backward()
+        ddp(x, y)[1].backward()
         opt.step()
         opt.zero_grad()
         rec.step(step + 1)
