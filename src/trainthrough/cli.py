@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainthrough.config import field_choices
-from trainthrough.errors import RunStalled, Terminated, UserError, reason, terminated
+from trainthrough.errors import (
+    RunStalled,
+    Terminated,
+    UserError,
+    interrupt,
+    reason,
+    terminated,
+)
 from trainthrough.fields import FLOAT_TEXT, INT_TEXT
 
 if TYPE_CHECKING:
@@ -467,7 +474,11 @@ _TERMINATED: list[bool] = []  # set by the handler: Ray may re-raise it as Keybo
 
 def _on_sigterm(signum: int, frame: object) -> None:
     _TERMINATED.append(True)
-    raise Terminated()
+    interrupt(Terminated())
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    interrupt(KeyboardInterrupt())
 
 
 def _left_behind(args: argparse.Namespace | None) -> str:
@@ -498,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
     args = None
     try:
         args = build_parser().parse_args(argv)

@@ -10,6 +10,9 @@ The bottom layer: it imports nothing, and every module of trainthrough may impor
 from __future__ import annotations
 
 import builtins
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -28,6 +31,44 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread by the CLI's handler so that every ``finally``
     (actors, Ray, rank processes, the run folder) runs as it does for Ctrl-C; the run
     folder records which of the two ended the run."""
+
+
+_held: list[BaseException] = []  # an interruption that came inside :func:`uninterrupted`
+_depth = [0]  # how deep the main thread is in :func:`uninterrupted` blocks
+
+
+def interrupt(exc: BaseException) -> None:
+    """Raise ``exc`` (a :class:`Terminated` or ``KeyboardInterrupt`` from a signal
+    handler) now, or, while the main thread is inside :func:`uninterrupted`, when it
+    leaves the block.
+
+    Raises:
+        BaseException: ``exc``, unless held.
+    """
+    if _depth[0] > 0:
+        _held.append(exc)
+        return
+    raise exc
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A block a signal handler's exception must not cut in two: a rank process started
+    but not yet recorded would outlive the run, since nothing knows to end it. An
+    interruption that arrives inside is raised when the block ends (in the main thread;
+    other threads are never interrupted by a handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        if _depth[0] == 0 and _held:
+            exc = _held[0]
+            _held.clear()
+            raise exc
 
 
 def terminated(e: BaseException) -> bool:

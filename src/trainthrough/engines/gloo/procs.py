@@ -32,7 +32,7 @@ import torch.distributed as dist
 from trainthrough.engines.gloo import zygote
 from trainthrough.engines.gloo.protocol import RankSpec, RunSpec, has
 from trainthrough.engines.signals import Pinned, pin
-from trainthrough.errors import UserError
+from trainthrough.errors import UserError, uninterrupted
 
 #: How local rank processes start: ``fork`` from the warm zygote, or ``exec`` a fresh
 #: ``python -m`` each (the environment variable ``TRAINTHROUGH_RANK_START``).
@@ -153,9 +153,12 @@ class Procs:
         inc = self._inc[slot] = self._inc.get(slot, -1) + 1
         spec = RankSpec(self.base, slot, inc, mode, attempt, executed, ctl,
                         [dict(o) for o in orders], applied, restore)
-        p = Proc(slot, inc, mode, self.launch(spec))
-        self.current[slot] = p
-        self.started.append(p)
+        # SIGTERM or Ctrl-C while a process starts waits until it is recorded: cut in
+        # between, it would train on after the run, which ends only what it recorded.
+        with uninterrupted():
+            p = Proc(slot, inc, mode, self.launch(spec))
+            self.current[slot] = p
+            self.started.append(p)
         return p
 
     def ready(self, p: Proc) -> bool:
