@@ -151,7 +151,7 @@ def test_write_report(suite: Path) -> None:
     for p in pngs:
         assert p.read_bytes().startswith(PNG_MAGIC)
     assert md.startswith("# Test suite") and "- a note" in md
-    assert "1 of 8 runs have no rework" in md
+    assert "1 of 8 runs did not reach the target" in md
     mlr_scar = next(ln for ln in md.splitlines()
                     if ln.startswith("| mlr | `shard0@20` | scar-partial"))
     assert "| 70.0% |" in mlr_scar

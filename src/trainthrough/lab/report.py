@@ -24,7 +24,7 @@ from trainthrough.lab.plots import curves_filename, plot_metric_curves, plot_rew
 from trainthrough.lab.recorder import complete
 from trainthrough.lab.report_html import html_page
 from trainthrough.lab.results import load_results, summarize
-from trainthrough.lab.tables import headline_table, md_cell, runs_md, summary_md
+from trainthrough.lab.tables import Column, headline_table, md_cell, runs_md, summary_md
 
 __all__ = ["headline_table", "load_results", "summarize", "write_report"]
 
@@ -38,10 +38,13 @@ def _auto_notes(suite_dir: Path, rows: list[dict[str, Any]], baseline: str) -> l
     if missing:
         notes.append(f"{len(missing)} run folder(s) missing or incomplete (no summary.json), "
                      f"left out of the curves: {', '.join(missing)}.")
-    failed = sum(r.get("rework_iterations") is None for r in rows)
+    # A run that reached its target has a rework wherever the suite has failure-free
+    # twins (wall-clock suites have none, and no rework at all): count the runs that
+    # did not reach it, not the runs without a rework.
+    failed = sum(not r.get("converged") for r in rows)
     if failed:
-        notes.append(f"{failed} of {len(rows)} runs have no rework (a run did not reach the "
-                     "target); rework is averaged over the runs that have one.")
+        notes.append(f"{failed} of {len(rows)} runs did not reach the target; rework is "
+                     "averaged over the runs that reached it.")
     if rows and not any(r.get("strategy") == baseline for r in rows):
         notes.append(f"no {baseline} runs: the reduction column is empty.")
     return notes
@@ -51,7 +54,7 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
                  extra_sections: list[tuple[str, str]] | None = None,
                  by: Sequence[str] = ("workload", "fail", "strategy"),
                  baseline_strategy: str = "checkpoint-restart",
-                 intervals: bool = False) -> dict[str, Path]:
+                 intervals: bool = False, extra: Sequence[Column] = ()) -> dict[str, Path]:
     """Write ``report.md``, ``report.html`` and the PNG plots (under ``plots/``).
 
     Args:
@@ -61,6 +64,7 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
         extra_sections: ``(heading, markdown body)`` pairs appended to the report.
         by, baseline_strategy, intervals: grouping, baseline and 95% intervals of the
             summary (see :func:`summarize`).
+        extra: columns shown after the reduction (a published figure beside ours).
 
     Returns:
         ``{"markdown": ..., "html": ..., "rework": ..., "<png stem>": ...}``.
@@ -87,7 +91,7 @@ def write_report(suite_dir: Path, title: str, notes: list[str] | None = None,
     md += ["", "## Summary", "",
            "Rework: extra iterations to reach the target compared with the failure-free run "
            f"of the same seed ({how}.", "",
-           summary_md(summary, baseline), "", "## Plots", "",
+           summary_md(summary, baseline, extra), "", "## Plots", "",
            f"![rework iterations per strategy]({bars.relative_to(suite_dir).as_posix()})", ""]
     for workload, fail in dict.fromkeys((r.get("workload"), r.get("fail")) for r in rows):
         png = plots / curves_filename(str(workload), fail)

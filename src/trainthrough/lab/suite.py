@@ -19,6 +19,7 @@ from trainthrough.config import RunConfig, baseline_config
 from trainthrough.errors import UserError
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.progress import console, make_progress
+from trainthrough.lab.tables import Column
 from trainthrough.lab.validate import validate_run
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ class SuiteSpec:
     # callable(RunConfig) -> RunConfig: the failure-free twin, where several cells share
     # one (e.g. strategies that only differ in what they do on a failure)
     baseline_of: Any = None
+    #: columns the tables show after the reduction (a published figure beside ours):
+    #: (header, callable(summary row) -> text)
+    columns: tuple[Column, ...] = ()
 
 
 # The runner is imported where a run starts: it imports the engines and torch, which a
@@ -139,12 +143,13 @@ def _run_all(spec: SuiteSpec, out: Path, quiet: bool, jobs: int) -> str:
                              intervals=spec.intervals)
     sections = [section(out, results) for section in spec.sections]
     write_report(out, spec.title, spec.notes, extra_sections=sections, by=spec.group_by,
-                 baseline_strategy=spec.baseline_strategy, intervals=spec.intervals)
+                 baseline_strategy=spec.baseline_strategy, intervals=spec.intervals,
+                 extra=spec.columns)
     if not quiet:
         console.print(f"[dim]{len(rows)} runs in {out}[/dim]")
     if spec.headline is not None:
         return str(spec.headline(results))
-    return headline_table(summary_rows, spec.baseline_strategy)
+    return headline_table(summary_rows, spec.baseline_strategy, spec.columns)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

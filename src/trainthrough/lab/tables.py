@@ -9,7 +9,7 @@ seconds of them). A missing value reads ``n/a``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainthrough.lab.results import STAT_FIELDS, finite
@@ -57,27 +57,45 @@ def _reduction(s: dict[str, Any], baseline: str) -> str:
     if r is None:
         return _NA
     if "reduction_lo" in s:
-        return f"{100 * r:.1f}% " + _bounds(s["reduction_lo"], s["reduction_hi"], 100.0, "%")
+        lo, hi = s["reduction_lo"], s["reduction_hi"]
+        if lo is None or hi is None or lo <= 0 <= hi:
+            # The interval reaches 0: a percentage here would be read as a saving.
+            return "no difference measured " + _bounds(lo, hi, 100.0, "%")
+        return f"{100 * r:.1f}% " + _bounds(lo, hi, 100.0, "%")
     return f"{100 * r:.1f}%"
 
 
-def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool
-             ) -> list[tuple[str, str]]:
-    """(header, field) pairs; optional columns only when some group has a value."""
+def _header(key: str) -> str:
+    return "failures" if key == "fail" else key.replace("_", " ")
+
+
+#: a column a suite adds after the reduction: its header and its text for a summary row
+#: (e.g. a published figure beside ours)
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _columns(rows: Sequence[dict[str, Any]], baseline: str, full: bool,
+             extra: Sequence[Column] = ()) -> list[tuple[str, str]]:
+    """(header, field) pairs; optional columns only when some group has a value;
+    ``extra`` columns (field ``extra:<i>``) right after the reduction."""
     keys = [k for k in (rows[0] if rows else {}) if k not in STAT_FIELDS]
-    cols = [("failures" if k == "fail" else k, k) for k in keys]
+    cols = [(_header(k), k) for k in keys]
     ci = bool(rows) and "rework_lo" in rows[0]
     cols += [("runs", "n"), ("converged", "converged"),
              ("rework (mean [95% CI])" if ci else "rework (mean ± sd)", "rework_mean"),
              (f"reduction vs {baseline}" + (" [95% CI]" if ci else ""),
               "reduction_vs_baseline")]
+    cols += [(head, f"extra:{i}") for i, (head, _) in enumerate(extra)]
     brief = {"recovery_seconds", "sim_seconds", "wall_seconds"}
     cols += [(head, f"{c}_mean") for c, head in _OPTIONAL if (full or c in brief)
              and any(s.get(f"{c}_mean") is not None for s in rows)]
     return cols
 
 
-def _cell(s: dict[str, Any], field: str, baseline: str) -> str:
+def _cell(s: dict[str, Any], field: str, baseline: str, extra: Sequence[Column] = ()
+          ) -> str:
+    if field.startswith("extra:"):
+        return extra[int(field[6:])][1](s)
     if field not in STAT_FIELDS:
         return _label(s.get(field))
     if field == "n":  # a count: "10", not _number's "10.0"
@@ -92,10 +110,11 @@ def _cell(s: dict[str, Any], field: str, baseline: str) -> str:
 
 
 def headline_table(summary_rows: Sequence[dict[str, Any]],
-                   baseline_strategy: str = "checkpoint-restart") -> str:
+                   baseline_strategy: str = "checkpoint-restart",
+                   extra: Sequence[Column] = ()) -> str:
     """A fixed-width plain-text table of the summary, for the terminal."""
-    cols = _columns(summary_rows, baseline_strategy, full=False)
-    cells = [[h for h, _ in cols]] + [[_cell(s, f, baseline_strategy) for _, f in cols]
+    cols = _columns(summary_rows, baseline_strategy, full=False, extra=extra)
+    cells = [[h for h, _ in cols]] + [[_cell(s, f, baseline_strategy, extra) for _, f in cols]
                                       for s in summary_rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) if f in STAT_FIELDS else c.ljust(w)
@@ -118,10 +137,11 @@ def _md_table(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
     return "\n".join(out)
 
 
-def summary_md(summary: list[dict[str, Any]], baseline: str) -> str:
+def summary_md(summary: list[dict[str, Any]], baseline: str,
+               extra: Sequence[Column] = ()) -> str:
     """The summary as a markdown table, every column with a value (numbers right-aligned)."""
-    cols = _columns(summary, baseline, full=True)
-    body = [[md_cell(_cell(s, f, baseline), code=f == "fail") for _, f in cols]
+    cols = _columns(summary, baseline, full=True, extra=extra)
+    body = [[md_cell(_cell(s, f, baseline, extra), code=f == "fail") for _, f in cols]
             for s in summary]
     return _md_table([h for h, _ in cols], body, [f in STAT_FIELDS for _, f in cols])
 
