@@ -57,6 +57,8 @@ class ScaleParams:
     sync_every: int = bounded(100, ge=1)  #: H, inner steps per outer step (relaxed sync)
     sync_fragments: int = bounded(4, ge=1)  #: F, streaming DiLoCo's fragments
     elastic: str = bounded("keep-global", choices=ELASTIC)  #: what a smaller group trains on
+    #: run the validation against published figures (lab/scale/validation.py)
+    validate: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, label=lambda k: f"scale option {k}")
@@ -79,9 +81,14 @@ class ScaleParams:
         out = []
         for f in fields(self):
             v = getattr(self, f.name)
-            out.append((f.name, ",".join(map(str, v)) if isinstance(v, tuple) else f"{v:g}"
-                        if isinstance(v, float) else str(v)))
+            text = (",".join(map(str, v)) if isinstance(v, tuple) else
+                    f"{v:g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool)
+                    else str(v))
+            out.append((f.name, text))
         return out
+
+
+_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def _value(key: str, text: str, hint: Any) -> Any:
@@ -91,6 +98,10 @@ def _value(key: str, text: str, hint: Any) -> Any:
             raise UserError(f"scale option {key} must be whole numbers separated by commas "
                             f"(got {text!r})")
         return tuple(int(p) for p in parts)
+    if hint == "bool":
+        if text.lower() not in _BOOLS:
+            raise UserError(f"scale option {key} must be true or false (got {text!r})")
+        return _BOOLS[text.lower()]
     if hint == "int":
         if not INT_TEXT.fullmatch(text):
             raise UserError(f"scale option {key} must be a whole number (got {text!r})")
