@@ -9,7 +9,6 @@ from pathlib import Path
 
 from trainthrough.lab.plots import DPI, strategy_colors
 
-
 #: a goodput difference this small (0.1 point) is a tie, not a lead
 TIE = 1e-3
 
