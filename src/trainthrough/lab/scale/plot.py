@@ -41,31 +41,40 @@ def crossovers(sizes: list[int], a: str, b: str, ga: list[float], gb: list[float
     return out
 
 
+_MARKERS = "osD^v<>ph*"
+
+
 def plot_goodput(sizes: list[int], goodput: dict[str, list[float]],
                  hours: dict[str, list[float]], crossings: list[Crossover], out: Path) -> Path:
-    """Write the two panels to ``out`` (PNG) and return it."""
+    """Write the three panels to ``out`` (PNG) and return it: goodput, the time lost on
+    a log scale (where lines near 100% goodput come apart) and the time to train."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12.0, 4.8))
+    fig = Figure(figsize=(15.0, 4.8))
     colors = strategy_colors(goodput)
-    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    for name, ys in goodput.items():
-        style = "--" if "/" in name else "-"
-        left.plot(sizes, [100 * y for y in ys], style, marker="o", ms=3, color=colors[name],
-                  label=name)
-        right.plot(sizes, hours[name], style, marker="o", ms=3, color=colors[name])
+    good, lost, time = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
+    for i, (name, ys) in enumerate(goodput.items()):
+        style = dict(ls="--" if "/" in name else "-", marker=_MARKERS[i % len(_MARKERS)], ms=4,
+                     color=colors[name], alpha=0.85)
+        good.plot(sizes, [100 * y for y in ys], label=name, **style)  # type: ignore[arg-type]
+        lost.plot(sizes, [max(1e-4, 100 * (1 - y)) for y in ys], **style)  # type: ignore[arg-type]
+        time.plot(sizes, hours[name], **style)  # type: ignore[arg-type]
     for c in crossings:
-        left.plot([c.size], [100 * c.goodput], marker="X", ms=10, color="black", zorder=5)
-        left.annotate(f"{c.ahead} ahead\nof {c.behind}", (c.size, 100 * c.goodput),
+        good.plot([c.size], [100 * c.goodput], marker="X", ms=11, color="black", zorder=5)
+        good.annotate(f"{c.ahead}\novertakes {c.behind}", (c.size, 100 * c.goodput),
                       textcoords="offset points", xytext=(6, -24), fontsize=7)
-    for ax in (left, right):
+        lost.axvline(c.size, color="black", ls=":", lw=1)
+    for ax in (good, lost, time):
         ax.set_xscale("log")
         ax.set_xlabel("accelerators")
         ax.grid(alpha=0.3, which="both")
-    left.set_ylabel("goodput: effective training time (%)")
-    left.set_title("goodput (X: a crossover)")
-    right.set_ylabel("hours to train the steps")
-    right.set_title("time to train")
+    lost.set_yscale("log")
+    good.set_ylabel("goodput: effective training time (%)")
+    good.set_title("goodput (X: a crossover)")
+    lost.set_ylabel("time lost: 100% - goodput (%)")
+    lost.set_title("time lost to failures and their cost")
+    time.set_ylabel("hours to train the steps")
+    time.set_title("time to train")
     fig.legend(loc="lower center", ncol=5, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,9 +53,12 @@ def _grid(p: ScaleParams, seeds: int, quiet: bool) -> list[Outcome]:
     return out
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def _table(headers: list[str], rows: list[list[str]], text: bool = False) -> str:
+    """A markdown table: the columns after the first right-aligned (numbers), or every
+    column left-aligned (``text``)."""
+    right = [i > 0 and not text for i in range(len(headers))]
     lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(headers))) + "|"]
+             "|" + "|".join(" ---: " if r else " --- " for r in right) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -80,7 +83,7 @@ def _validation_md(checks: list[Checked]) -> str:
                      f"{c.failures:.0f}", given, "; ".join(pt.assumed)])
     return _table(["published point", "source", "accelerators", "length", "our variant",
                    "published", "ours", "difference", "within margin", "to match",
-                   "failures (model)", "given", "assumed"], rows)
+                   "failures (model)", "given", "assumed"], rows, text=True)
 
 
 def _summary(p: ScaleParams, outcomes: list[Outcome]) -> tuple[dict[str, list[float]],
@@ -154,7 +157,7 @@ def write(p: ScaleParams, seeds: int, out: Path, quiet: bool = False,
           "- Relaxed sync's steps are counted as worth a synchronous step each; what it costs "
           "in convergence is not modelled here (the relaxed suite measures it).",
           "", "## Parameters", "",
-          _table(["option", "value"], [[k, f"`{v}`"] for k, v in p.rows()]), "",
+          _table(["option", "value"], [[k, f"`{v}`"] for k, v in p.rows()], text=True), "",
           "## Goodput", "",
           _table(["strategy", *sizes], [[n, *(f"{100 * g:.2f}%" for g in gs)]
                                         for n, gs in good.items()]), "",

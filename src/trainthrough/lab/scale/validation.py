@@ -53,13 +53,13 @@ class Published:
 #: moments) / 16,384; a step of 16M tokens at ~400 TFLOP/s per GPU: 6 * 405e9 * 16e6 /
 #: (16,384 * 400e12) = 5.9 s.
 PUBLISHED: tuple[Published, ...] = (
-    Published("Meta Llama 3 405B pre-training", "Dubey et al. 2024, §3.3.4", "ettr", 0.90,
+    Published("Meta Llama 3 405B pre-training", "Llama Team (Dubey et al.) 2024, §3.3", "ettr", 0.90,
               "at least", 16_384, 54.0, BY_NAME["checkpoint-restart/young-daly"],
               {"mttf_hours": f"{16_384 * 54 * 24 / 419:.0f}", "storage_total_gbps": "2000",
                "network_gbps": "50", "state_gb": "0.40", "step_seconds": "5.9"},
               ("checkpoint interval: Young/Daly's", "restart and re-formation: measured here",
                "per-GPU storage link: 1 GB/s")),
-    Published("ByteRobust, 9,600 GPUs over three months", "Wu et al. 2025 (SOSP)", "ettr",
+    Published("ByteRobust, 9,600 GPUs over three months", "Wan et al. 2025", "ettr",
               0.97, "about", 9_600, 90.0, MEMORY_WARM, {},
               ("failure rate: Meta's 1.8 h at 16,384 GPUs", "state 2 GB, step 4 s",
                "in-memory checkpoints at Young/Daly's interval, warm spares",
