@@ -1,11 +1,12 @@
 """Running the scale suite's grid and writing its folder: ``results.csv`` (one row per
 variant, size and seed), ``report.md`` and ``report.html`` (the parameters, goodput and
-time-to-train tables, the crossovers, the validation table) and ``plots/goodput.png``.
-"""
+time-to-train tables, the crossovers, the validation table), ``plots/goodput.png`` and
+``parameters.json`` (every parameter the grid ran with)."""
 
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,10 @@ def write(p: ScaleParams, seeds: int, out: Path, quiet: bool = False,
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    # The parameters as data too (the report shows them as a table).
+    atomic_write(out / "parameters.json", json.dumps(
+        {**{k: getattr(p, k) for k, _ in p.rows()}, "seeds": seeds}, indent=1) + "\n",
+        encoding="utf-8")
     good, hours = _summary(p, outcomes)
     found, cross_lines = _crossings(p, good)
     png = plot_goodput(list(p.sizes), good, hours, found, out / "plots" / "goodput.png")
@@ -192,6 +197,12 @@ def write(p: ScaleParams, seeds: int, out: Path, quiet: bool = False,
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
     lines += cross_lines
+    for c in checks or []:
+        pt, pct = c.point, c.point.measure == "ettr"
+        ours = f"{100 * c.ours:.1f}%" if pct else f"{c.ours:.1f} s"
+        pub = f"{100 * pt.value:.0f}%" if pct else f"{pt.value:.0f} s"
+        lines.append(f"validation: {pt.name}: ours {ours}, published {pt.relation} {pub} "
+                     f"({'within' if c.within else 'outside'} the margin)")
     return "\n".join(lines)
 
 
