@@ -155,7 +155,7 @@ class _Job:
         self.down.add(failed[0])
         self.out.failures += 1
         self.next_fail = self._draw()
-        self._advance(self.costs.detect, "recovery")
+        self._recovering(self.costs.detect)
         while self.next_fail <= self.clock.now and len(self.down) < self.n:
             failed.append(self._victim())
             self.down.add(failed[-1])
@@ -163,10 +163,13 @@ class _Job:
             self.next_fail = self._draw()
         return failed
 
-    def _advance(self, seconds: float, account: str) -> None:
+    def _recovering(self, seconds: float) -> None:
         self.clock.advance(seconds)
-        name = f"{account}_seconds"
-        setattr(self.out, name, getattr(self.out, name) + seconds)
+        self.out.recovery_seconds += seconds
+
+    def _saving(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.out.checkpoint_seconds += seconds
 
     def _join_due(self) -> bool:
         """Replacements whose time came join: one re-formation and a state transfer."""
@@ -177,7 +180,8 @@ class _Job:
         for j in due:
             self.down.difference_update(j.slots)
         self.out.joins += 1
-        self._advance(self.costs.reform + self.costs.transfer, "join")
+        self.clock.advance(self.costs.reform + self.costs.transfer)
+        self.out.join_seconds += self.costs.reform + self.costs.transfer
         return True
 
     def _decide(self, failed: list[int], phase: Phase) -> RecoveryAction:
@@ -186,16 +190,16 @@ class _Job:
         d = self.policy.decide(GroupFailure(tuple(failed), self.n - len(self.down), phase, 0,
                                             self.saved is not None))
         if d.action is RecoveryAction.ROLLBACK_ALL:
-            self._advance(self.costs.restart + (self.costs.read if d.from_checkpoint else 0.0),
-                          "recovery")
+            self._recovering(self.costs.restart
+                             + (self.costs.read if d.from_checkpoint else 0.0))
             logical, progress = self.saved if d.from_checkpoint and self.saved else (0, 0.0)
-            self._advance_lost((self.progress - progress) * self.p.step_seconds)
+            self._lose((self.progress - progress) * self.p.step_seconds)
             self.logical, self.progress = logical, progress
             self.down.clear()  # every rank relaunched, the failed ones replaced
             self.joins.clear()
             self.out.restarts += 1
         else:
-            self._advance(self.costs.reform, "recovery")
+            self._recovering(self.costs.reform)
             self.out.reforms += 1
             join = self.replacement.decide(tuple(failed), t0)
             if join is not None:
@@ -205,7 +209,7 @@ class _Job:
         self._complete = d.complete_step
         return d.action
 
-    def _advance_lost(self, seconds: float) -> None:
+    def _lose(self, seconds: float) -> None:
         # Work that is lost costs no clock now (it was charged as it ran): only counted.
         self.out.lost_seconds += seconds
 
@@ -244,9 +248,9 @@ class _Job:
                     alive = max(0, live - len(failed)) / live
                     self.clock.advance(max(0.0, dt - offset))
                     self._commit(gain * alive)
-                    self._advance_lost(dt * (1 - alive))
+                    self._lose(dt * (1 - alive))
                 else:  # the attempt is redone (or rewound): its time was lost
-                    self._advance_lost(offset)
+                    self._lose(offset)
                 continue
             self.clock.advance(dt)
             self._commit(gain)
@@ -259,9 +263,9 @@ class _Job:
             return
         save = self.costs.save
         if self.next_fail < self.clock.now + save:  # cut short: lost, strikes at the boundary
-            self._advance(self.next_fail - self.clock.now, "checkpoint")
+            self._saving(self.next_fail - self.clock.now)
             return
-        self._advance(save, "checkpoint")
+        self._saving(save)
         self.saved = (self.logical, self.progress)
         self.out.checkpoints += 1
 
@@ -289,7 +293,7 @@ class _Job:
                 self.next_fail = self._draw()
                 # its local steps since the last outer step are dropped with it
                 pending -= since * per_rank
-                self._advance_lost(since * compute / known)
+                self._lose(since * compute / known)
                 alive -= 1
             self.clock.advance(end - self.clock.now)
             pending += alive * per_rank
@@ -303,7 +307,7 @@ class _Job:
             if self.next_fail < self.clock.now + comm:  # struck in the outer collective
                 offset = max(0.0, self.next_fail - self.clock.now)
                 self.clock.advance(offset)
-                self._advance_lost(offset)
+                self._lose(offset)
                 victim = self._victim()
                 self.down.add(victim)
                 lost_ranks.append(victim)
@@ -314,7 +318,7 @@ class _Job:
             else:
                 self.clock.advance(comm)
             if lost_ranks:
-                self._advance(self.costs.detect, "recovery")
+                self._recovering(self.costs.detect)
                 action = self._decide(lost_ranks, phase)
                 lost_ranks = []
                 if action is RecoveryAction.ROLLBACK_ALL:  # nobody left: from the start
