@@ -293,7 +293,7 @@ class _Job:
                 self.next_fail = self._draw()
                 # its local steps since the last outer step are dropped with it
                 pending -= since * per_rank
-                self._lose(since * compute / known)
+                self._lose(since * per_rank * self.out.ideal_seconds / steps)
                 alive -= 1
             self.clock.advance(end - self.clock.now)
             pending += alive * per_rank
