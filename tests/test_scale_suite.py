@@ -151,3 +151,11 @@ def test_parse_types_each_option() -> None:
                "elastic": "keep-local"})
     assert (p.sizes, p.steps, p.state_gb, p.validate, p.elastic) == (
         (8, 64), 10, 0.5, False, "keep-local")
+
+
+def test_a_job_without_progress_is_given_up() -> None:
+    # One rank and no checkpoint: every failure sends it back to its first step.
+    p = replace(P, mttf_hours=0.01, steps=1_000)
+    o = simulate(BY_NAME["rollback"], p, 1, 0)
+    assert not o.finished and o.restarts > 0
+    assert o.goodput <= 1 / model.GIVE_UP + 1e-9

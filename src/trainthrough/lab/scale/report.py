@@ -14,7 +14,7 @@ from typing import Any
 from trainthrough._atomic import atomic_open, atomic_write
 from trainthrough.lab.progress import make_progress
 from trainthrough.lab.report_html import html_page
-from trainthrough.lab.scale.model import Outcome, mean_goodput, simulate
+from trainthrough.lab.scale.model import GIVE_UP, Outcome, mean_goodput, simulate
 from trainthrough.lab.scale.params import ScaleParams
 from trainthrough.lab.scale.plot import TIE, Crossover, crossovers, plot_goodput
 from trainthrough.lab.scale.validation import (
@@ -99,6 +99,10 @@ def _summary(p: ScaleParams, outcomes: list[Outcome]) -> tuple[dict[str, list[fl
     return good, hours
 
 
+def _pct(g: float, gave_up: set[tuple[str, int]], name: str, n: int) -> str:
+    return f"{100 * g:.2f}%" + ("\\*" if (name, n) in gave_up else "")
+
+
 def _best(good: dict[str, list[float]], names: list[str]) -> list[float]:
     return [max(good[n][i] for n in names) for i in range(len(next(iter(good.values()))))]
 
@@ -146,6 +150,7 @@ def write(p: ScaleParams, seeds: int, out: Path, quiet: bool = False,
         {**{k: getattr(p, k) for k, _ in p.rows()}, "seeds": seeds}, indent=1) + "\n",
         encoding="utf-8")
     good, hours = _summary(p, outcomes)
+    gave_up = {(o.variant, o.n) for o in outcomes if not o.finished}
     found, cross_lines = _crossings(p, good)
     png = plot_goodput(list(p.sizes), good, hours, found, out / "plots" / "goodput.png")
     if checks is None and p.validate:
@@ -164,8 +169,12 @@ def write(p: ScaleParams, seeds: int, out: Path, quiet: bool = False,
           "", "## Parameters", "",
           _table(["option", "value"], [[k, f"`{v}`"] for k, v in p.rows()], text=True), "",
           "## Goodput", "",
-          _table(["strategy", *sizes], [[n, *(f"{100 * g:.2f}%" for g in gs)]
+          _table(["strategy", *sizes], [[n, *(_pct(g, gave_up, n, size)
+                                              for g, size in zip(gs, p.sizes, strict=True))]
                                         for n, gs in good.items()]), "",
+          *([f"\\* did not finish within {GIVE_UP:g} times its failure-free time (no "
+             "progress); the goodput shown is what it had reached, an upper bound.", ""]
+            if gave_up else []),
           "## Time to train", "", f"Hours to train {p.steps:,} steps (mean over seeds).", "",
           _table(["strategy", *sizes], [[n, *(f"{h:.1f}" for h in hs)]
                                         for n, hs in hours.items()]), "",
@@ -193,9 +202,12 @@ def write(p: ScaleParams, seeds: int, out: Path, quiet: bool = False,
              "  ".join(h.ljust(w) if i == 0 else h.rjust(w)
                        for i, (h, w) in enumerate(zip(head, widths, strict=True)))]
     for name, gs in good.items():
-        cells = [name, *(f"{100 * g:.2f}%" for g in gs)]
+        cells = [name, *(_pct(g, gave_up, name, size).replace("\\", "")
+                         for g, size in zip(gs, p.sizes, strict=True))]
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
+    if gave_up:
+        lines.append(f"* did not finish within {GIVE_UP:g} times its failure-free time")
     lines += cross_lines
     for c in checks or []:
         pt, pct = c.point, c.point.measure == "ettr"
