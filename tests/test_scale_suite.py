@@ -159,3 +159,30 @@ def test_a_job_without_progress_is_given_up() -> None:
     o = simulate(BY_NAME["rollback"], p, 1, 0)
     assert not o.finished and o.restarts > 0
     assert o.goodput <= 1 / model.GIVE_UP + 1e-9
+
+
+@pytest.mark.parametrize("name", ["rollback", "lossy-forward", "checkpoint-restart"])
+def test_a_failure_costs_what_the_sim_engine_charges(name: str) -> None:
+    """Same failure time, same costs, 4 ranks: the model decides as the sim engine does
+    (a restart or a re-formation) and charges the same downtime for it."""
+    from trainthrough.config import CostModel, RunConfig
+    from trainthrough.lab.runner import run_silent
+
+    cost = CostModel(detection_seconds=0.025, reform_seconds=0.3, restart_seconds=3.83,
+                     storage_bandwidth=1e9)
+    s = run_silent(RunConfig(workload="mlr", paradigm="dp", strategy=name, ranks=4,
+                             failures=["rank=1@time=0.08s"], checkpoint_every=5,
+                             max_iterations=60, stop_at_target=False, replace=False, cost=cost,
+                             checkpoint_dir=f"memory://scale-check/{name}"))
+    (engine,) = s.recoveries
+    state = s.checkpoint_bytes / s.checkpoints / 1e9 if s.checkpoints else 1e-6
+    # The engine's pace without the failure and the saves (the failure must find a save).
+    step = (s.sim_seconds - engine.recovery_seconds - s.checkpoint_blocked_seconds) / s.iterations
+    p = replace(P, steps=60, step_seconds=step, detect_seconds=0.025,
+                reform_seconds=0.3, restart_seconds=3.83, rendezvous_ms=0.0, state_gb=state,
+                storage_gbps=1.0, storage_total_gbps=1e6, write_efficiency=1.0,
+                checkpoint_every=5)
+    o = simulate(BY_NAME[name], p, 4, trace=[0.08])
+    assert o.failures == 1 and len(o.downtimes) == 1
+    assert (o.restarts, o.reforms) == ((1, 0) if engine.action == "rollback-all" else (0, 1))
+    assert math.isclose(o.downtimes[0], engine.recovery_seconds, rel_tol=1e-9)

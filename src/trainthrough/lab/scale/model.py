@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainthrough.dp.relaxed import SyncSpec
@@ -103,8 +104,12 @@ def young_daly_steps(p: ScaleParams, costs: ScaleCosts) -> int:
 class _Job:
     """One run of the model; :func:`simulate` is its public face."""
 
-    def __init__(self, v: Variant, p: ScaleParams, n: int, seed: int) -> None:
+    def __init__(self, v: Variant, p: ScaleParams, n: int, seed: int,
+                 trace: Sequence[float] | None = None) -> None:
         self.v, self.p, self.n = v, p, n
+        # A given trace of failure times replaces the Poisson arrivals (a cross-check
+        # against an engine's run on the same times).
+        self.trace = None if trace is None else iter(sorted(trace))
         # Arrivals and victims from generators of their own, seeded by size and seed
         # alone: every variant meets the same failure times (one trace, as the other
         # suites compare strategies), whatever it draws in between.
@@ -140,6 +145,8 @@ class _Job:
 
     # -- events -------------------------------------------------------------------
     def _draw(self) -> float:
+        if self.trace is not None:
+            return next(self.trace, math.inf)
         self._last = self._last + self.arrivals.expovariate(self.rate)
         return self._last
 
@@ -336,11 +343,14 @@ class _Job:
         return self.out
 
 
-def simulate(v: Variant, p: ScaleParams, n: int, seed: int = 0) -> Outcome:
-    """Train ``p.steps`` steps of variant ``v`` on ``n`` accelerators; what it took."""
+def simulate(v: Variant, p: ScaleParams, n: int, seed: int = 0,
+             trace: Sequence[float] | None = None) -> Outcome:
+    """Train ``p.steps`` steps of variant ``v`` on ``n`` accelerators; what it took.
+
+    ``trace``: failure times (seconds) to use instead of the Poisson arrivals."""
     if n < 1:
         raise ValueError(f"n must be at least 1 (got {n})")
-    job = _Job(v, p, n, seed)
+    job = _Job(v, p, n, seed, trace)
     return job.run_relaxed() if v.relaxed else job.run_sync()
 
 
