@@ -168,6 +168,9 @@ def _add_compare(sub: Any) -> None:
                         "SuiteSpec (see examples/my_model.py)")
     p.add_argument("--quick", action="store_true", help="the small form of the suite")
     p.add_argument("--seeds", type=_int, help="seeds per cell (default: the suite's)")
+    p.add_argument("--option", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+                   help="a suite's own parameter, repeatable (scale: mttf_hours, sizes, "
+                        "state_gb, ...; docs/scale-suite.md)")
     p.add_argument("--out", type=Path, help="suite folder (default runs/<time>-<suite>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -372,7 +375,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds must be at least 1 (got {args.seeds})")
-    spec = build_suite(args.suite, quick=args.quick, seeds=args.seeds)
+    options: dict[str, str] = {}
+    for k, v in args.option:
+        if k in options:
+            raise UserError(f"--option {k} is given twice")
+        options[k] = v
+    spec = build_suite(args.suite, quick=args.quick, seeds=args.seeds, options=options)
     out = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(spec.name)}"
     table = run_suite(spec, out, quiet=args.quiet)
     print(table)

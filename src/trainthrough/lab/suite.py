@@ -57,6 +57,10 @@ class SuiteSpec:
     #: columns the tables show after the reduction (a published figure beside ours):
     #: (header, callable(summary row) -> text)
     columns: tuple[Column, ...] = ()
+    # callable(suite_dir, quiet) -> headline: a suite evaluated by a model, not by runs
+    # (the scale suite): it writes results.csv, the report and its plots itself, and
+    # ``runs`` is empty
+    evaluate: Any = None
 
 
 # The runner is imported where a run starts: it imports the engines and torch, which a
@@ -99,6 +103,8 @@ def run_suite(spec: SuiteSpec, out: Path, quiet: bool = False, jobs: int | None 
     if out.exists() and any(out.iterdir()):
         raise UserError(f"suite folder {out} already exists and is not empty; "
                         "choose another --out or remove it")
+    if spec.evaluate is not None:
+        return str(spec.evaluate(out, quiet))
     jobs = jobs or spec.jobs or min(2, os.cpu_count() or 1)
     from trainthrough.engines.registry import traits  # here: the parser imports suites
 
