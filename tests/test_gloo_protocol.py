@@ -79,10 +79,12 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
     store = dist.HashStore()
     emitted: list[dict[str, Any]] = []
     procs = SimpleNamespace(current={s: SimpleNamespace(slot=s, inc=0, died_at=None,
-                                                        silent_since=None, exitcode=None,
+                                                        silent_since=None, fenced=False,
+                                                        exitcode=None if s != 3 else -9,
                                                         process=SimpleNamespace())
                                      for s in range(4)},
-                            kill=lambda p: None, alive=lambda s: s != 3, newly_dead=lambda: [])
+                            kill=lambda p: None, fence=lambda p: setattr(p, "fenced", True),
+                            alive=lambda s: s != 3, newly_dead=lambda: [])
     e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
                                       replace=False),
                         strategy=resolve(strategy), store=store,
@@ -172,7 +174,7 @@ def test_a_live_member_is_waited_for_unless_its_peers_timed_out_waiting_for_it(
     rec.first_sign = time.time()
     for s in (1, 2):
         write_report(store, 0, Report(s, "error", "allreduce", 0, executed=10, logical=9,
-                                      waited=waited if s == 1 else 0.01))
+                                      waited=waited if s == 1 else 0.01, inc=0))
     assert not rec.tick() and rec.state is GroupState.REPORTING
     if waited >= timeout:
         assert rec.first_timeout is not None

@@ -26,7 +26,8 @@ from trainthrough.ft.strategy import Strategy
 ENGINE_SETTINGS = ("shards", "workers", "ranks", "elastic", "allreduce_buckets",
                    "micro_batches", "replace", "ray_address", "bind_address",
                    "checkpoint_shared", "recovery_delay", "coordinator", "zookeeper_hosts",
-                   "wall_limit", "device", "collective", "liveness_timeout", "max_restarts")
+                   "wall_limit", "device", "collective", "liveness_timeout", "max_restarts",
+                   "straggler_deadline")
 
 Scope = tuple[Callable[[str, Strategy], bool], str]  # (is it used?, what to say if not)
 _SSP: Scope = (lambda consistency, s: consistency == "ssp",
@@ -43,6 +44,9 @@ _RELAXED: Scope = (lambda consistency, s: s.relaxed,
                    "only a relaxed sync (localsgd, diloco, streaming-diloco) has outer steps")
 _OUTER_OPT: Scope = (lambda consistency, s: s.sync in ("diloco", "streaming-diloco"),
                      "only diloco and streaming-diloco have an outer optimizer")
+_EVERY_STEP: Scope = (lambda consistency, s: not s.relaxed,
+                      "a relaxed sync (localsgd, diloco) waits for its peers only at outer "
+                      "steps, which have no straggler deadline")
 _STREAMING: Scope = (lambda consistency, s: s.sync == "streaming-diloco",
                      "only streaming-diloco cuts the model into fragments")
 
@@ -52,7 +56,7 @@ MECHANISM_SETTINGS: dict[str, Scope] = {
     "merge_rule": _STATELESS, "merge_threshold": _STATELESS, "backlog": _STATELESS,
     "checkpoint_fraction": _PRIORITIZED, "checkpoint_rule": _PRIORITIZED,
     "sync_every": _RELAXED, "sync_fragments": _STREAMING, "outer_lr": _OUTER_OPT,
-    "outer_momentum": _OUTER_OPT,
+    "outer_momentum": _OUTER_OPT, "straggler_deadline": _EVERY_STEP,
 }
 
 
