@@ -323,8 +323,8 @@ class RankFenced(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WriteRefused(Event):
-    """gloo, Ray dp: a message from a fenced incarnation (``rank-fenced``) came in
-    after it was taken out of the group, and was dropped unread."""
+    """gloo, Ray dp: a message or report from an incarnation no longer in the group (one
+    fenced, ``rank-fenced``, or replaced in its slot) came in, and was dropped unread."""
 
     type: ClassVar[str] = "write-refused"
     slot: int

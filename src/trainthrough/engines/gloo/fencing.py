@@ -67,9 +67,14 @@ class Fences:
         slot, inc = int(sender[0]), int(sender[1])
         if (slot, inc) not in self._out:
             return False
+        self.refuse(slot, inc, what, key)
+        return True
+
+    def refuse(self, slot: int, inc: int, what: str, key: str | None = None) -> None:
+        """Count and record a write of incarnation ``inc`` of ``slot`` refused (a fenced
+        one's, or one no longer its slot's), once per ``key`` if given."""
         seen = (slot, inc, key or "")
         if key is None or seen not in self._told:
             self._told.add(seen)
             self.refused += 1
             self._emit(WriteRefused(slot=slot, inc=inc, message=what))
-        return True

@@ -315,6 +315,12 @@ def sign(slot: int, inc: int) -> None:
     _SENDER = (slot, inc)
 
 
+def sign_out() -> None:
+    """Post unsigned again (a test that played a rank process in its own)."""
+    global _SENDER
+    _SENDER = None
+
+
 def post(store: dist.Store, message: Message) -> None:
     """Append a message to the queue the controller drains, signed with this process's
     token (:func:`sign`).

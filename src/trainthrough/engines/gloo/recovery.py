@@ -137,7 +137,7 @@ class DistRecovery:
         for s, r in reports.items():
             stale = s not in cur or r.inc != cur[s].inc or cur[s].fenced
             if stale:
-                self.fences.refuses([s, r.inc], "report", key=f"report/{self.n}")
+                self.fences.refuse(s, r.inc, "report", key=f"report/{self.n}")
             else:
                 out[s] = r
         return out
