@@ -44,9 +44,6 @@ _RELAXED: Scope = (lambda consistency, s: s.relaxed,
                    "only a relaxed sync (localsgd, diloco, streaming-diloco) has outer steps")
 _OUTER_OPT: Scope = (lambda consistency, s: s.sync in ("diloco", "streaming-diloco"),
                      "only diloco and streaming-diloco have an outer optimizer")
-_EVERY_STEP: Scope = (lambda consistency, s: not s.relaxed,
-                      "a relaxed sync (localsgd, diloco) waits for its peers only at outer "
-                      "steps, which have no straggler deadline")
 _STREAMING: Scope = (lambda consistency, s: s.sync == "streaming-diloco",
                      "only streaming-diloco cuts the model into fragments")
 
@@ -56,7 +53,7 @@ MECHANISM_SETTINGS: dict[str, Scope] = {
     "merge_rule": _STATELESS, "merge_threshold": _STATELESS, "backlog": _STATELESS,
     "checkpoint_fraction": _PRIORITIZED, "checkpoint_rule": _PRIORITIZED,
     "sync_every": _RELAXED, "sync_fragments": _STREAMING, "outer_lr": _OUTER_OPT,
-    "outer_momentum": _OUTER_OPT, "straggler_deadline": _EVERY_STEP,
+    "outer_momentum": _OUTER_OPT,
 }
 
 
