@@ -296,7 +296,7 @@ class GlooEngine:
             p = next((q for q in self.procs.started
                       if [q.slot, q.inc] == list(m.sender)), None)
             if p is not None and m.pause_seconds is not None:
-                now = time.time()  # its clock: the rank's may be another host's
+                now = time.time()  # this clock, not the rank's (another host's, maybe)
                 self.pauses.append((p, now, now + m.pause_seconds))
         if isinstance(m, Reported):  # a member wrote its report: the recovery reads them now
             self.rec.reported = self.rec.reported or m.n >= self.rec.n
