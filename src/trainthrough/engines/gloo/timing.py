@@ -36,8 +36,8 @@ START_SECONDS = 120.0
 #: How long after a member reported that its collective timed out the others' reports
 #: are awaited. Guards against a member that hung in the group: the others waited the
 #: whole collective timeout for it, and those that were waiting too report within
-#: milliseconds of each other; one that has not reported by then is presumed hung (and
-#: killed).
+#: milliseconds of each other; one that has not reported by then is presumed hung or
+#: paused, and fenced out of the group (:mod:`.fencing`).
 GRACE = 0.5
 
 #: How long a rank waits for the controller's next plan. Guards against a controller
