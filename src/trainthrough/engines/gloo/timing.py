@@ -84,7 +84,7 @@ def report_deadline(first_sign: float, first_timeout: float | None,
     or saving a checkpoint, a member behind on its step): it reaches its next
     collective, which fails at once, within the collective timeout (any longer and it
     would time out its peers in a healthy group too). Presuming it hung sooner would
-    kill a healthy rank and turn the loss of one into the loss of two, or, when the
+    drop a healthy rank and turn the loss of one into the loss of two, or, when the
     group merely stopped to change (a replacement joins), into a failure.
     """
     if first_timeout is not None:
