@@ -175,7 +175,8 @@ def test_hung_rank_is_found_by_the_timeout_and_the_group_restarts(tmp_path: Path
     assert 1.9 <= x["detection_seconds"][0] < 3.0, x["detection_seconds"]
     rec = r.recoveries[0]
     assert rec.action == "rollback-all" and rec.restored_from == 10
-    # The hung process was SIGKILLed; the restarted group has all its ranks again.
+    # The hung process was fenced, and ended with the run; the restarted group has all
+    # its ranks again.
     assert all(p.exitcode is not None for p in e.procs.started)
     assert x["ranks_final"] == 3 and x["replicas_identical"]
     # Steps 11..15 were lost; the interrupted 16th attempt counts as executed (as in sim).

@@ -21,6 +21,11 @@ from trainthrough.faults.spec import parse, parse_one, validate
     ("shard=all@mtbf=300iter", lambda s: s.every and s.mtbf_unit == "iter"),
     ("rank=1@iter=50,phase=allreduce:2", lambda s: s.kind == "rank" and s.phase == "allreduce:2"),
     ("rank=1@iter=50,phase=forward,mode=hang", lambda s: s.mode == "hang"),
+    ("rank=1@iter=40,mode=pause:5s", lambda s: s.mode == "pause" and s.pause_seconds == 5.0),
+    ("rank=1@iter=40,mode=pause:250ms", lambda s: s.pause_seconds == 0.25),
+    ("rank=1@time=3s,mode=pause:1.5min", lambda s: s.pause_seconds == 90.0),
+    ("rank=1@iter=40,mode=slow:4x", lambda s: s.mode == "slow" and s.slow_factor == 4.0),
+    ("rank=any@iter=4,mode=slow:1.5x", lambda s: s.slow_factor == 1.5 and s.pause_seconds is None),
     ("shards=1@iter=230,phase=recovery", lambda s: s.phase == "recovery"),
 ])
 def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
@@ -38,6 +43,9 @@ def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
     "shard=any@mtbf=1s,max=200000000", "shard=any@mtbf=1s,max=0", "shards=1@iter=3,max=2",
     "shards=1@iter=3,phase=forward,phase=update", "shards=1@time=" + "9" * 400 + "s",
     "shards=1@iter=99999999999999999999",
+    "rank=1@iter=3,mode=pause", "rank=1@iter=3,mode=pause:0s", "rank=1@iter=3,mode=pause:5",
+    "rank=1@iter=3,mode=pause:2h", "rank=1@iter=3,mode=slow:1x", "rank=1@iter=3,mode=slow:4",
+    "rank=1@iter=3,mode=slow:4x,mode=crash",
 ])
 def test_malformed_specs_are_user_errors(text: str) -> None:
     with pytest.raises(UserError, match="failure spec"):
@@ -107,3 +115,11 @@ def test_cli_malformed_spec_exits_2_with_one_line(cli, tmp_path, spec: str) -> N
     assert r.code == 2
     assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
     assert not (out / "summary.json").exists()
+
+
+def test_a_pause_and_a_slow_down_travel_with_their_events() -> None:
+    sched = FailureSchedule(parse("rank=1@iter=3,mode=pause:5s;rank=0@iter=4,mode=slow:4x"),
+                            {"rank": 2}, seed=0)
+    pause, slow = sched.pending
+    assert (pause.mode, pause.pause_seconds, pause.slow_factor) == ("pause", 5.0, None)
+    assert (slow.mode, slow.pause_seconds, slow.slow_factor) == ("slow", None, 4.0)

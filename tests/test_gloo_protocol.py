@@ -13,6 +13,8 @@ import pytest
 import torch.distributed as dist
 
 from trainthrough.config import RunConfig
+from trainthrough.engines.gloo import protocol
+from trainthrough.engines.gloo.fencing import Fences
 from trainthrough.engines.gloo.group_state import GroupState, GroupStateError
 from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Returned, Saved, parse
 from trainthrough.engines.gloo.protocol import (
@@ -28,6 +30,7 @@ from trainthrough.engines.gloo.protocol import (
 )
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.gloo.timing import GRACE, report_deadline, timed_out
+from trainthrough.ft.dp_policies import StragglerPolicy
 from trainthrough.ft.strategy import resolve
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,10 +82,12 @@ def _controller(strategy: str) -> tuple[DistRecovery, dist.Store, list[dict[str,
     store = dist.HashStore()
     emitted: list[dict[str, Any]] = []
     procs = SimpleNamespace(current={s: SimpleNamespace(slot=s, inc=0, died_at=None,
-                                                        silent_since=None, exitcode=None,
+                                                        silent_since=None, fenced=False,
+                                                        exitcode=None if s != 3 else -9,
                                                         process=SimpleNamespace())
                                      for s in range(4)},
-                            kill=lambda p: None, alive=lambda s: s != 3, newly_dead=lambda: [])
+                            kill=lambda p: None, fence=lambda p: setattr(p, "fenced", True),
+                            alive=lambda s: s != 3, newly_dead=lambda: [])
     e = SimpleNamespace(cfg=RunConfig(paradigm="dp", engine="gloo", strategy=strategy,
                                       replace=False),
                         strategy=resolve(strategy), store=store,
@@ -172,7 +177,7 @@ def test_a_live_member_is_waited_for_unless_its_peers_timed_out_waiting_for_it(
     rec.first_sign = time.time()
     for s in (1, 2):
         write_report(store, 0, Report(s, "error", "allreduce", 0, executed=10, logical=9,
-                                      waited=waited if s == 1 else 0.01))
+                                      waited=waited if s == 1 else 0.01, inc=0))
     assert not rec.tick() and rec.state is GroupState.REPORTING
     if waited >= timeout:
         assert rec.first_timeout is not None
@@ -214,3 +219,61 @@ def test_a_closing_doorbell_never_hides_the_next_request() -> None:
     assert _until(lambda: fresh.last == 2) and _until(lambda: live.last == 2)
     live.close()
     fresh.close()
+
+
+def test_a_write_from_a_fenced_incarnation_is_refused_and_recorded_once() -> None:
+    """The fencing token: a rank process signs what it posts with [slot, inc]; once the
+    controller fenced that incarnation (a paused rank the group went on without), its
+    late messages are refused unread, and its report, read again every tick, once."""
+    store = serve("127.0.0.1", timeout=5)
+    reader = EventReader(store)
+    protocol.sign(1, 0)  # as rank_main does, once per rank process
+    try:
+        post(store, Reported(n=4, slot=1))
+    finally:
+        protocol.sign_out()
+    [wire] = reader.drain()
+    assert parse(wire).sender == [1, 0]
+    emitted: list[Any] = []
+    fences = Fences(emitted.append)
+    assert not fences.refuses([1, 0], "report")  # a member: accepted
+    fences.revoke(1, 0, "no-report")
+    fences.revoke(1, 0, "no-report")  # once
+    assert fences.refuses(parse(wire).sender, "report")
+    assert not fences.refuses([1, 1], "report") and not fences.refuses(None, "metrics")
+    assert fences.refuses([1, 0], "report", key="report/5")
+    assert fences.refuses([1, 0], "report", key="report/5")  # refused, not recorded again
+    assert [e.type for e in emitted] == ["rank-fenced", "write-refused", "write-refused"]
+    assert fences.refused == 2
+    reader.bell.close()
+
+
+def test_a_stale_report_is_refused_and_the_plan_names_each_members_incarnation() -> None:
+    """Slot 1's process inc 0 was replaced by inc 1 (it paused): a report signed by
+    inc 0 is not its slot's, and the plan the controller writes names inc 1, which the
+    woken inc 0 reads as: out."""
+    rec, store, emitted = _controller("rollback")
+    rec.port.procs.current[1].inc = 1
+    write_report(store, 0, Report(1, "error", "allreduce", 0, executed=10, logical=9,
+                                  inc=0))
+    write_report(store, 0, Report(2, "error", "allreduce", 0, executed=10, logical=9,
+                                  inc=0))
+    got = rec._admitted(protocol.read_reports(store, 0, [1, 2]))
+    assert sorted(got) == [2]
+    assert [(x["type"], x["slot"], x["inc"]) for x in emitted
+            if x["type"] == "write-refused"] == [("write-refused", 1, 0)]
+    rec._publish(protocol.Plan(1, [0, 1, 2], "rollback"))
+    plan = protocol.Plan(**get(store, "plan/1"))
+    assert plan.incs == [0, 1, 0]
+    assert plan.admits(1, 1) and not plan.admits(1, 0) and not plan.admits(3, 0)
+
+
+@pytest.mark.parametrize("waited,late", [
+    ({0: 0.81, 1: 0.01, 2: 0.8}, (1,)),  # 0 and 2 waited the deadline out for 1
+    ({0: 0.01, 1: 0.02}, ()),  # a death broke the group: nobody was waited for
+    ({0: 0.9, 1: 0.85}, ()),  # both waited: a member that never reports (hung) is late
+])
+def test_the_straggler_is_the_member_its_peers_waited_the_deadline_out_for(
+        waited: dict[int, float], late: tuple[int, ...]) -> None:
+    assert StragglerPolicy(0.8).decide(waited) == late
+    assert StragglerPolicy(None).decide(waited) == ()

@@ -59,7 +59,7 @@ def test_a_step_longer_than_the_liveness_timeout_is_not_taken_for_a_hang(
 def test_a_rank_that_hangs_is_found_by_the_collective_timeout_and_recovered(
         tmp_path: Path) -> None:
     """Rank 1 stops itself (SIGSTOP) at step 3: its peer's collective times out, the
-    controller kills it a grace later (not a second timeout later), and the survivor
+    controller fences it a grace later (not a second timeout later), and the survivor
     goes on."""
     timeout = 2.0
     r = _launch(tmp_path / "run", fail="rank=1@iter=3,mode=hang", timeout=timeout)

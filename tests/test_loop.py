@@ -28,10 +28,12 @@ GLOBAL_BATCH = 3 * 16  # ledger_loop: 3 ranks of 16
 
 
 def _ledger_run(tmp: Path, engine: str, strategy: str, fail: str,
-                address: str | None = None, timeout: float = 240) -> tuple[dict[str, Any], Path]:
+                address: str | None = None, timeout: float = 240,
+                env: dict[str, str] | None = None) -> tuple[dict[str, Any], Path]:
     ledger = tmp / "ledger"
     ledger.mkdir(parents=True)
-    env = {**os.environ, "TT_LEDGER": str(ledger), "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, **(env or {}), "TT_LEDGER": str(ledger),
+           "PYTHONPATH": str(ROOT / "src")}
     args = [sys.executable, str(LEDGER), engine, strategy, fail, str(tmp / "run")]
     out = subprocess.run(args + ([address] if address else []), capture_output=True, text=True,
                          timeout=timeout, env=env, cwd=tmp)

@@ -50,7 +50,8 @@ _FLOAT_BAD = {"--lr": ["0", "-1", "nan", "inf", "1e999", "abc", ""],
               "--recovery-delay": ["-1", "nan", "inf", "abc"],
               "--wall-limit": ["0", "-1", "nan", "inf", "abc"],
               "--keep-warm": ["0", "-1", "nan", "inf", "abc"],
-              "--liveness-timeout": ["0", "-1", "nan", "inf", "abc"]}
+              "--liveness-timeout": ["0", "-1", "nan", "inf", "abc"],
+              "--straggler-deadline": ["0", "-1", "nan", "inf", "abc"]}
 _ENUM_FLAGS = ["--engine", "--paradigm", "--consistency", "--elastic", "--checkpoint-rule",
                "--coordinator", "--merge-rule", "--workload", "--strategy"]
 
@@ -100,6 +101,17 @@ CLI.update({
     "max-restarts on the parameter server": _args("--max-restarts", "2"),
     "max-restarts negative on gloo": _args("--paradigm", "dp", "--engine", "gloo",
                                            "--strategy", "rollback", "--max-restarts", "-1"),
+    "straggler-deadline on sim": _args("--paradigm", "dp", "--strategy", "rollback",
+                                       "--straggler-deadline", "1"),
+    "straggler-deadline on ray": _args("--paradigm", "dp", "--engine", "ray",
+                                       "--strategy", "rollback", "--straggler-deadline", "1"),
+    "straggler-deadline on the parameter server": _args("--straggler-deadline", "1"),
+    "straggler-deadline not below the collective timeout": _args(
+        "--paradigm", "dp", "--engine", "gloo", "--strategy", "rollback",
+        "--straggler-deadline", "10"),
+    "straggler-deadline with a relaxed sync": _args(
+        "--paradigm", "dp", "--engine", "gloo", "--strategy", "localsgd",
+        "--straggler-deadline", "1"),
     "liveness-timeout zero on gloo": _args("--paradigm", "dp", "--engine", "gloo",
                                            "--strategy", "rollback", "--liveness-timeout", "0"),
     # Addresses (issue 26): one IPv4 address of this machine, never every interface.
@@ -183,6 +195,15 @@ _SPECS = [
     "shards=1@iter=3,color=red", "shards=1@iter=3,phase", "shards=1@iter=3,phase=forward,phase=update",
     "shards=1@iter=3,replica=-1", "shards=1@iter=3,replica=99999999999999999999",
     "rank=1@iter=3\nshards=1@iter=4", "SHARDS=1@iter=3",
+    # Pauses and slow ranks: a duration with a unit above 0, a factor above 1.
+    "rank=1@iter=3,mode=pause", "rank=1@iter=3,mode=pause:", "rank=1@iter=3,mode=pause:5",
+    "rank=1@iter=3,mode=pause:0s", "rank=1@iter=3,mode=pause:-5s",
+    "rank=1@iter=3,mode=pause:5h", "rank=1@iter=3,mode=pause:2min,mode=hang",
+    "rank=1@iter=3,mode=pause:99999s", "rank=1@iter=3,mode=pause:\u0663s",
+    "rank=1@iter=3,mode=slow", "rank=1@iter=3,mode=slow:4", "rank=1@iter=3,mode=slow:1x",
+    "rank=1@iter=3,mode=slow:0.5x", "rank=1@iter=3,mode=slow:x", "rank=1@iter=3,mode=slow:nanx",
+    "rank=1@iter=3,mode=slow:1e3x", "rank=1@iter=3,mode=slow:4X",
+    "rank=1@iter=3,mode=slow:1001x",
 ]
 SPECS: dict[str, Case] = {f"--fail {s!r}": _args("--fail", s) for s in _SPECS}
 SPECS.update({
@@ -194,6 +215,16 @@ SPECS.update({
                                                 "--fail", "rank=0@iter=1,phase=allreduce:4"),
     "dp worker kind": _args("--paradigm", "dp", "--strategy", "rollback",
                             "--fail", "worker=0@iter=1"),
+    # Engines that cannot pause or slow a rank refuse it (their capabilities' modes).
+    "pause on sim": _args("--paradigm", "dp", "--strategy", "rollback",
+                          "--fail", "rank=1@iter=3,mode=pause:5s"),
+    "slow on sim": _args("--paradigm", "dp", "--strategy", "rollback",
+                         "--fail", "rank=1@iter=3,mode=slow:4x"),
+    "pause on ray dp": _args("--paradigm", "dp", "--engine", "ray", "--strategy", "rollback",
+                             "--fail", "rank=1@iter=3,mode=pause:5s"),
+    "slow on ray dp": _args("--paradigm", "dp", "--engine", "ray", "--strategy", "rollback",
+                            "--fail", "rank=1@iter=3,mode=slow:4x"),
+    "pause of a shard": _args("--engine", "ray", "--fail", "shards=1@iter=3,mode=pause:5s"),
 })
 
 

@@ -85,6 +85,10 @@ def _add_run(sub: Any) -> None:
                    metavar="SECONDS",
                    help="dp: a rank whose heartbeat stops this long is taken for dead "
                         "(default 30; a long step or evaluation keeps beating)")
+    p.add_argument("--straggler-deadline", type=_float, dest="straggler_deadline",
+                   metavar="SECONDS",
+                   help="dp (gloo): commit a step without a rank that kept its peers waiting "
+                        "this long in a collective, and replace it (default: off, wait)")
     p.add_argument("--max-restarts", type=_int, dest="max_restarts", metavar="N",
                    help="dp: a failure nobody injected that repeats the same way (the same "
                         "error, the run no further) is recovered N times in a row, then ends "

@@ -57,7 +57,7 @@ FLAG_FIELDS = (
     "baseline", "ray_address", "bind_address", "checkpoint_shared", "keep_warm", "recovery_delay",
     "replicas", "coordinator", "zookeeper_hosts", "merge_rule", "merge_threshold", "wall_limit",
     "allreduce_buckets", "micro_batches", "device", "collective", "sync_every", "sync_fragments",
-    "liveness_timeout", "max_restarts")
+    "liveness_timeout", "max_restarts", "straggler_deadline")
 
 
 def flag_label(name: str) -> str:
@@ -191,6 +191,13 @@ class RunConfig:
     #: same way (the same error, the run no further) and be recovered; the next one ends
     #: the run with that error (0: the first one does)
     max_restarts: int = bounded(3, ge=0)
+    #: dp (gloo): seconds the members of a group wait for each other in a step's
+    #: collective; a member that has not come by then (a straggler) is dropped, the step
+    #: committed without it as the strategy recovers a lost rank, and a replacement takes
+    #: its place. None (the default): the group waits for it, up to the collective
+    #: timeout (cost.timeout_seconds), which the deadline must be shorter than. Also the
+    #: longest the first member may evaluate or save between two steps.
+    straggler_deadline: float | None = bounded(gt=0)
     cost: CostModel = field(default_factory=CostModel)
 
     def validate(self) -> None:
@@ -235,6 +242,12 @@ class RunConfig:
             raise UserError(f"--sync-fragments ({self.sync_fragments}) cannot exceed "
                             f"--sync-every ({self.sync_every}): each fragment needs its own "
                             "inner step for its outer step")
+        if self.straggler_deadline is not None \
+                and self.straggler_deadline >= self.cost.timeout_seconds:
+            raise UserError(f"--straggler-deadline ({self.straggler_deadline:g} s) must be "
+                            "shorter than the collective timeout cost.timeout_seconds "
+                            f"({self.cost.timeout_seconds:g} s), which ends every wait "
+                            "first: lower it, or raise the timeout")
         _check_storage_url(self.checkpoint_dir)
 
     def changed_fields(self) -> dict[str, Any]:

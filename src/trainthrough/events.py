@@ -307,6 +307,45 @@ class RankSilent(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankFenced(Event):
+    """gloo, Ray dp: the controller took incarnation ``inc`` of a rank out of the
+    group: whatever that process writes from now on is refused (``write-refused``), and
+    if it ever runs again it finds itself out and leaves. ``reason``: ``silent`` (its
+    heartbeat stopped: it is also ended), ``no-report`` (alive but silent when its group
+    broke: a paused or hung rank, not ended), ``straggler`` (it missed the straggler
+    deadline)."""
+
+    type: ClassVar[str] = "rank-fenced"
+    slot: int  #: the rank's slot
+    inc: int  #: the incarnation of the slot taken out
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteRefused(Event):
+    """gloo, Ray dp: a message or report from an incarnation no longer in the group (one
+    fenced, ``rank-fenced``, or replaced in its slot) came in, and was dropped unread."""
+
+    type: ClassVar[str] = "write-refused"
+    slot: int
+    inc: int
+    message: str  #: the kind of message refused (``report``, ``exit``, ``metrics``, ...)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PauseEnded(Event):
+    """gloo: a ``mode=pause`` failure ended: the controller continued (SIGCONT) the
+    stopped process. ``member``: whether it was still a member of the group then (a
+    pause the group never noticed); if not, it was fenced and leaves."""
+
+    type: ClassVar[str] = "pause-ended"
+    slot: int
+    inc: int
+    paused_seconds: float
+    member: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restored(Event):
     """Checkpoint-restart chose its checkpoint, before the new processes start."""
 
@@ -393,7 +432,8 @@ _ALL: tuple[type[Event], ...] = (
     Failure, FailureSkipped, Detection, RecoveryEnded,
     ShardDown, ShardUp, Failover, ReplicaJoin, ReplacementLost, SpareReady,
     ZookeeperAbsent, ZookeeperRejoined, Fenced, ZookeeperSilent,
-    Reform, RankJoined, RankPlaced, RankErrored, RankSilent, Restored, Completed,
+    Reform, RankJoined, RankPlaced, RankErrored, RankSilent, RankFenced, WriteRefused,
+    PauseEnded, Restored, Completed,
     TrainingResumed,
     CheckpointSaved, CheckpointFailed, CheckpointCorrupt, CheckpointAbandoned,
     CheckpointSkipped, Resumed)

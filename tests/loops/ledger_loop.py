@@ -3,7 +3,8 @@
 Each rank process appends ``step attempt rank index...`` lines to its own file in
 ``$TT_LEDGER`` (a SIGKILLed process keeps what it flushed). Run as a script:
 ``python ledger_loop.py ENGINE STRATEGY FAIL OUT [RAY_ADDRESS]``; it prints the
-result as one JSON line.
+result as one JSON line. ``$TT_LAUNCH``: more arguments of ``launch``, as a JSON object
+(they replace the defaults below).
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ def train(loop: Loop) -> dict[str, object]:
 if __name__ == "__main__":
     engine, strategy, fail, out = sys.argv[1:5]
     address = sys.argv[5] if len(sys.argv) > 5 else None
+    args = {"recovery_delay": 1.0, "timeout": 5.0, "checkpoint_every": 10,
+            **json.loads(os.environ.get("TT_LAUNCH", "{}"))}
     r = launch(train, ranks=3, engine=engine, strategy=strategy,
                fail=[fail] if fail != "-" else [], out=out, ray_address=address,
-               recovery_delay=1.0, timeout=5.0, progress=False, checkpoint_every=10)
+               progress=False, **args)
     summary = r.summary.to_dict()  # as summary.json has it
     print(json.dumps({"returned": r.returned, "committed": r.committed,
                       "summary": {k: summary.get(k) for k in
                                   ("failures", "recoveries", "rank_nodes", "ranks_final",
-                                   "ranks_joined", "replicas_identical")}}))
+                                   "ranks_joined", "replicas_identical", "writes_refused")}}))

@@ -3,6 +3,8 @@
 Every rank process reads, when the loop starts:
 
 - ``TT_STEP_SLEEP=S@K``: each rank's ``loss_fn`` sleeps S seconds at committed step K;
+- ``TT_COMPUTE=S``: each rank's ``loss_fn`` sleeps S seconds at every step (a step's
+  compute, for a slow rank to multiply);
 - ``TT_EVAL_SLEEP=S`` (``S@K``): the first rank's ``evaluate`` sleeps S seconds (only
   at committed step K);
 - ``TT_RAISE_AT=K``: rank 1 raises :class:`ValueError` at step K (``TT_RAISE=own``: an
@@ -53,6 +55,7 @@ def train(loop: Loop) -> dict[str, object]:
     eval_spec = os.environ.get("TT_EVAL_SLEEP", "0")
     eval_sleep, eval_step = _sleep_at(eval_spec)
     raise_at = int(os.environ.get("TT_RAISE_AT", "-1"))
+    compute = float(os.environ.get("TT_COMPUTE", "0"))
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, 8, generator=g)
@@ -69,6 +72,8 @@ def train(loop: Loop) -> dict[str, object]:
     def loss_fn(batch: list[torch.Tensor]) -> torch.Tensor:
         if loop.step_index == sleep_step and sleep:
             time.sleep(sleep)
+        if compute:
+            time.sleep(compute)
         if loop.step_index == raise_at and loop.rank == 1:
             kind = OwnError if os.environ.get("TT_RAISE") == "own" else ValueError
             raise kind(f"bad batch at step {raise_at}")

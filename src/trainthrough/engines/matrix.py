@@ -48,6 +48,10 @@ FORMS = [
     # Relaxed sync (localsgd, diloco): lost among inner steps, or at an outer step.
     Form("inner", "dp", ("rank=1@iter=12,phase=inner",), ("rank=1@iter=12,phase=inner",), 1),
     Form("outer", "dp", ("rank=1@iter=12,phase=outer",), ("rank=1@iter=12,phase=outer",), 1),
+    # Stopped past the collective timeout (2 s on the real engines), then continued: a
+    # loss like a hang's, and the woken rank fenced out.
+    Form("pause", "dp", ("rank=1@iter=12,mode=pause:3s",), ("rank=1@iter=12,mode=pause:3s",),
+         1),
 ]
 
 

@@ -26,7 +26,8 @@ from trainthrough.ft.strategy import Strategy
 ENGINE_SETTINGS = ("shards", "workers", "ranks", "elastic", "allreduce_buckets",
                    "micro_batches", "replace", "ray_address", "bind_address",
                    "checkpoint_shared", "recovery_delay", "coordinator", "zookeeper_hosts",
-                   "wall_limit", "device", "collective", "liveness_timeout", "max_restarts")
+                   "wall_limit", "device", "collective", "liveness_timeout", "max_restarts",
+                   "straggler_deadline")
 
 Scope = tuple[Callable[[str, Strategy], bool], str]  # (is it used?, what to say if not)
 _SSP: Scope = (lambda consistency, s: consistency == "ssp",

@@ -103,6 +103,19 @@ def alive(ident: ProcessIdentity) -> bool:
     return st is not None and st[1] == ident.start_ticks
 
 
+def stopped(ident: ProcessIdentity) -> bool:
+    """Whether the identified process is stopped by a signal (``/proc`` state ``T``): a
+    rank that posts a pause's failure stops itself only just after, so it is continued
+    only once this holds."""
+    try:
+        with open(f"/proc/{ident.pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    rest = text[text.rfind(")") + 2:].split()
+    return len(rest) >= 20 and rest[0] == "T" and int(rest[19]) == ident.start_ticks
+
+
 def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:
     """Send ``sig`` to an identified descendant.
 
@@ -157,6 +170,20 @@ class Pinned:
     def alive(self) -> bool:
         """Whether the pinned process still runs (a zombie has ended)."""
         return self._fd >= 0 and alive(self.ident)
+
+    def resume(self) -> bool:
+        """Continue the pinned process if it is stopped (SIGCONT: a pause ends).
+
+        Returns:
+            False while it runs, not stopped yet (call again); True once continued, or
+            if it has ended (nothing left to continue).
+        """
+        if not self.alive():
+            return True
+        if not stopped(self.ident):
+            return False
+        self.send(signal.SIGCONT)
+        return True
 
     def send(self, sig: int = signal.SIGKILL) -> bool:
         """Send ``sig`` to the pinned process.

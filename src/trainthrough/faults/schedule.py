@@ -36,6 +36,8 @@ class FailureEvent:
     mode: str
     spec: str
     replica: int | None = None  # chain position to kill (0 = head); real engines only
+    pause_seconds: float | None = None  # mode=pause: how long it stays stopped
+    slow_factor: float | None = None  # mode=slow: a step takes this many times its compute
 
 
 def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]:
@@ -51,7 +53,8 @@ def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]
 
 def _event(s: FailureSpec, ids: tuple[int, ...], at_iter: int | None,
            at_time: float | None) -> FailureEvent:
-    return FailureEvent(s.kind, ids, at_iter, at_time, s.phase, s.mode, s.text, s.replica)
+    return FailureEvent(s.kind, ids, at_iter, at_time, s.phase, s.mode, s.text, s.replica,
+                        s.pause_seconds, s.slow_factor)
 
 
 class _Stream:

@@ -5,7 +5,8 @@
     kind     := shard | shards | worker | workers | rank | ranks | replica | replicas
     selector := id ("," id)* | "N%" | "any" | "all"
     trigger  := "iter=" INT | "time=" NUM ["s"|"ms"|"min"] | "mtbf=" NUM ("s"|"ms"|"min"|"iter")
-    option   := "phase=" PHASE | "mode=" ("crash"|"hang") | "max=" INT | "replica=" INT
+    option   := "phase=" PHASE | "mode=" MODE | "max=" INT | "replica=" INT
+    MODE     := "crash" | "hang" | "pause:" NUM ("s"|"ms"|"min") | "slow:" NUM "x"
 
 INT and NUM are ASCII digits (NUM with an optional ".fraction"); ``max=`` (1 to
 :data:`MAX_COUNT`, default 1000) only goes with ``mtbf=``; each option at most once.
@@ -14,6 +15,10 @@ Examples: ``shards=1@iter=300``, ``shards=50%@iter=300``, ``worker=2@iter=100``,
 ``shards=0@time=40s``, ``shard=any@mtbf=120s,max=3``,
 ``rank=1@iter=50,phase=allreduce:2``, ``shards=1@iter=230,phase=recovery`` (strikes
 while the recovery of an earlier failure is still in progress).
+
+Modes: ``crash`` (SIGKILL), ``hang`` (stopped for good), ``pause:5s`` (stopped, then
+continued after 5 s: a VM migrated, a long GC), ``slow:4x`` (from the trigger on,
+every step takes 4 times its compute: the rank sleeps 3 times what it computed).
 
 Several specs are joined with ``;`` or given as repeated ``--fail`` options.
 Parsing never looks at the run: ids are checked against sizes by :func:`validate`.
@@ -38,6 +43,12 @@ _PHASE = re.compile(r"(forward|backward|update|inner|outer|recovery|persist|allr
 _INT = re.compile(r"[0-9]+")
 _TIME = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min)?")
 _MTBF = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min|iter)")
+_PAUSE = re.compile(r"pause:([0-9]+(?:\.[0-9]+)?)(ms|s|min)")
+_SLOW = re.compile(r"slow:([0-9]+(?:\.[0-9]+)?)x")
+#: The longest pause a spec may ask for, and the largest slow-down (a longer pause is a
+#: hang; a larger factor starves the run of steps, not of what the test is about).
+MAX_PAUSE_SECONDS = 3600.0
+MAX_SLOW_FACTOR = 1000.0
 _FRACTION = re.compile(r"[0-9]+(?:\.[0-9]+)?%")
 _UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, None: 1.0}
 #: Most failures one random spec may deliver (``max=``). Each is a recovery the engine
@@ -61,7 +72,9 @@ class FailureSpec:
     mtbf: float | None = None
     mtbf_unit: Literal["s", "iter"] = "s"
     phase: str | None = None
-    mode: Literal["crash", "hang"] = "crash"
+    mode: Literal["crash", "hang", "pause", "slow"] = "crash"
+    pause_seconds: float | None = None  # mode=pause: how long the rank stays stopped
+    slow_factor: float | None = None  # mode=slow: a step takes this many times its compute
     max_count: int | None = None
     replica: int | None = None
     text: str = ""
@@ -138,9 +151,7 @@ def _option(raw: str, opt: str, fields: dict[str, object]) -> None:
                             "update, inner, outer, persist or recovery")
         fields[name] = v
     elif k == "mode":
-        if v not in ("crash", "hang"):
-            raise _bad(raw, f"mode must be crash or hang (got {v!r})")
-        fields[name] = v
+        fields.update(_mode(raw, v))
     elif k == "max":
         if "mtbf" not in fields:
             raise _bad(raw, "max= limits random failures: it needs an mtbf= trigger")
@@ -149,6 +160,26 @@ def _option(raw: str, opt: str, fields: dict[str, object]) -> None:
         fields[name] = int(v)
     else:
         fields[name] = _whole(raw, k, v)
+
+
+def _mode(raw: str, v: str) -> dict[str, object]:
+    """``mode=``'s value as FailureSpec fields (a pause's seconds, a slow-down's factor)."""
+    if v in ("crash", "hang"):
+        return {"mode": v}
+    if (m := _PAUSE.fullmatch(v)) is not None:
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        if not 0 < seconds <= MAX_PAUSE_SECONDS:
+            raise _bad(raw, f"a pause lasts more than 0 s and at most {MAX_PAUSE_SECONDS:g} s "
+                            f"(got {v!r}; a rank stopped for good is mode=hang)")
+        return {"mode": "pause", "pause_seconds": seconds}
+    if (m := _SLOW.fullmatch(v)) is not None:
+        factor = float(m.group(1))
+        if not 1 < factor <= MAX_SLOW_FACTOR:
+            raise _bad(raw, f"a slow-down is a factor above 1 and at most {MAX_SLOW_FACTOR:g} "
+                            f"(got {v!r})")
+        return {"mode": "slow", "slow_factor": factor}
+    raise _bad(raw, f"mode must be crash, hang, pause:DURATION (pause:5s) or slow:FACTORx "
+                    f"(slow:4x) (got {v!r})")
 
 
 def parse_one(text: str) -> FailureSpec:

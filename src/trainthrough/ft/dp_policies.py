@@ -164,3 +164,24 @@ class ReplacementPolicy:
         if not self.enabled or not failed:
             return None
         return ReplacementDecision(tuple(sorted(failed)), now + self.delay)
+
+
+class StragglerPolicy:
+    """``straggler_deadline``: the group commits a step without a member it waited for
+    longer than the deadline (None: it waits, up to the collective timeout).
+
+    What each member says of the collective that broke (how long it waited in it)
+    tells who was late: the members that reached it waited the whole deadline for the
+    others; a member that came after they had given up found the group closed at once.
+    So when some member waited the deadline out, the ones that did not are the
+    stragglers, unless nobody did (then nobody was late: a death broke the group).
+    """
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+
+    def decide(self, waited: dict[int, float]) -> tuple[int, ...]:
+        """The members to drop, by slot, from each reporting member's wait in seconds."""
+        if self.deadline is None or not any(w >= self.deadline for w in waited.values()):
+            return ()
+        return tuple(sorted(s for s, w in waited.items() if w < self.deadline))

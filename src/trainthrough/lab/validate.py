@@ -61,6 +61,10 @@ def validate_run(cfg: RunConfig) -> None:
     # A setting the run would not read is refused, never dropped (engines/options.py).
     check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy, cfg.changed_fields())
     cfg.check_relations()
+    if cfg.straggler_deadline is not None and strategy.relaxed:
+        raise UserError(f"--straggler-deadline applies to every-step sync: strategy "
+                        f"{cfg.strategy} waits for its peers only at outer "
+                        "steps, which have no deadline; drop it")
     _check_checkpoints_reach_every_host(cfg, strategy.recovery == "rollback-all")
 
 

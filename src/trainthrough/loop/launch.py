@@ -129,7 +129,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
            micro_batches: int = 1, resume: bool = False, allreduce_buckets: int | None = None,
            options: Mapping[str, Any] | None = None,
            max_restarts: int = RunConfig.max_restarts,
-           liveness_timeout: float = RunConfig.liveness_timeout) -> LoopResult:
+           liveness_timeout: float = RunConfig.liveness_timeout,
+           straggler_deadline: float | None = None) -> LoopResult:
     """Run ``train(loop, **options)`` on ``ranks`` ranks until its epochs are done.
 
     Args:
@@ -158,6 +159,9 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
         liveness_timeout: seconds a rank process's heartbeat may stop before it is taken
             for dead (a stopped or frozen process). It beats from a thread, so a long
             step or evaluation never counts.
+        straggler_deadline: seconds the ranks wait for each other in a step's
+            collective before they commit it without the ones that have not come, which
+            are replaced (None: they wait, up to ``timeout``, which it must be below).
         max_restarts: how many times in a row a failure you did not inject may repeat
             the same way (the same error, the run no further) and be recovered; the next
             ends the run with that error (0: the first one does).
@@ -218,6 +222,7 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
                     allreduce_buckets=allreduce_buckets,
                     workload_options=dict(options or {}),
                     max_restarts=max_restarts, liveness_timeout=liveness_timeout,
+                    straggler_deadline=straggler_deadline,
                     cost=CostModel(timeout_seconds=timeout),
                     sync_every=RunConfig.sync_every if sync_every is None else sync_every)
     if resume:

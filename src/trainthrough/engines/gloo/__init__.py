@@ -7,7 +7,7 @@ it does not import torch.distributed.
 from trainthrough.engines.capabilities import caps
 
 DESCRIPTION = ("data-parallel ranks as OS processes on a torch.distributed gloo group "
-               "(127.0.0.1); failures are real SIGKILL/SIGSTOP (alias: dist)")
+               "(127.0.0.1); failures are real SIGKILL/SIGSTOP/SIGCONT (alias: dist)")
 ENGINE = "trainthrough.engines.gloo.controller:GlooEngine"
 CAPABILITIES = {
     # Checkpoints are written by rank 0: before its next step (sync) or on a
@@ -19,10 +19,12 @@ CAPABILITIES = {
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
                phases=("", "forward", "backward", "allreduce", "update", "inner", "outer"),
-               modes=("crash", "hang"),
+               # pause: SIGSTOP, then SIGCONT by the controller's pinned handle;
+               # slow: the rank sleeps (faults.py)
+               modes=("crash", "hang", "pause", "slow"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "device", "collective",
                         "recovery_delay", "wall_limit", "bind_address", "liveness_timeout",
-                        "max_restarts"),
+                        "max_restarts", "straggler_deadline"),
                sync=("every-step", "localsgd", "diloco", "streaming-diloco")),
 }

@@ -35,9 +35,11 @@ from trainthrough.engines.gloo.evals import ControllerEvals
 from trainthrough.engines.gloo.faults import check_specs, order_dicts, resolve_orders
 from trainthrough.engines.gloo.liveness import Watch
 from trainthrough.engines.gloo.messages import (
+    Awake,
     Before,
     Copies,
     Exit,
+    Failed,
     Message,
     Metrics,
     Reported,
@@ -46,13 +48,13 @@ from trainthrough.engines.gloo.messages import (
     parse,
 )
 from trainthrough.engines.gloo.net import rank_net, store_host
-from trainthrough.engines.gloo.procs import Launch, Procs, local_launch
+from trainthrough.engines.gloo.procs import Launch, Proc, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, RunSpec, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
 from trainthrough.engines.gloo.timing import TICK, heartbeat_period
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
-from trainthrough.events import CheckpointCorrupt, Event, RankSilent
+from trainthrough.events import CheckpointCorrupt, Event, PauseEnded, RankSilent
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
 
@@ -96,6 +98,9 @@ class GlooEngine:
         self.outer_steps = 0  # relaxed sync: the most any rank completed
         self.histories: dict[int, list[list[Any]]] = {}  # slot -> committed (logical, attempt, members)
         self.returned: dict[int, Any] = {}  # a user's loop: what train() returned, by slot
+        # mode=pause: processes stopped by their order, (process, when it stopped, when
+        # to continue it); continued once due (and stopped: see Pinned.resume).
+        self.pauses: list[tuple[Proc, float, float]] = []
         # Chosen (and the zygote set importing) before anything else is built.
         self.start_rank: Launch = self.launch or local_launch()
         self.saves = ControllerSaves(cfg, ctx.strategy, self.url, template,
@@ -203,21 +208,47 @@ class GlooEngine:
                     and time.time() - self.t0 >= self.cfg.wall_limit):
                 self.request_stop()
             self._look_for_silence()
+            self._end_pauses()
             self.events.bell.wait(TICK)  # an event wakes us at once
 
     def _look_for_silence(self) -> None:
         """End the processes whose heartbeat stopped: stopped or frozen, they are lost
         (their end is then a death like any other, dated from their last beat)."""
         now = time.time()
-        for p, since in self.watch.silent(list(self.procs.current.values()), now):
+        # A process fenced while it ran (paused, hung: fencing.py) that stays silent is
+        # ended by the same timeout: it holds memory, and if it woke it would only leave.
+        members = [p for p in self.procs.current.values() if not p.fenced]
+        for p, since in self.watch.silent(members + self.procs.fenced_running(), now):
+            if p.fenced:
+                self.procs.kill(p)
+                continue
             self.emit(RankSilent(slot=p.slot, silent_seconds=round(now - since, 3)))
+            # Fenced first: the kill ends it here, but a process out of reach (another
+            # host) that wakes later must find itself out all the same.
+            self.rec.fences.revoke(p.slot, p.inc, "silent")
             self.procs.lose(p, since)
+
+    def _end_pauses(self) -> None:
+        """Continue the processes whose pause is over (``mode=pause``), by the handle
+        pinned when this run started them; one that ended meanwhile is dropped."""
+        now, left = time.time(), []
+        for p, stopped, due in self.pauses:
+            if now < due or not p.process.resume():
+                left.append((p, stopped, due))
+            elif p.exitcode is None:
+                self.emit(PauseEnded(slot=p.slot, inc=p.inc,
+                                     paused_seconds=round(now - stopped, 3),
+                                     member=not p.fenced))
+        self.pauses = left
 
     def pump(self) -> bool:
         """Handle every message the ranks posted so far; returns whether there were any."""
         events = self.events.drain()
         for wire in events:
-            self._on_event(parse(wire))
+            m = parse(wire)
+            # From an incarnation taken out of the group: refused unread (fencing.py).
+            if not self.rec.fences.refuses(m.sender, m.TYPE):
+                self._on_event(m)
         return bool(events)
 
     def request_stop(self) -> None:
@@ -257,6 +288,16 @@ class GlooEngine:
         if isinstance(m, Before):  # the restart under way, as the first survivor measured it
             self.saves.before = m
             return
+        if isinstance(m, Awake):  # a pause the group never noticed (else it was refused)
+            if m.sender is not None:
+                self.rec.log.awake(m.sender[0], m.spec)
+            return
+        if isinstance(m, Failed) and m.mode == "pause" and m.sender is not None:
+            p = next((q for q in self.procs.started
+                      if [q.slot, q.inc] == list(m.sender)), None)
+            if p is not None and m.pause_seconds is not None:
+                now = time.time()  # this clock, not the rank's (another host's, maybe)
+                self.pauses.append((p, now, now + m.pause_seconds))
         if isinstance(m, Reported):  # a member wrote its report: the recovery reads them now
             self.rec.reported = self.rec.reported or m.n >= self.rec.n
             return
@@ -288,6 +329,7 @@ class GlooEngine:
         r.extras.update(
             paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=log.smallest,
             reforms=log.reforms, restarts=log.restarts, ranks_joined=log.joined,
+            writes_refused=self.rec.fences.refused,
             samples_dropped=log.samples_dropped, logical_iterations=self.logical,
             detection_seconds=log.detections, reform_seconds=log.reform_times,
             restart_seconds=log.restart_times,

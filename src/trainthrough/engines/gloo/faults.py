@@ -7,10 +7,16 @@ and ``mtbf`` pick the same ids) into one :class:`Order` per victim, and hands ea
 rank process the orders of its slot. The shared step calls :meth:`Injector.at` at
 every injection point it names (:data:`trainthrough.dp.step.POINTS`) and, when an
 order is due, posts a ``failure`` event and then SIGKILLs itself (``mode=crash``) or
-SIGSTOPs itself (``mode=hang``). Self-delivery is what puts a failure exactly after
-``K`` buckets: a signal from another process would land wherever the rank happens
-to be. The controller only ever SIGKILLs ranks it has found hung (after detection)
-and ranks left over at the end, always by the PID it started.
+SIGSTOPs itself (``mode=hang``; ``mode=pause``: the controller continues it with SIGCONT
+after the pause, through the handle it pinned when it started the process, and the rank
+then says it is ``awake`` and goes on: if the group fenced it meanwhile, that and all it
+writes after are refused, and the next plan tells it it is out). Self-delivery is what
+puts a failure exactly after ``K`` buckets: a signal from another process would land
+wherever the rank happens to be. ``mode=slow:F`` strikes nothing: from its trigger on,
+the rank sleeps ``F - 1`` times what each step's gradients took it to compute, before
+the step's collectives (its peers wait for it there). The controller only ever SIGKILLs
+ranks whose heartbeat stopped and ranks left over at the end, always by the PID it
+started.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class Order:
     phase: str  # "boundary" for specs without a phase
     mode: str
     spec: str
+    pause_seconds: float | None = None
+    slow_factor: float | None = None
 
 
 def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
@@ -54,7 +62,8 @@ def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
 
 def resolve_orders(sched: FailureSchedule) -> list[Order]:
     """Every failure of the run's schedule as per-slot orders, in trigger order."""
-    return [Order(i, e.at_iter, e.at_time, e.phase or "boundary", e.mode, e.spec)
+    return [Order(i, e.at_iter, e.at_time, e.phase or "boundary", e.mode, e.spec,
+                  e.pause_seconds, e.slow_factor)
             for e in sched.pending for i in e.ids]
 
 
@@ -76,26 +85,52 @@ class Injector:
                  local_steps: Callable[[], int | None] = lambda: None) -> None:
         self.orders = [Order(**o) for o in orders]  # type: ignore[arg-type]
         self.store, self.t0, self.logical, self.local_steps = store, t0, logical, local_steps
+        self.slow: float | None = None  # mode=slow: each step takes this many times its compute
+        self._began: float | None = None  # when this step's compute began (mode=slow)
 
     async def at(self, point: str, step: int) -> None:
-        """Fail now if an order for ``point`` is due (this call then never returns)."""
+        """Fail now if an order for ``point`` is due (a crash or hang: this call then
+        never returns; a pause: it returns once the process is continued); then a slow
+        rank's sleep, if ``point`` ends the step's compute."""
         phase = "allreduce" if point.startswith("allreduce:") else point
         now = time.time() - self.t0
-        for o in self.orders:
+        for o in list(self.orders):
             due = ((o.at_iter is not None and step >= o.at_iter)
                    or (o.at_time is not None and now >= o.at_time))
             if due and o.phase == point:
-                self._die(o, phase, step, self.logical())
+                self._strike(o, phase, step, self.logical())
+        self._pace(point)
 
-    def _die(self, o: Order, phase: str, executed: int, logical: int) -> None:
-        from trainthrough.engines.gloo.messages import Failed
+    def _strike(self, o: Order, phase: str, executed: int, logical: int) -> None:
+        from trainthrough.engines.gloo.messages import Awake, Failed
         from trainthrough.engines.gloo.protocol import post
 
-        # Posted before dying, so the controller knows what failed, where and when.
+        # Posted before it strikes, so the controller knows what failed, where and when
+        # (and, for a pause, when to continue it).
         post(self.store, Failed(kind="rank", ids=[o.slot], spec=o.spec, phase=o.phase,
                                 phase_kind=phase, mode=o.mode, iteration=executed,
                                 logical=logical, pid=os.getpid(),
-                                local_steps=self.local_steps()))
+                                local_steps=self.local_steps(), pause_seconds=o.pause_seconds))
+        self.orders.remove(o)  # spent: a pause or a slow-down goes on living
+        if o.mode == "slow":
+            self.slow = o.slow_factor
+            return
+        stopped = time.time()
         strike_self(signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
-        # A stopped rank resumes here only if someone sends SIGCONT; it must not go on.
+        if o.mode == "pause":  # continued by the controller: say so (refused if fenced)
+            post(self.store, Awake(spec=o.spec, paused_seconds=round(time.time() - stopped, 3)))
+            return
+        # A hung rank resumes here only if someone sends SIGCONT; it must not go on.
         os._exit(3)
+
+    def _pace(self, point: str) -> None:
+        """A slow rank: the compute of a step is timed from its ``boundary`` to the end of
+        its gradients (``backward``; ``inner`` for a relaxed sync's inner step), then
+        slept ``slow - 1`` times over, before any collective of the step."""
+        if self.slow is None:
+            return
+        if point == "boundary":
+            self._began = time.monotonic()
+        elif point in ("backward", "inner") and self._began is not None:
+            time.sleep((self.slow - 1.0) * (time.monotonic() - self._began))
+            self._began = None

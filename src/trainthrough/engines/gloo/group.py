@@ -126,18 +126,20 @@ class Group:
         into a new tensor now (the caller may change them as soon as this returns)."""
         out = _local_sum(parts, bucket, extra=0)
         wire = out if out.device == self.wire else out.to(self.wire)
+        began = time.monotonic()
         try:
             work = dist.all_reduce(wire, async_op=True)
         except RuntimeError as e:
             message = str(e).splitlines()[0][:300]
         else:
-            return _Started(out, wire, work)
+            return _Started(out, wire, work, began)
         self.close()  # outside the handler, as in _run
         raise PeerLost(message)
 
     async def wait(self, handle: _Started) -> torch.Tensor:
         """The sum :meth:`start` began, on the parts' device."""
-        self._run(lambda: handle.work)
+        # Timed from its start: how long it waited says whether it timed out (a straggler).
+        self._run(lambda: handle.work, began=handle.began)
         wire = handle.wire
         return wire if wire is handle.out else wire.to(handle.out.device)
 
@@ -181,8 +183,8 @@ class Group:
             wait_or_abort(work, self.timeout, _abort_nccl)
         work.wait()
 
-    def _run(self, op: Callable[[], Work | None]) -> None:
-        start = time.monotonic()
+    def _run(self, op: Callable[[], Work | None], began: float | None = None) -> None:
+        start = time.monotonic() if began is None else began
         try:
             self._wait(op())
             return
@@ -197,6 +199,16 @@ class Group:
         self.close()
         raise PeerLost(message)
 
+    def pace(self, seconds: float) -> None:
+        """From now on a collective of this group fails after ``seconds`` (the straggler
+        deadline, for a step's collectives; the group formed under the collective
+        timeout, which a rendezvous and a state transfer keep)."""
+        if self.formed and self.backend == "gloo":
+            from torch.distributed import distributed_c10d
+
+            distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+        self.timeout = seconds
+
     def close(self) -> None:
         """Destroy the group (idempotent; errors from a broken group are expected)."""
         if self.formed or dist.is_initialized():
@@ -208,8 +220,9 @@ class Group:
 class _Started:
     """A bucket :meth:`Group.start` began: its local sum and where it is reduced."""
 
-    def __init__(self, out: torch.Tensor, wire: torch.Tensor, work: Work | None) -> None:
-        self.out, self.wire, self.work = out, wire, work
+    def __init__(self, out: torch.Tensor, wire: torch.Tensor, work: Work | None,
+                 began: float) -> None:
+        self.out, self.wire, self.work, self.began = out, wire, work, began
 
 
 def wait_or_abort(work: Work, timeout: float, abort: Callable[[], None],

@@ -63,9 +63,10 @@ class RecoveryLog:
         t = m.t
         if isinstance(m, Failed):
             self.failures += 1
-            if m.pid:  # the rank struck itself: its death is this failure
-                note_injected(m.pid)
-            self.fail_events.append(m)
+            if m.mode != "slow":  # a slow rank loses nothing: no loss to match it to
+                if m.pid:  # the rank struck itself: its death (or end) is this failure
+                    note_injected(m.pid)
+                self.fail_events.append(m)
             if m.local_steps is not None:
                 self.local_steps_lost.append(m.local_steps)
             return Failure(kind=m.kind, ids=list(m.ids), spec=m.spec, phase=m.phase,
@@ -94,6 +95,12 @@ class RecoveryLog:
             self.open = []
             return TrainingResumed(iteration=m.iteration)
         raise RuntimeError(f"dist engine: a rank sent an unknown message {m.TYPE!r}")
+
+    def awake(self, slot: int, spec: str) -> None:
+        """A pause of ``slot`` ended before the group noticed it (the rank was still a
+        member when it said so): its failure will never be matched to a loss."""
+        self.fail_events = [e for e in self.fail_events
+                            if not (e.ids[0] == slot and e.spec == spec and e.mode == "pause")]
 
     def _close(self, rec: OpenRecovery, t: float) -> None:
         if rec.restart:

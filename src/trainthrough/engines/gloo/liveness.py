@@ -17,8 +17,11 @@ first member between steps, every rank at once), the controller sees here:
   hosts). A process that has never beaten is still starting: the controller bounds that
   with :data:`~.timing.START_SECONDS`, not here.
 
-The controller ends a silent process as it ends a hung one (SIGKILL by its pin, or
-through Ray), and recovers its loss like any other death.
+The controller fences a silent process out of the group (:mod:`.fencing`), ends it
+(SIGKILL by its pin, or through Ray: peers blocked with it in a collective then fail at
+once), and recovers its loss like any other death. A process fenced while it ran (a
+paused or hung member its peers left) is ended by the same watch once it has been
+silent this long.
 """
 
 from __future__ import annotations

@@ -20,10 +20,14 @@ from typing import Any, ClassVar
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
-    """What every message has: when it was posted (the poster's wall clock)."""
+    """What every message has: when it was posted (the poster's wall clock), and who
+    posted it: ``sender``, ``[slot, inc]`` of the rank process, its fencing token
+    (set by :func:`~.protocol.post`; the controller refuses a message from an
+    incarnation it took out of the group)."""
 
     TYPE: ClassVar[str] = ""
     t: float = field(default_factory=time.time)
+    sender: list[int] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The JSON object posted for it."""
@@ -157,6 +161,7 @@ class Failed(Message):
     mode: str | None = None
     pid: int | None = None
     local_steps: int | None = None
+    pause_seconds: float | None = None  # mode=pause: when the controller continues it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,9 +196,19 @@ class Resumed(Message):
     iteration: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class Awake(Message):
+    """A paused rank runs again (``mode=pause`` ended): if the group never noticed, its
+    failure event is spent; if it was fenced meanwhile, this is its first refused write."""
+
+    TYPE = "awake"
+    spec: str
+    paused_seconds: float
+
+
 KINDS: dict[str, type[Message]] = {
     m.TYPE: m for m in (RankError, Metrics, Copies, Returned, Exit, Saved, Before,
-                        Reported, Failed, Reformed, StepCompleted, Resumed)}
+                        Reported, Failed, Reformed, StepCompleted, Resumed, Awake)}
 
 
 def parse(wire: dict[str, Any]) -> Message:

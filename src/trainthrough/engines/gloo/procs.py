@@ -55,6 +55,11 @@ class Child(Protocol):
         """Stop it for good, only if it is the process this run started (and alive)."""
         ...
 
+    def resume(self) -> bool:
+        """Continue it if it is stopped (a ``mode=pause`` ends), only if it is the
+        process this run started; False while it is not stopped yet (call again)."""
+        ...
+
     def close(self) -> None:
         """Release what hosted it, once it ended (an actor)."""
         ...
@@ -76,6 +81,9 @@ class Proc:
     #: when its heartbeat was last seen, once the controller took it for dead for its
     #: silence (:meth:`Procs.lose`): its death dates from then
     silent_since: float | None = None
+    #: the controller took it out of the group (fencing.py): gone for the group, even
+    #: while its process still runs (a pause), and never a member again
+    fenced: bool = False
 
     @property
     def exitcode(self) -> int | None:
@@ -107,6 +115,9 @@ class LocalProcess:
     def kill(self) -> None:
         if self.exitcode is None and self.handle is not None:
             self.handle.send()
+
+    def resume(self) -> bool:
+        return self.handle is None or self.exitcode is not None or self.handle.resume()
 
     def close(self) -> None:
         self.join(timeout=0)  # reaped: nothing else holds it
@@ -165,8 +176,21 @@ class Procs:
         return has(self.store, f"ready/{p.slot}/{p.inc}")
 
     def alive(self, slot: int) -> bool:
+        """Whether ``slot``'s current process runs and is still the group's (not fenced)."""
         p = self.current.get(slot)
-        return p is not None and p.exitcode is None
+        return p is not None and p.exitcode is None and not p.fenced
+
+    def fence(self, p: Proc) -> None:
+        """Take ``p`` out of the group without ending it (fencing.py), once the group
+        has dealt with its loss: gone for the group from now, so its end, whenever it
+        comes (it leaves, or it is ended), is not reported as a new death."""
+        p.fenced = True
+        if p.died_at is None:
+            p.died_at = time.time()
+
+    def fenced_running(self) -> list[Proc]:
+        """Fenced processes that still run (paused, hung, or on their way out)."""
+        return [p for p in self.started if p.fenced and p.exitcode is None]
 
     def newly_dead(self) -> list[Proc]:
         """Current processes that ended since the last call (each reported once)."""
@@ -179,9 +203,9 @@ class Procs:
 
     def lose(self, p: Proc, silent_since: float) -> None:
         """End a process whose heartbeat stopped at ``silent_since`` (frozen, or
-        stopped): its end is then reported by :meth:`newly_dead`, as a death at that
-        time, and recovered like any other."""
-        p.silent_since = silent_since
+        stopped), fenced out of the group: its end is then reported by
+        :meth:`newly_dead`, as a death at that time, and recovered like any other."""
+        p.silent_since, p.fenced = silent_since, True
         p.process.kill()
 
     def kill(self, p: Proc) -> None:
@@ -201,7 +225,10 @@ class Procs:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """End every process this run started (normally all have exited already; 0:
-        kill the rest at once)."""
+        kill the rest at once). Fenced ones are ended at once: nothing waits for them,
+        and one still stopped would never end on its own."""
+        for p in self.fenced_running():
+            self.kill(p)
         self.wait_exit([p for p in self.started if p.exitcode is None], timeout)
         for p in self.started:
             p.process.close()

@@ -24,6 +24,12 @@ travels over the process group (:mod:`trainthrough.dp.repair`). Call order for o
    on the step path) and shares it in the commit vote, so every member acts on it
    after the same step.
 
+Every message and report a rank process writes carries its fencing token, its
+``[slot, inc]`` (:func:`sign`, once per process): the controller refuses (and records)
+whatever comes from an incarnation it took out of the group (:mod:`.fencing`), and
+every plan lists its members' incarnations (``Plan.incs``), so a process that wakes
+after the group moved on reads that it is out and leaves.
+
 Beside these, every rank process beats on ``beat/<slot>/<inc>`` (:mod:`.liveness`), and
 one that ends on an error leaves its last words in ``error/<slot>/<inc>`` (a
 :class:`~.messages.RankError`, :func:`write_last_words`): a key of its own, not the
@@ -125,6 +131,14 @@ class Plan:
     uncount: bool = False
     sync: bool = False
     logical: int = 0
+    incs: list[int] = field(default_factory=list)  # per member: its incarnation
+
+    def admits(self, slot: int, inc: int) -> bool:
+        """Whether incarnation ``inc`` of ``slot`` is a member of this attempt (an
+        incarnation the plan does not name is out, even if its slot is in)."""
+        if slot not in self.members:
+            return False
+        return not self.incs or self.incs[self.members.index(slot)] == inc
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,7 @@ class Report:
     t: float = field(default_factory=time.time)
     error: str = ""
     waited: float = 0.0
+    inc: int = -1  # the incarnation of ``slot`` that reports (its fencing token)
 
 
 def serve(host: str, timeout: float) -> dist.TCPStore:
@@ -289,8 +304,26 @@ def has(store: dist.Store, key: str) -> bool:
     return bool(store.check([key]))
 
 
+#: This process's fencing token, ``(slot, inc)``, once it is a rank process (:func:`sign`).
+_SENDER: tuple[int, int] | None = None
+
+
+def sign(slot: int, inc: int) -> None:
+    """Make this process incarnation ``inc`` of ``slot``: every message it posts carries
+    that token (one rank process is one incarnation for its whole life)."""
+    global _SENDER
+    _SENDER = (slot, inc)
+
+
+def sign_out() -> None:
+    """Post unsigned again (a test that played a rank process in its own)."""
+    global _SENDER
+    _SENDER = None
+
+
 def post(store: dist.Store, message: Message) -> None:
-    """Append a message to the queue the controller drains.
+    """Append a message to the queue the controller drains, signed with this process's
+    token (:func:`sign`).
 
     The slot number is taken atomically, so concurrent posters never overwrite each
     other.
@@ -300,6 +333,8 @@ def post(store: dist.Store, message: Message) -> None:
             is taken: a slot taken and never written would stop the controller's reader).
     """
     wire = message.wire()
+    if wire.get("sender") is None and _SENDER is not None:
+        wire["sender"] = list(_SENDER)
     text = json.dumps(wire)
     if len(text) > MAX_VALUE_BYTES:
         raise ValueError(f"a {message.TYPE!r} message of {len(text)} bytes, over the "

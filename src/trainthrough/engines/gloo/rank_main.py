@@ -42,6 +42,7 @@ from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
     connect,
+    sign,
     write_last_words,
 )
 from trainthrough.engines.gloo.session import RankSession
@@ -59,6 +60,7 @@ def main(spec: RankSpec) -> int:
     """Run one rank process to its end; its exit code (1: a bug, posted with its traceback)."""
     # Ranks share a few cores: one intra-op thread each.
     torch.set_num_threads(1)
+    sign(spec.slot, spec.inc)  # every message this process posts carries its token
     store = connect(spec.run.host, spec.run.port, timeout=PLAN_WAIT_SECONDS)
     beat = Heartbeat(spec.run.host, spec.run.port, spec.slot, spec.inc, spec.run.heartbeat)
     try:

@@ -7,9 +7,13 @@ published), TRAINING (a group is running; watch for reports and deaths), REPORTI
 survivors report; the controller waits until every member whose process is still alive
 has reported, or the deadline ``timing.report_deadline`` sets (a grace period after a
 report that its collective timed out; else the collective timeout, since a live member
-may be evaluating or saving before it reaches its next collective); a hung rank never
-reports: it is then presumed failed and SIGKILLed. Who reported is who is alive: that
-is the agreement. A member lost without a failure order (its code raised, it was
+may be evaluating or saving before it reaches its next collective); a hung or paused
+rank never reports: it is then presumed failed and fenced (:mod:`.fencing`), not
+killed: its peers have left it, and if it ever runs again it finds itself out and
+leaves (one that stays stopped is ended by the liveness timeout). Who reported is who
+is alive: that is the agreement. With a straggler deadline, a member that reported
+late (its peers waited the deadline out for it) is fenced and dropped too
+(:class:`~trainthrough.ft.dp_policies.StragglerPolicy`), and replaced. A member lost without a failure order (its code raised, it was
 killed, presumed hung, silent) is counted by :class:`~.crashes.Crashes` first, which
 ends the run once such a failure repeats the same way (``max_restarts``). The strategy's
 policy (the same as ``sim``'s) then decides:
@@ -28,10 +32,12 @@ the checkpoint chosen (:meth:`~.checkpoints.ControllerSaves.choose`).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from trainthrough.dp.step import group_phase
 from trainthrough.engines.gloo.crashes import Crashes
+from trainthrough.engines.gloo.fencing import Fences
 from trainthrough.engines.gloo.group_state import (
     TRANSITIONS,
     GroupState,
@@ -53,7 +59,12 @@ from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline, tim
 from trainthrough.errors import UserError
 from trainthrough.events import CheckpointCorrupt, Detection, Event, Restored
 from trainthrough.ft.decisions import RecoveryAction
-from trainthrough.ft.dp_policies import GroupFailure, ReplacementPolicy, group_recovery_policy
+from trainthrough.ft.dp_policies import (
+    GroupFailure,
+    ReplacementPolicy,
+    StragglerPolicy,
+    group_recovery_policy,
+)
 
 if TYPE_CHECKING:
     from trainthrough.engines.gloo.port import ControllerPort
@@ -68,6 +79,8 @@ class DistRecovery:
         cfg = port.cfg
         self.policy = group_recovery_policy(port.strategy.recovery)
         self.replacement = ReplacementPolicy(cfg.replace, cfg.recovery_delay)
+        self.stragglers = StragglerPolicy(cfg.straggler_deadline)
+        self.fences = Fences(port.emit)  # incarnations taken out of the group
         self.state = GroupState.NEW
         # STARTING: the processes spawned, and when.
         self.waiting: list[Proc] = []
@@ -110,6 +123,25 @@ class DistRecovery:
                                   f"to {to.value} (from {self.state.value}: {allowed})")
         self.state = to
 
+    def _publish(self, plan: Plan) -> None:
+        """Write ``plan``, naming the incarnation of each member: the fencing token a
+        process compares with its own (a stale one of the same slot is out)."""
+        cur = self.port.procs.current
+        write_plan(self.port.store, replace(plan, incs=[cur[s].inc for s in plan.members]))
+
+    def _admitted(self, reports: dict[int, Report]) -> dict[int, Report]:
+        """The reports written by the incarnation each slot has now; one from a fenced
+        incarnation, or from another than the current, is refused (recorded once)."""
+        cur = self.port.procs.current
+        out = {}
+        for s, r in reports.items():
+            stale = s not in cur or r.inc != cur[s].inc or cur[s].fenced
+            if stale:
+                self.fences.refuse(s, r.inc, "report", key=f"report/{self.n}")
+            else:
+                out[s] = r
+        return out
+
     def _orders_for(self, slot: int, executed: int) -> list[dict[str, Any]]:
         """Orders a new process of ``slot`` carries: all of the slot's pending ones.
 
@@ -141,7 +173,7 @@ class DistRecovery:
             if not all(self.port.procs.ready(p) for p in self.waiting):
                 return False
             self.members = sorted(p.slot for p in self.waiting)
-            write_plan(self.port.store, Plan(self.n, self.members, "start"))
+            self._publish(Plan(self.n, self.members, "start"))
             self._to(GroupState.TRAINING)
             return True
         now = time.time()
@@ -156,7 +188,7 @@ class DistRecovery:
         if not (self.reported or dead or self.state is GroupState.REPORTING):
             self._maybe_grow()
             return False
-        reports = read_reports(self.port.store, self.n, self.members)
+        reports = self._admitted(read_reports(self.port.store, self.n, self.members))
         # With a relaxed sync the survivors find a loss only at their next outer step,
         # after up to H inner steps: a death starts the wait for their reports only if
         # nobody is left to report (a hung member is found by their collective timeout).
@@ -219,18 +251,27 @@ class DistRecovery:
         now = time.time()
         procs = self.port.procs
         self.first_sign = None
+        # Late for the deadline: reported, alive, but dropped (and replaced).
+        late = self.stragglers.decide({s: r.waited for s, r in reports.items()
+                                       if r.reason == "error"})
+        reports = {s: r for s, r in reports.items() if s not in late}
         survivors = sorted(reports)
         failed = [s for s in self.members if s not in reports]
         hung = {s for s in failed if procs.alive(s)}
-        for s in failed:  # hung, or too slow to report: presumed failed, and made so
-            procs.kill(procs.current[s])
+        for s in failed:  # hung, paused, late: presumed failed, and fenced out
+            p = procs.current[s]
+            if p.exitcode is None and not p.fenced:
+                self.fences.revoke(s, p.inc, "straggler" if s in late else "no-report")
+            procs.fence(p)
         errors = [r for r in reports.values() if r.reason == "error"]
         if not errors and not failed:
             self._grow(survivors)
             return
         victims = [e for e in self.log.fail_events if e.ids[0] in failed]
         self.log.fail_events = [e for e in self.log.fail_events if e not in victims]
-        struck = victims[0].phase_kind if victims else "boundary"
+        # A straggler was dropped from the collective its peers gave up on.
+        struck = victims[0].phase_kind if victims else (
+            errors[0].phase if late and errors else "boundary")
         phase = group_phase(struck)
         died = [t for s in failed if (t := procs.current[s].died_at) is not None]
         t_detect = min((r.t for r in errors), default=now)
@@ -248,8 +289,9 @@ class DistRecovery:
         logical = max([r.logical for r in reports.values()]
                       + [e.logical for e in victims], default=self.port.logical)
         by_order = {e.ids[0] for e in victims}
+        # A straggler dropped by the deadline is the policy's doing, not a crash.
         unexpected = [self.crashes.cause(procs.current[s], hung=s in hung)
-                      for s in failed if s not in by_order]
+                      for s in failed if s not in by_order and s not in late]
         if unexpected:  # a failure that repeats ends the run here, with its own error
             self.crashes.judge(unexpected, logical)
         done = min((r.buckets_done if r.phase == "allreduce" else 0 for r in errors), default=0)
@@ -271,7 +313,7 @@ class DistRecovery:
         self.n += 1
         rec.n = self.n
         self.members = survivors
-        write_plan(self.port.store, Plan(self.n, survivors, action,
+        self._publish(Plan(self.n, survivors, action,
                                       complete=d.complete_step and not behind,
                                       buckets_done=done,
                                       # relaxed: the survivors went on with inner steps
@@ -292,7 +334,7 @@ class DistRecovery:
         chosen here, once."""
         procs, e = self.port.procs, self.port
         self.n += 1
-        write_plan(e.store, Plan(self.n, survivors, "exit"))
+        self._publish(Plan(self.n, survivors, "exit"))
         procs.wait_exit([procs.current[s] for s in survivors]
                         + [p for p, _ in self.joiners], timeout=10)
         e.pump()  # the first survivor's replica before the interrupted step, if it sent it
@@ -326,5 +368,5 @@ class DistRecovery:
         for p in ready:
             self.port.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
         self.members = sorted(survivors + [p.slot for p in ready])
-        write_plan(self.port.store, Plan(self.n, self.members, "join" if ready else "start"))
+        self._publish(Plan(self.n, self.members, "join" if ready else "start"))
         self._to(GroupState.TRAINING)

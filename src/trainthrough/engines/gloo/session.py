@@ -13,7 +13,8 @@ session.step(): pass``) and under a user's own loop (:mod:`trainthrough.loop`: e
 3. :meth:`RankSession.end`: the last words (counters, a hash of the replica).
 
 A process the next plan leaves out (checkpoint-restart ends every process; a rank
-presumed failed) is :attr:`retired`: ``step`` returns False and a user's loop is
+presumed failed, or an incarnation of its slot the plan does not name: it was fenced
+while paused) is :attr:`retired`: ``step`` returns False and a user's loop is
 unwound (:class:`~trainthrough.errors.Retired`, raised by ``Loop.step``).
 """
 
@@ -78,9 +79,12 @@ class RankSession:
         """Carry out plans from attempt :attr:`n` on until one forms a group with us."""
         while True:
             plan = wait_plan(self.store, self.n)
-            if plan.action == "exit" and plan.members[:1] == [self.slot]:
+            if plan.action == "exit" and plan.members[:1] == [self.slot] \
+                    and plan.admits(self.slot, self.spec.inc):
                 self.tr.post_before()  # the first survivor: what the restart is measured against
-            if self.slot not in plan.members or plan.action in ("exit", "stop"):
+            # The plan names its members' incarnations: one that wakes after its slot was
+            # given to a replacement (a pause) reads that it is out, and leaves.
+            if not plan.admits(self.slot, self.spec.inc) or plan.action in ("exit", "stop"):
                 self.g, self.over, self.retired = None, True, True
                 return
             g = Group(self.store, self.n, plan.members, self.slot,
@@ -91,6 +95,9 @@ class RankSession:
             except PeerLost as e:
                 self._broken(e, g)
                 continue
+            deadline = self.tr.cfg.straggler_deadline
+            if deadline is not None:  # the steps' collectives wait this long, no longer
+                g.pace(deadline)
             self.g = g
             return
 
@@ -98,7 +105,7 @@ class RankSession:
         tr = self.tr
         write_report(self.store, self.n, Report(self.slot, "error", e.phase, e.buckets_done,
                                                 tr.executed, tr.logical, e.t, e.message,
-                                                waited=g.waited))
+                                                waited=g.waited, inc=self.spec.inc))
         self.n += 1
 
     def step(self) -> bool:
@@ -126,7 +133,8 @@ class RankSession:
                 self.g.close()
                 write_report(self.store, self.n, Report(self.slot, "ctl",
                                                         executed=self.tr.executed,
-                                                        logical=self.tr.logical))
+                                                        logical=self.tr.logical,
+                                                        inc=self.spec.inc))
                 self.n += 1
                 self._enter()
                 if self.over:

@@ -36,8 +36,8 @@ START_SECONDS = 120.0
 #: How long after a member reported that its collective timed out the others' reports
 #: are awaited. Guards against a member that hung in the group: the others waited the
 #: whole collective timeout for it, and those that were waiting too report within
-#: milliseconds of each other; one that has not reported by then is presumed hung (and
-#: killed).
+#: milliseconds of each other; one that has not reported by then is presumed hung or
+#: paused, and fenced out of the group (:mod:`.fencing`).
 GRACE = 0.5
 
 #: How long a rank waits for the controller's next plan. Guards against a controller
@@ -84,7 +84,7 @@ def report_deadline(first_sign: float, first_timeout: float | None,
     or saving a checkpoint, a member behind on its step): it reaches its next
     collective, which fails at once, within the collective timeout (any longer and it
     would time out its peers in a healthy group too). Presuming it hung sooner would
-    kill a healthy rank and turn the loss of one into the loss of two, or, when the
+    drop a healthy rank and turn the loss of one into the loss of two, or, when the
     group merely stopped to change (a replacement joins), into a failure.
     """
     if first_timeout is not None:

@@ -173,6 +173,9 @@ class ForkedProcess:
         if self.exitcode is None and self.handle is not None:
             self.handle.send()
 
+    def resume(self) -> bool:
+        return self.handle is None or self.exitcode is not None or self.handle.resume()
+
     def close(self) -> None:
         self._poll(0.0)
         if self.handle is not None and self._code is not None:

@@ -57,9 +57,13 @@ CAPABILITIES = {
                         "zookeeper_hosts", "wall_limit")),
     # Data parallel is the gloo engine's controller with ranks on actors: its claims,
     # and the cluster to join.
+    # Not (yet) a pause or a slow rank, nor the straggler deadline: continuing a paused
+    # actor on another node is not this driver's to signal, and none of them is in
+    # Ray's conformance cells.
     "dp": replace(GLOO_CAPABILITIES["dp"],
-                  options=GLOO_CAPABILITIES["dp"].options | {"ray_address",
-                                                             "checkpoint_shared"}),
+                  modes=frozenset({"crash", "hang"}),
+                  options=(GLOO_CAPABILITIES["dp"].options - {"straggler_deadline"})
+                  | {"ray_address", "checkpoint_shared"}),
 }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -42,7 +43,13 @@ from trainthrough.engines.gloo.protocol import RankSpec
 from trainthrough.engines.ray.driver.placement import Placement, RankAt, place
 from trainthrough.engines.ray.runtime import ensure_ray_for, shutdown_ray
 from trainthrough.engines.result import RunResult
-from trainthrough.engines.signals import ProcessIdentity, SignalRefused, identify, send
+from trainthrough.engines.signals import (
+    ProcessIdentity,
+    SignalRefused,
+    identify,
+    send,
+    stopped,
+)
 from trainthrough.events import RankPlaced
 
 #: A replacement on a cluster is placed this long before it may join: time to start its
@@ -166,6 +173,18 @@ class RayRank:
         self._identify()  # where it ran, for the result
         with contextlib.suppress(Exception):  # already dead is fine
             ray.kill(self.actor, no_restart=True)
+
+    def resume(self) -> bool:
+        """SIGCONT of the identified process on this node (a process on another node is
+        not ours to signal: this engine does not claim ``mode=pause``)."""
+        if self.exitcode is not None:
+            return True
+        self._identify()
+        if self.ident is None or not stopped(self.ident):
+            return False
+        with contextlib.suppress(SignalRefused):
+            send(self.ident, signal.SIGCONT)
+        return True
 
     def kill(self) -> None:
         """SIGKILL of the identified process on this node, else ``ray.kill`` of the actor
