@@ -22,6 +22,10 @@ from trainthrough.faults.spec import parse, parse_one, validate
     ("rank=1@iter=50,phase=allreduce:2", lambda s: s.kind == "rank" and s.phase == "allreduce:2"),
     ("rank=1@iter=50,phase=forward,mode=hang", lambda s: s.mode == "hang"),
     ("shards=1@iter=230,phase=recovery", lambda s: s.phase == "recovery"),
+    ("rank=1@iter=40,mode=preempt:10s", lambda s: s.mode == "preempt" and s.notice == 10.0),
+    ("rank=1@iter=40,mode=preempt:2min", lambda s: s.notice == 120.0),
+    ("rank=1@iter=40,mode=preempt:500ms", lambda s: s.notice == 0.5),
+    ("rank=1@iter=40", lambda s: s.mode == "crash" and s.notice is None),
 ])
 def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
     assert check(parse_one(text))
@@ -38,6 +42,11 @@ def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
     "shard=any@mtbf=1s,max=200000000", "shard=any@mtbf=1s,max=0", "shards=1@iter=3,max=2",
     "shards=1@iter=3,phase=forward,phase=update", "shards=1@time=" + "9" * 400 + "s",
     "shards=1@iter=99999999999999999999",
+    # a preemption's notice: positive, with a unit, at most MAX_NOTICE
+    "rank=1@iter=3,mode=preempt", "rank=1@iter=3,mode=preempt:", "rank=1@iter=3,mode=preempt:0s",
+    "rank=1@iter=3,mode=preempt:10", "rank=1@iter=3,mode=preempt:5iter",
+    "rank=1@iter=3,mode=preempt:-1s", "rank=1@iter=3,mode=preempt:4000s",
+    "rank=1@iter=3,mode=preempt:\u0663s", "rank=1@iter=3,mode=preempt:1s:2s",
 ])
 def test_malformed_specs_are_user_errors(text: str) -> None:
     with pytest.raises(UserError, match="failure spec"):

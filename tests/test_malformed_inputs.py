@@ -183,6 +183,9 @@ _SPECS = [
     "shards=1@iter=3,color=red", "shards=1@iter=3,phase", "shards=1@iter=3,phase=forward,phase=update",
     "shards=1@iter=3,replica=-1", "shards=1@iter=3,replica=99999999999999999999",
     "rank=1@iter=3\nshards=1@iter=4", "SHARDS=1@iter=3",
+    "rank=1@iter=3,mode=preempt", "rank=1@iter=3,mode=preempt:", "rank=1@iter=3,mode=preempt:0s",
+    "rank=1@iter=3,mode=preempt:10", "rank=1@iter=3,mode=preempt:5iter",
+    "rank=1@iter=3,mode=preempt:4000s", "rank=1@iter=3,mode=preempt:\u0663s",
 ]
 SPECS: dict[str, Case] = {f"--fail {s!r}": _args("--fail", s) for s in _SPECS}
 SPECS.update({
@@ -194,6 +197,10 @@ SPECS.update({
                                                 "--fail", "rank=0@iter=1,phase=allreduce:4"),
     "dp worker kind": _args("--paradigm", "dp", "--strategy", "rollback",
                             "--fail", "worker=0@iter=1"),
+    # engines that cannot deliver a preemption's notice refuse it (capabilities: modes)
+    "sim dp preempt": _args("--paradigm", "dp", "--strategy", "rollback",
+                            "--fail", "rank=1@iter=3,mode=preempt:10s"),
+    "sim ps preempt": _args("--fail", "shards=1@iter=3,mode=preempt:10s"),
 })
 
 

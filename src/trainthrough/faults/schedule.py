@@ -36,6 +36,7 @@ class FailureEvent:
     mode: str
     spec: str
     replica: int | None = None  # chain position to kill (0 = head); real engines only
+    notice: float | None = None  # mode=preempt: seconds from the notice to the SIGKILL
 
 
 def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]:
@@ -51,7 +52,8 @@ def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]
 
 def _event(s: FailureSpec, ids: tuple[int, ...], at_iter: int | None,
            at_time: float | None) -> FailureEvent:
-    return FailureEvent(s.kind, ids, at_iter, at_time, s.phase, s.mode, s.text, s.replica)
+    return FailureEvent(s.kind, ids, at_iter, at_time, s.phase, s.mode, s.text, s.replica,
+                        s.notice)
 
 
 class _Stream:

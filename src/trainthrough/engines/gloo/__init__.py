@@ -19,7 +19,8 @@ CAPABILITIES = {
                replication=("none",), outage=("wait",), targets=("rank",),
                triggers=("iter", "time", "mtbf"),
                phases=("", "forward", "backward", "allreduce", "update", "inner", "outer"),
-               modes=("crash", "hang"),
+               # preempt: SIGTERM (the notice), then SIGKILL; the rank drains (notice.py)
+               modes=("crash", "hang", "preempt"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "device", "collective",
                         "recovery_delay", "wall_limit", "bind_address", "liveness_timeout",

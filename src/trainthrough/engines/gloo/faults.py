@@ -7,7 +7,9 @@ and ``mtbf`` pick the same ids) into one :class:`Order` per victim, and hands ea
 rank process the orders of its slot. The shared step calls :meth:`Injector.at` at
 every injection point it names (:data:`trainthrough.dp.step.POINTS`) and, when an
 order is due, posts a ``failure`` event and then SIGKILLs itself (``mode=crash``) or
-SIGSTOPs itself (``mode=hang``). Self-delivery is what puts a failure exactly after
+SIGSTOPs itself (``mode=hang``), or gives itself its preemption notice, a SIGTERM
+(``mode=preempt:<notice>``, :mod:`.notice`): it then goes on to leave at a step
+boundary, and the controller SIGKILLs it if it has not left when the notice is over. Self-delivery is what puts a failure exactly after
 ``K`` buckets: a signal from another process would land wherever the rank happens
 to be. The controller only ever SIGKILLs ranks it has found hung (after detection)
 and ranks left over at the end, always by the PID it started.
@@ -40,6 +42,7 @@ class Order:
     phase: str  # "boundary" for specs without a phase
     mode: str
     spec: str
+    notice: float | None = None  # mode=preempt: seconds from the SIGTERM to the SIGKILL
 
 
 def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
@@ -54,7 +57,7 @@ def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
 
 def resolve_orders(sched: FailureSchedule) -> list[Order]:
     """Every failure of the run's schedule as per-slot orders, in trigger order."""
-    return [Order(i, e.at_iter, e.at_time, e.phase or "boundary", e.mode, e.spec)
+    return [Order(i, e.at_iter, e.at_time, e.phase or "boundary", e.mode, e.spec, e.notice)
             for e in sched.pending for i in e.ids]
 
 
@@ -78,16 +81,18 @@ class Injector:
         self.store, self.t0, self.logical, self.local_steps = store, t0, logical, local_steps
 
     async def at(self, point: str, step: int) -> None:
-        """Fail now if an order for ``point`` is due (this call then never returns)."""
+        """Fail now if an order for ``point`` is due (this call then never returns, but
+        for a preemption: the rank goes on with its notice)."""
         phase = "allreduce" if point.startswith("allreduce:") else point
         now = time.time() - self.t0
-        for o in self.orders:
+        for o in list(self.orders):
             due = ((o.at_iter is not None and step >= o.at_iter)
                    or (o.at_time is not None and now >= o.at_time))
             if due and o.phase == point:
-                self._die(o, phase, step, self.logical())
+                self.orders.remove(o)  # delivered once
+                self._strike(o, phase, step, self.logical())
 
-    def _die(self, o: Order, phase: str, executed: int, logical: int) -> None:
+    def _strike(self, o: Order, phase: str, executed: int, logical: int) -> None:
         from trainthrough.engines.gloo.messages import Failed
         from trainthrough.engines.gloo.protocol import post
 
@@ -96,6 +101,15 @@ class Injector:
                                 phase_kind=phase, mode=o.mode, iteration=executed,
                                 logical=logical, pid=os.getpid(),
                                 local_steps=self.local_steps()))
+        if o.mode == "preempt":
+            from trainthrough.engines.gloo.notice import RankNotice
+
+            notice = RankNotice.current
+            if notice is None:  # the engine declares preempt only where ranks take notices
+                raise RuntimeError("a preemption order in a rank that takes no notices")
+            assert o.notice is not None  # the spec parser requires one
+            notice.preempt(o.spec, o.notice)
+            return
         strike_self(signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)
         # A stopped rank resumes here only if someone sends SIGCONT; it must not go on.
         os._exit(3)

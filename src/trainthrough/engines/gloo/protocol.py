@@ -57,7 +57,8 @@ class RunSpec:
     ``loop``: a user's own loop by reference (None: a workload's step); ``net``: where
     the rank's gloo binds (net.py); ``collective``/``gpus_per_rank``: dp/devices.py's
     choice for every rank; ``heartbeat``: seconds between the process's heartbeats
-    (liveness.py)."""
+    (liveness.py); ``notice``: the rank takes SIGTERM as a preemption notice (notice.py;
+    False where its host handles SIGTERM itself, a Ray actor)."""
 
     config: dict[str, Any]
     host: str
@@ -69,6 +70,7 @@ class RunSpec:
     collective: str = "gloo"
     gpus_per_rank: float = 0.0
     heartbeat: float = 1.0
+    notice: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class Plan:
     begun does not count. ``sync``: the survivors disagree on the last committed
     step (one's last collective completed, another's did not): those behind take
     the state of one that reached ``logical``, and nothing in flight is completed.
+    ``save``: the member that writes a just-in-time checkpoint of its replica (the last
+    committed step, which every member holds) before it carries out the plan: the
+    job is preempted and ``stop``s (None: no such save).
     """
 
     n: int
@@ -125,6 +130,7 @@ class Plan:
     uncount: bool = False
     sync: bool = False
     logical: int = 0
+    save: int | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ session.step(): pass``) and under a user's own loop (:mod:`trainthrough.loop`: e
 3. :meth:`RankSession.end`: the last words (counters, a hash of the replica).
 
 A process the next plan leaves out (checkpoint-restart ends every process; a rank
-presumed failed) is :attr:`retired`: ``step`` returns False and a user's loop is
+presumed failed; a rank that got its preemption notice, :mod:`.notice`, once the
+group stopped after a step) is :attr:`retired`: ``step`` returns False and a user's loop is
 unwound (:class:`~trainthrough.errors.Retired`, raised by ``Loop.step``).
 """
 
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from trainthrough.dp.collective import PeerLost
 from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.messages import Exit
+from trainthrough.engines.gloo.notice import RankNotice
 from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
@@ -50,6 +52,8 @@ class RankSession:
     def __init__(self, spec: RankSpec, store: dist.Store, trainer: Trainer) -> None:
         RankSession.current = self
         self.spec, self.store, self.tr = spec, store, trainer
+        if RankNotice.current is not None:  # a notice says how far this rank got
+            RankNotice.current.logical = lambda: trainer.logical
         self.slot, self.n = spec.slot, spec.attempt
         self.g: Group | None = None
         self.over = False  # the run ended for this process (normally or retired)
@@ -78,6 +82,8 @@ class RankSession:
         """Carry out plans from attempt :attr:`n` on until one forms a group with us."""
         while True:
             plan = wait_plan(self.store, self.n)
+            if plan.save == self.slot:  # the job is preempted: save before it stops
+                self.tr.save_now()
             if plan.action == "exit" and plan.members[:1] == [self.slot]:
                 self.tr.post_before()  # the first survivor: what the restart is measured against
             if self.slot not in plan.members or plan.action in ("exit", "stop"):

@@ -57,9 +57,12 @@ CAPABILITIES = {
                         "zookeeper_hosts", "wall_limit")),
     # Data parallel is the gloo engine's controller with ranks on actors: its claims,
     # and the cluster to join.
+    # Not a preemption's notice (mode=preempt): an actor's SIGTERM is Ray's own (it ends
+    # the worker), so its ranks take no notice (driver/dp.py takes_notice).
     "dp": replace(GLOO_CAPABILITIES["dp"],
                   options=GLOO_CAPABILITIES["dp"].options | {"ray_address",
-                                                             "checkpoint_shared"}),
+                                                             "checkpoint_shared"},
+                  modes=GLOO_CAPABILITIES["dp"].modes - {"preempt"}),
 }
 
 
