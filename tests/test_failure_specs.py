@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from trainthrough.engines import registry
 from trainthrough.errors import UserError
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import parse, parse_one, validate
+from trainthrough.ft.strategy import resolve
 
 
 @pytest.mark.parametrize("text,check", [
@@ -116,3 +118,14 @@ def test_cli_malformed_spec_exits_2_with_one_line(cli, tmp_path, spec: str) -> N
     assert r.code == 2
     assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
     assert not (out / "summary.json").exists()
+
+
+def test_engines_that_cannot_deliver_a_notice_refuse_it() -> None:
+    """gloo claims mode=preempt; sim and Ray's data parallel (an actor's SIGTERM is
+    Ray's) do not, so validation refuses it there before anything starts."""
+    specs = parse("rank=1@iter=8,mode=preempt:10s")
+    assert registry.claims("gloo", "dp", resolve("rollback"), specs) == "bsp"
+    assert registry.claims("sim", "dp", resolve("rollback"), specs) is None
+    assert registry.claims("ray", "dp", resolve("rollback"), specs) is None
+    assert registry.claims("ray", "ps", resolve("checkpoint-restart"),
+                           parse("shards=1@iter=8,mode=preempt:10s")) is None

@@ -170,9 +170,11 @@ class DistRecovery:
             return True
         now = time.time()
         self._expire(now)
-        # A process that left its group with a notice ends as it may: no failure.
+        # A process that left its group with a notice, or that a stop plan ended, ends
+        # as it may: no failure.
         dead = [p for p in self.port.procs.newly_dead()
-                if p.exitcode != 0 and not self.drains.gone(p)]
+                if p.exitcode != 0 and not self.drains.gone(p)
+                and not (self.stopped is not None and p.slot in self.stopped)]
         for p in dead:
             self._last_words(p)
         strays = [p for p in dead if p.slot not in self.members]
@@ -356,10 +358,12 @@ class DistRecovery:
         stay = [s for s in survivors if s not in leaving]
         ready = [p for p, at in self.joiners if at <= now and self.port.procs.ready(p)]
         self.n += 1
-        if self.jit or not (stay or ready):
+        if self.jit or not stay:  # a joiner needs a member to take the state from
             # Nobody would be left (or the job got its notice): every member holds the
             # last committed step, and one writes it before all stop.
-            self.all_drained, self.drained_at = not self.jit, now
+            if not self.jit:  # every member had a notice: the job's, from the first
+                self.all_drained = True
+                self.drained_at = min(self.drains.notices[s].message.t for s in leaving)
             self.jit, self.stopped, self.stop_logical = True, survivors, logical
             self.members = []
             write_plan(self.port.store, Plan(self.n, [], "stop", save=survivors[0]))
