@@ -45,6 +45,9 @@ FORMS = [
     Form("during-recovery", "dp", ("rank=1@iter=12", "rank=2@iter=12,phase=recovery"),
          ("rank=1@iter=12", "rank=2@iter=12,phase=recovery"), 2),
     Form("hang", "dp", ("rank=1@iter=12,mode=hang",), ("rank=1@iter=12,mode=hang",), 1),
+    # A notice (SIGTERM, then SIGKILL): the rank drains at a step boundary.
+    Form("preempt", "dp", ("rank=1@iter=12,mode=preempt:10s",),
+         ("rank=1@iter=12,mode=preempt:10s",), 1),
     # Relaxed sync (localsgd, diloco): lost among inner steps, or at an outer step.
     Form("inner", "dp", ("rank=1@iter=12,phase=inner",), ("rank=1@iter=12,phase=inner",), 1),
     Form("outer", "dp", ("rank=1@iter=12,phase=outer",), ("rank=1@iter=12,phase=outer",), 1),
