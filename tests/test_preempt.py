@@ -4,7 +4,8 @@ A preempted rank (``mode=preempt:<notice>``, or a real SIGTERM from outside) fin
 its step, commits it and leaves at a step boundary: nothing is rolled back or redone
 (executed attempts equal committed steps), and a replacement brings the group back to
 full size. A SIGTERM to the whole job stops the group after a step with a
-just-in-time checkpoint, and ``--resume`` goes on from exactly the last committed step.
+just-in-time checkpoint, and ``--resume`` goes on from exactly the last committed step;
+the same on Ray's data parallel, which hosts the same controller.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from tests.conftest import read_summary
 from tests.test_dist import Watch, _engine
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.engines.signals import identify, send
+from trainthrough.errors import Terminated, interrupt
 from trainthrough.lab.runner import run_silent
 
 pytestmark = pytest.mark.timeout(180)
@@ -167,3 +170,44 @@ def test_every_rank_preempted_stops_the_run_resumable_with_a_checkpoint(
     assert job["saved"] is not None and job["saved"] == job["logical"] >= 8
     assert sorted(e["slot"] for e in events if e["type"] == "preempt-notice") == [0, 1]
     assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
+
+
+class _TermAt(Watch):
+    """Sends this process SIGTERM (the job's notice) once an evaluation reaches ``at``."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.sent = at, False
+
+    def after_eval(self, record: dict[str, Any]) -> None:
+        super().after_eval(record)
+        if not self.sent and record["iteration"] >= self.at:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_ray_data_parallel_saves_on_the_jobs_notice_and_resumes_from_it(
+        tmp_path: Path, ray_session: None) -> None:
+    """Ray's data parallel is the same controller: SIGTERM to the driver stops the
+    group with a just-in-time checkpoint, and the resumed run starts at the next step."""
+    from trainthrough.lab.runner import run
+
+    out = tmp_path / "run"
+    cfg = RunConfig(paradigm="dp", engine="ray", ranks=2, strategy="checkpoint-restart",
+                    stop_at_target=False, max_iterations=100000, eval_every=1,
+                    wall_limit=60)
+    # The command line's handler (Ray's own, in this process, would exit it).
+    old = signal.signal(signal.SIGTERM, lambda *_: interrupt(Terminated()))
+    try:
+        with pytest.raises(Terminated):
+            run(cfg, out, callbacks=[_TermAt(10)])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
+    job, = [e for e in _events(out) if e["type"] == "job-preempted"]
+    last = job["logical"]
+    assert job["saved"] == last >= 10 and _metrics(out)[-1]["iteration"] == last
+    before = len(_metrics(out))
+    s = run(replace(cfg, max_iterations=last + 2), out, resume=True)
+    assert s.result.extras["resumed_from"] == last
+    assert _metrics(out)[before]["iteration"] == last + 1
