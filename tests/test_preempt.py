@@ -99,6 +99,25 @@ def test_a_sigterm_from_outside_drains_the_rank_as_a_notice(tmp_path: Path) -> N
     assert r.extras["ranks_final"] == 2 and r.extras["replicas_identical"]
 
 
+def test_a_rank_still_there_when_its_notice_runs_out_is_killed_and_recovered(
+        tmp_path: Path) -> None:
+    """The notice is a deadline: a rank that has not left when it runs out (here 1 ms,
+    shorter than any step) is SIGKILLed by the controller, as the cloud would, and its
+    loss recovered like a crash struck by that spec: one failure, not an unexpected one."""
+    cb = Watch(lambda w: bool(w.of("rank-joined")) and w.evals[-1]["ranks"] == 3)
+    e = _engine(tmp_path, cb, strategy="rollback", ranks=3, stop_at_target=False,
+                max_iterations=4000, wall_limit=120, cost=CostModel(timeout_seconds=3),
+                failures=["rank=1@iter=8,mode=preempt:1ms"])
+    r = e.run()
+    types = _types(cb)
+    assert types.index("preempt-notice") < types.index("preempt-expired") \
+        < types.index("detection") < types.index("recovery")
+    assert "drained" not in types and "rank-error" not in types
+    assert r.failures == 1 and [x.failed for x in r.recoveries] == [["rank1"]]
+    assert cb.of("detection")[0]["iteration"] >= 8
+    assert r.extras["ranks_final"] == 3 and r.extras["replicas_identical"]
+
+
 def _events(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 

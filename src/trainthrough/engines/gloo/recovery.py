@@ -431,6 +431,7 @@ class DistRecovery:
                                               notice_seconds=m.notice_seconds or 0.0))
                 self.log.fail_events.append(Failed(
                     ids=[p.slot], spec=m.spec or "", phase="boundary", phase_kind="boundary",
-                    iteration=self.port.iteration, logical=self.port.logical,
-                    mode="preempt", pid=m.pid))
+                    # as far as it is known to have got: its notice's step, or later
+                    iteration=max(self.port.iteration, m.logical),
+                    logical=max(self.port.logical, m.logical), mode="preempt", pid=m.pid))
             self.port.procs.kill(p)
