@@ -63,6 +63,7 @@ def test_a_preempted_rank_drains_redoes_no_step_and_the_group_grows_back(
     assert r.failures == 1 and r.recoveries == []
     assert r.iterations == x["logical_iterations"], "a step was executed twice"
     assert x["ranks_min"] == 2 and x["ranks_final"] == 3 and x["ranks_joined"] == 1
+    assert x["ranks_drained"] == 1
     assert x["replicas_identical"]
     # The failure-free run of as many steps ends at the same metric (within 0.5 points).
     free = run_silent(RunConfig(paradigm="dp", engine="sim", ranks=3, strategy="rollback",

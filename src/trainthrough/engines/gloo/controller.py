@@ -167,7 +167,7 @@ class GlooEngine:
         ended = False
         self.term = JobNotice()
         try:
-            self.term.__enter__()
+            self.term.install()
             self.cb.before_run(self.cfg.to_dict())
             restore = self._resume() if self.ctx.resume else None
             # Resumed: every rank starts as a checkpoint-restart's do, from that save.
@@ -176,7 +176,7 @@ class GlooEngine:
             self._loop()
             ended = True
         finally:
-            self.term.__exit__()
+            self.term.restore()
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
                 self.procs.kill(p)
             # A run cut short (an error, Ctrl-C, SIGTERM) ends its ranks at once: they
@@ -326,6 +326,7 @@ class GlooEngine:
         r.extras.update(
             paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=log.smallest,
             reforms=log.reforms, restarts=log.restarts, ranks_joined=log.joined,
+            ranks_drained=self.rec.drains.drained,
             samples_dropped=log.samples_dropped, logical_iterations=self.logical,
             detection_seconds=log.detections, reform_seconds=log.reform_times,
             restart_seconds=log.restart_times,

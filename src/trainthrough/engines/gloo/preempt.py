@@ -41,11 +41,12 @@ class Notice:
 
 
 class Drains:
-    """The notices of the run's rank processes, by slot (the slot's current process)."""
+    """The notices of the run's rank processes: those of members still to leave, by
+    slot, and those of processes that left (kept until an injected one's SIGKILL)."""
 
     def __init__(self) -> None:
-        self.notices: dict[int, Notice] = {}
-        self._gone: list[Proc] = []  # processes that left their group: their end is no failure
+        self.notices: dict[int, Notice] = {}  # slot -> the notice of a process to drain
+        self._left: list[Notice] = []  # processes that left their group: no failure
         self.drained = 0  # ranks that left with a notice
 
     def add(self, p: Proc, m: Noticed) -> Notice:
@@ -54,26 +55,28 @@ class Drains:
         return n
 
     def leaving(self, members: list[int]) -> list[int]:
-        """The members whose current process has a notice."""
+        """The members whose process has a notice (a replacement that took a drained
+        slot has none: the notice went with the process that left)."""
         return [s for s in members if s in self.notices]
 
     def left(self, slots: list[int]) -> None:
         """These ranks left their group: whatever ends their processes now is no failure
-        (their notices stay, so an injected one's SIGKILL still comes)."""
-        self._gone += [self.notices[s].proc for s in slots]
+        (an injected notice's SIGKILL still comes if they linger)."""
+        self._left += [self.notices.pop(s) for s in slots]
         self.drained += len(slots)
 
     def gone(self, p: Proc) -> bool:
-        return any(p is q for q in self._gone)
+        return any(p is n.proc for n in self._left)
 
     def expired(self, now: float) -> list[Notice]:
         """Notices that ran out, each once, of processes still running."""
-        out = [n for n in self.notices.values()
+        every = [*self.notices.values(), *self._left]
+        out = [n for n in every
                if n.deadline is not None and n.deadline <= now and n.proc.exitcode is None]
         for n in out:
             n.deadline = None
         for s in [s for s, n in self.notices.items() if n.proc.exitcode is not None]:
-            del self.notices[s]  # ended: nothing more to do for it
+            del self.notices[s]  # ended before it left: its death is handled as one
         return out
 
 
@@ -86,21 +89,19 @@ class JobNotice:
         self.given: float | None = None
         self._old: signal.Handlers | object | None = None
 
-    def __enter__(self) -> JobNotice:
+    def install(self) -> None:
+        """Take SIGTERM over (in the main thread, unless it is ignored)."""
         if threading.current_thread() is threading.main_thread():
             old = signal.getsignal(signal.SIGTERM)
             if old is not signal.SIG_IGN:
                 self._old = signal.signal(signal.SIGTERM, self._on)
-        return self
 
     def _on(self, signum: int, frame: FrameType | None) -> None:
         if self.given is None:
             self.given = time.time()
 
-    def __exit__(self, *exc: object) -> None:
-        self._restore()
-
-    def _restore(self) -> object | None:
+    def restore(self) -> object | None:
+        """Give SIGTERM back to the handler it had; that handler (None: not installed)."""
         old, self._old = self._old, None
         if old is not None:
             signal.signal(signal.SIGTERM, old)  # type: ignore[arg-type]
@@ -113,7 +114,7 @@ class JobNotice:
         Raises:
             Terminated: (or whatever the old handler raises).
         """
-        old = self._restore()
+        old = self.restore()
         if callable(old):
             old(signal.SIGTERM, None)
         raise Terminated()
