@@ -75,6 +75,9 @@ class RankNotice:
 
     def _watch(self) -> None:
         store: dist.TCPStore | None = None
+        with contextlib.suppress(Exception):  # connected ahead: a notice goes out at once
+            store = dist.TCPStore(self._host, self._port, is_master=False,
+                                  timeout=timedelta(seconds=10))
         while True:
             try:
                 data = os.read(self._r, 64)
@@ -85,14 +88,14 @@ class RankNotice:
             if signal.SIGTERM not in data or self.given.is_set():
                 continue  # another signal's byte, or a notice already given
             self.given.set()
+            logical = self.logical() if self.logical else -1  # as the notice came
             spec, seconds = self._injected or (None, None)
             with contextlib.suppress(Exception):  # the controller is gone: nobody to tell
                 if store is None:
                     store = dist.TCPStore(self._host, self._port, is_master=False,
                                           timeout=timedelta(seconds=10))
                 post(store, Noticed(slot=self.slot, inc=self.inc, pid=os.getpid(),
-                                    logical=self.logical() if self.logical else -1,
-                                    spec=spec, notice_seconds=seconds))
+                                    logical=logical, spec=spec, notice_seconds=seconds))
 
     def close(self) -> None:
         """Stop watching (the process ends): SIGTERM is left as it was found."""
