@@ -28,7 +28,8 @@ from trainthrough.coord.zkserver import ZooKeeperServer
 #: Modules every test of which starts processes.
 SLOW_MODULES = {
     "test_chaos", "test_coord", "test_dist", "test_examples", "test_gloo_protocol",
-    "test_liveness", "test_loop", "test_loopback", "test_pause", "test_ray_bsp", "test_two_hosts", "test_ray_engine", "test_ray_pool",
+    "test_liveness", "test_loop", "test_loopback", "test_pause", "test_preempt", "test_ray_bsp",
+    "test_two_hosts", "test_ray_engine", "test_ray_pool",
     "test_ray_warm", "test_readme_commands", "test_vs_torchft", "test_zk_flapping",
 }
 #: Single tests elsewhere that start one (a CLI subprocess, a process to signal) or that

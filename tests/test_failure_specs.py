@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from trainthrough.engines import registry
 from trainthrough.errors import UserError
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.faults.spec import parse, parse_one, validate
+from trainthrough.ft.strategy import resolve
 
 
 @pytest.mark.parametrize("text,check", [
@@ -27,6 +29,10 @@ from trainthrough.faults.spec import parse, parse_one, validate
     ("rank=1@iter=40,mode=slow:4x", lambda s: s.mode == "slow" and s.slow_factor == 4.0),
     ("rank=any@iter=4,mode=slow:1.5x", lambda s: s.slow_factor == 1.5 and s.pause_seconds is None),
     ("shards=1@iter=230,phase=recovery", lambda s: s.phase == "recovery"),
+    ("rank=1@iter=40,mode=preempt:10s", lambda s: s.mode == "preempt" and s.notice == 10.0),
+    ("rank=1@iter=40,mode=preempt:2min", lambda s: s.notice == 120.0),
+    ("rank=1@iter=40,mode=preempt:500ms", lambda s: s.notice == 0.5),
+    ("rank=1@iter=40", lambda s: s.mode == "crash" and s.notice is None),
 ])
 def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
     assert check(parse_one(text))
@@ -46,6 +52,11 @@ def test_every_form_parses(text: str, check) -> None:  # noqa: ANN001
     "rank=1@iter=3,mode=pause", "rank=1@iter=3,mode=pause:0s", "rank=1@iter=3,mode=pause:5",
     "rank=1@iter=3,mode=pause:2h", "rank=1@iter=3,mode=slow:1x", "rank=1@iter=3,mode=slow:4",
     "rank=1@iter=3,mode=slow:4x,mode=crash",
+    # a preemption's notice: positive, with a unit, at most MAX_NOTICE
+    "rank=1@iter=3,mode=preempt", "rank=1@iter=3,mode=preempt:", "rank=1@iter=3,mode=preempt:0s",
+    "rank=1@iter=3,mode=preempt:10", "rank=1@iter=3,mode=preempt:5iter",
+    "rank=1@iter=3,mode=preempt:-1s", "rank=1@iter=3,mode=preempt:4000s",
+    "rank=1@iter=3,mode=preempt:\u0663s", "rank=1@iter=3,mode=preempt:1s:2s",
 ])
 def test_malformed_specs_are_user_errors(text: str) -> None:
     with pytest.raises(UserError, match="failure spec"):
@@ -117,6 +128,15 @@ def test_cli_malformed_spec_exits_2_with_one_line(cli, tmp_path, spec: str) -> N
     assert not (out / "summary.json").exists()
 
 
+def test_engines_that_cannot_deliver_a_notice_refuse_it() -> None:
+    """gloo claims mode=preempt; sim and Ray's data parallel (an actor's SIGTERM is
+    Ray's) do not, so validation refuses it there before anything starts."""
+    specs = parse("rank=1@iter=8,mode=preempt:10s")
+    assert registry.claims("gloo", "dp", resolve("rollback"), specs) == "bsp"
+    assert registry.claims("sim", "dp", resolve("rollback"), specs) is None
+    assert registry.claims("ray", "dp", resolve("rollback"), specs) is None
+    assert registry.claims("ray", "ps", resolve("checkpoint-restart"),
+                           parse("shards=1@iter=8,mode=preempt:10s")) is None
 def test_a_pause_and_a_slow_down_travel_with_their_events() -> None:
     sched = FailureSchedule(parse("rank=1@iter=3,mode=pause:5s;rank=0@iter=4,mode=slow:4x"),
                             {"rank": 2}, seed=0)

@@ -16,7 +16,15 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.gloo import protocol
 from trainthrough.engines.gloo.fencing import Fences
 from trainthrough.engines.gloo.group_state import GroupState, GroupStateError
-from trainthrough.engines.gloo.messages import Failed, Reformed, Reported, Returned, Saved, parse
+from trainthrough.engines.gloo.messages import (
+    Failed,
+    Noticed,
+    Reformed,
+    Reported,
+    Returned,
+    Saved,
+    parse,
+)
 from trainthrough.engines.gloo.protocol import (
     MAX_VALUE_BYTES,
     Doorbell,
@@ -277,3 +285,74 @@ def test_the_straggler_is_the_member_its_peers_waited_the_deadline_out_for(
         waited: dict[int, float], late: tuple[int, ...]) -> None:
     assert StragglerPolicy(0.8).decide(waited) == late
     assert StragglerPolicy(None).decide(waited) == ()
+def _stopped_for_a_change(notices: tuple[int, ...]) -> tuple[DistRecovery, dist.Store,
+                                                              list[dict[str, Any]]]:
+    """A group of three that stopped after step 12 because the controller asked (every
+    report ``ctl``), ``notices`` being the members with a preemption notice."""
+    rec, store, emitted = _controller("rollback")
+    rec.log.fail_events.clear()
+    rec.log.failures = 0  # the stand-in's failure of rank 3 is not this group's
+    rec.members = [0, 1, 2]
+    for s in notices:
+        rec.on_notice(Noticed(slot=s, inc=0, pid=100 + s, logical=11))
+    return rec, store, emitted
+
+
+def test_a_member_with_a_notice_is_drained_not_recovered() -> None:
+    rec, store, emitted = _stopped_for_a_change((1,))
+    assert rec.drains.leaving(rec.members) == [1]
+    rec._decide({s: Report(s, "ctl", executed=12, logical=12) for s in (0, 1, 2)})
+    plan = get(store, "plan/1")
+    # The others go on from the step all three committed: nothing to roll back or redo.
+    assert plan["members"] == [0, 2] and plan["action"] == "start" and plan["save"] is None
+    assert [x["type"] for x in emitted] == ["preempt-notice", "drained"]
+    assert emitted[1] == {"type": "drained", "slots": [1], "logical": 12, "ranks": [0, 2],
+                          "n": 1}
+    assert rec.drains.gone(rec.port.procs.current[1]) and rec.drains.drained == 1
+    assert rec.log.open == [] and rec.log.failures == 0
+
+
+@pytest.mark.parametrize("notices", [(0, 1, 2), ()])
+def test_nobody_left_or_the_jobs_notice_stops_the_group_with_a_save(
+        notices: tuple[int, ...]) -> None:
+    """Every member has a notice, or the job got one (the controller's own SIGTERM):
+    the group stops after the step, and its first member writes it first."""
+    rec, store, _ = _stopped_for_a_change(notices)
+    if not notices:
+        rec.jit = True
+    rec._decide({s: Report(s, "ctl", executed=12, logical=12) for s in (0, 1, 2)})
+    plan = get(store, "plan/1")
+    assert plan["members"] == [] and plan["action"] == "stop" and plan["save"] == 0
+    assert rec.stopped == [0, 1, 2] and rec.stop_logical == 12 and rec.members == []
+    assert rec.all_drained == bool(notices)
+
+
+def test_sigterm_in_a_rank_process_is_its_notice_not_its_end() -> None:
+    """The watch a rank process installs (notice.py): SIGTERM, from outside or delivered
+    by the injector, posts one notice from its thread, and the process goes on;
+    closing it gives SIGTERM back to the handler it had."""
+    import os
+    import signal
+
+    from trainthrough.engines.gloo.notice import RankNotice
+
+    store = serve("127.0.0.1", timeout=5)
+    reader = EventReader(store)
+    before = signal.getsignal(signal.SIGTERM)
+    notice = RankNotice.install(store.host, store.port, slot=2, inc=1)
+    assert notice is not None and RankNotice.current is notice
+    notice.logical = lambda: 7
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # this very process: it must survive it
+        assert _until(lambda: notice.given.is_set())
+        assert _until(lambda: store.add("evq", 0) == 1)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one is the same notice
+        time.sleep(0.2)
+        [m] = [parse(w) for w in reader.drain()]
+        assert isinstance(m, Noticed) and (m.slot, m.inc, m.pid, m.logical) == \
+            (2, 1, os.getpid(), 7)
+        assert m.spec is None and m.notice_seconds is None  # from outside
+    finally:
+        notice.close()
+        reader.bell.close()
+    assert signal.getsignal(signal.SIGTERM) == before and RankNotice.current is None

@@ -204,6 +204,9 @@ _SPECS = [
     "rank=1@iter=3,mode=slow:0.5x", "rank=1@iter=3,mode=slow:x", "rank=1@iter=3,mode=slow:nanx",
     "rank=1@iter=3,mode=slow:1e3x", "rank=1@iter=3,mode=slow:4X",
     "rank=1@iter=3,mode=slow:1001x",
+    "rank=1@iter=3,mode=preempt", "rank=1@iter=3,mode=preempt:", "rank=1@iter=3,mode=preempt:0s",
+    "rank=1@iter=3,mode=preempt:10", "rank=1@iter=3,mode=preempt:5iter",
+    "rank=1@iter=3,mode=preempt:4000s", "rank=1@iter=3,mode=preempt:\u0663s",
 ]
 SPECS: dict[str, Case] = {f"--fail {s!r}": _args("--fail", s) for s in _SPECS}
 SPECS.update({
@@ -225,6 +228,10 @@ SPECS.update({
     "slow on ray dp": _args("--paradigm", "dp", "--engine", "ray", "--strategy", "rollback",
                             "--fail", "rank=1@iter=3,mode=slow:4x"),
     "pause of a shard": _args("--engine", "ray", "--fail", "shards=1@iter=3,mode=pause:5s"),
+    # engines that cannot deliver a preemption's notice refuse it (capabilities: modes)
+    "sim dp preempt": _args("--paradigm", "dp", "--strategy", "rollback",
+                            "--fail", "rank=1@iter=3,mode=preempt:10s"),
+    "sim ps preempt": _args("--fail", "shards=1@iter=3,mode=preempt:10s"),
 })
 
 

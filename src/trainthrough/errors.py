@@ -33,6 +33,12 @@ class Terminated(KeyboardInterrupt):
     folder records which of the two ended the run."""
 
 
+class Preempted(Terminated):
+    """Every rank of a run got its preemption notice (SIGTERM from outside, one by one):
+    the run stops as a SIGTERM to the whole job stops it, with a just-in-time checkpoint
+    where it keeps checkpoints, and is resumable."""
+
+
 _held: list[BaseException] = []  # an interruption that came inside :func:`uninterrupted`
 _depth = [0]  # how deep the main thread is in :func:`uninterrupted` blocks
 

@@ -346,6 +346,55 @@ class PauseEnded(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PreemptNotice(Event):
+    """gloo: a rank process got SIGTERM, its preemption notice: it goes on until its
+    group stops after a step, then leaves (a drain, not a failure)."""
+
+    type: ClassVar[str] = "preempt-notice"
+    slot: int  #: the rank's slot
+    pid: int  #: its process
+    logical: int  #: the steps it had committed when the notice came (-1: unknown)
+    source: str  #: ``injected`` (a ``mode=preempt`` spec) or ``signal`` (from outside)
+    spec: str | None = None  #: the failure spec of an injected one
+    notice_seconds: float | None = None  #: injected: until the SIGKILL if it has not left
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drained(Event):
+    """gloo: ranks with a preemption notice left their group at a step boundary, the
+    step committed: nothing is rolled back or redone; the rest go on without them."""
+
+    type: ClassVar[str] = "drained"
+    slots: list[int]  #: the ranks that left
+    logical: int  #: the last step committed with them
+    ranks: list[int]  #: the group after they left (joiners taken in at the same time too)
+    n: int  #: the group's incarnation after it
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreemptExpired(Event):
+    """gloo: a rank's preemption notice ran out before it left: it is SIGKILLed, and its
+    loss recovered like a crash."""
+
+    type: ClassVar[str] = "preempt-expired"
+    slot: int
+    pid: int
+    notice_seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPreempted(Event):
+    """gloo: the whole job got SIGTERM (or every rank its notice): the group stopped
+    after a step and a live member wrote a just-in-time checkpoint, so ``--resume``
+    goes on from the last committed step."""
+
+    type: ClassVar[str] = "job-preempted"
+    logical: int  #: the last step the group committed (-1: unknown)
+    saved: int | None  #: the step of the checkpoint written (null: none could be)
+    seconds: float  #: from the notice to the end of the save
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restored(Event):
     """Checkpoint-restart chose its checkpoint, before the new processes start."""
 
@@ -382,6 +431,7 @@ class CheckpointSaved(Event):
     async_: bool = key("async")
     fraction: float  #: 1.0 for a full save, r for a prioritized one
     names: list[str]  #: one per shard, or one for a data-parallel group
+    why: str | None = None  #: a save no policy asked for: ``preempt`` (just in time)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -433,7 +483,7 @@ _ALL: tuple[type[Event], ...] = (
     ShardDown, ShardUp, Failover, ReplicaJoin, ReplacementLost, SpareReady,
     ZookeeperAbsent, ZookeeperRejoined, Fenced, ZookeeperSilent,
     Reform, RankJoined, RankPlaced, RankErrored, RankSilent, RankFenced, WriteRefused,
-    PauseEnded, Restored, Completed,
+    PauseEnded, PreemptNotice, Drained, PreemptExpired, JobPreempted, Restored, Completed,
     TrainingResumed,
     CheckpointSaved, CheckpointFailed, CheckpointCorrupt, CheckpointAbandoned,
     CheckpointSkipped, Resumed)

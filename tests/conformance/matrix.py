@@ -78,7 +78,14 @@ def check(c: Cell, s: RunResult, events: list[dict[str, Any]],
     # 2. Every failure was detected and recovered from (real engines: a replacement
     #    process may still be starting when a short run ends; its detection counts).
     detected = [e for e in events if e["type"] in ("detection", "failover")]
-    assert s.recoveries or (c.engine != "sim" and detected), "no recovery recorded"
+    preempted = c.form.name == "preempt"
+    assert s.recoveries or (c.engine != "sim" and detected) or preempted, \
+        "no recovery recorded"
+    # 2b. A preempted rank drains at a step boundary: no recovery, no step redone.
+    if preempted:
+        assert [e["slots"] for e in events if e["type"] == "drained"] == [[1]]
+        assert not s.recoveries and not detected
+        assert s.iterations == s.extras["logical_iterations"]
     if c.engine == "sim":  # real engines report NaN where no survivor kept the old state
         assert all(math.isfinite(r.perturbation_norm) for r in s.recoveries)
     checkpoints = [e for e in events if e["type"] == "checkpoint"]
@@ -130,7 +137,8 @@ def check(c: Cell, s: RunResult, events: list[dict[str, Any]],
         assert {r.action for r in s.recoveries} <= {"drop-local"}
         assert all(r.restored_from is None for r in s.recoveries)
         assert s.extras["outer_steps"] >= s.iterations // config(c).sync_every // 2
-        assert len(s.extras["local_steps_lost"]) == c.form.count
+        # (a drain leaves after an outer step, when every replica is in sync)
+        assert len(s.extras["local_steps_lost"]) == (0 if preempted else c.form.count)
         assert all(0 <= n <= config(c).sync_every for n in s.extras["local_steps_lost"])
         assert s.extras["ranks_min"] <= 3 - c.form.count
     # 9. Data parallel stops at its target after every kind of recovery (a restart, a

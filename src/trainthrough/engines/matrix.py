@@ -45,6 +45,11 @@ FORMS = [
     Form("during-recovery", "dp", ("rank=1@iter=12", "rank=2@iter=12,phase=recovery"),
          ("rank=1@iter=12", "rank=2@iter=12,phase=recovery"), 2),
     Form("hang", "dp", ("rank=1@iter=12,mode=hang",), ("rank=1@iter=12,mode=hang",), 1),
+    # A notice (SIGTERM, then SIGKILL): the rank drains at a step boundary, one the
+    # group agrees on (with a relaxed sync, an outer step's): early, so that the drain
+    # comes before a run that reaches its target in a few tens of steps has stopped.
+    Form("preempt", "dp", ("rank=1@iter=3,mode=preempt:10s",),
+         ("rank=1@iter=3,mode=preempt:10s",), 1),
     # Relaxed sync (localsgd, diloco): lost among inner steps, or at an outer step.
     Form("inner", "dp", ("rank=1@iter=12,phase=inner",), ("rank=1@iter=12,phase=inner",), 1),
     Form("outer", "dp", ("rank=1@iter=12,phase=outer",), ("rank=1@iter=12,phase=outer",), 1),

@@ -7,12 +7,14 @@
     trigger  := "iter=" INT | "time=" NUM ["s"|"ms"|"min"] | "mtbf=" NUM ("s"|"ms"|"min"|"iter")
     option   := "phase=" PHASE | "mode=" MODE | "max=" INT | "replica=" INT
     MODE     := "crash" | "hang" | "pause:" NUM ("s"|"ms"|"min") | "slow:" NUM "x"
+              | "preempt:" NUM ("s"|"ms"|"min")
 
 INT and NUM are ASCII digits (NUM with an optional ".fraction"); ``max=`` (1 to
 :data:`MAX_COUNT`, default 1000) only goes with ``mtbf=``; each option at most once.
 
 Examples: ``shards=1@iter=300``, ``shards=50%@iter=300``, ``worker=2@iter=100``,
-``shards=0@time=40s``, ``shard=any@mtbf=120s,max=3``,
+``shards=0@time=40s``, ``shard=any@mtbf=120s,max=3``, ``rank=1@iter=40,mode=preempt:10s`` (a notice:
+SIGTERM, then SIGKILL 10 s later if the rank has not left),
 ``rank=1@iter=50,phase=allreduce:2``, ``shards=1@iter=230,phase=recovery`` (strikes
 while the recovery of an earlier failure is still in progress).
 
@@ -54,6 +56,9 @@ _UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, None: 1.0}
 #: Most failures one random spec may deliver (``max=``). Each is a recovery the engine
 #: carries out and a line in events.jsonl; far more than any run can make sense of.
 MAX_COUNT = 100_000
+#: Longest preemption notice (``mode=preempt:``) a spec may give: clouds give 30 s to
+#: 2 minutes; an hour is far past any.
+MAX_NOTICE = 3600.0
 #: Largest iteration, id or chain position a spec may name (fits every engine's int64).
 _MAX_INT = 2**63 - 1
 
@@ -72,9 +77,10 @@ class FailureSpec:
     mtbf: float | None = None
     mtbf_unit: Literal["s", "iter"] = "s"
     phase: str | None = None
-    mode: Literal["crash", "hang", "pause", "slow"] = "crash"
+    mode: Literal["crash", "hang", "pause", "slow", "preempt"] = "crash"
     pause_seconds: float | None = None  # mode=pause: how long the rank stays stopped
     slow_factor: float | None = None  # mode=slow: a step takes this many times its compute
+    notice: float | None = None  # mode=preempt: seconds from the notice to the SIGKILL
     max_count: int | None = None
     replica: int | None = None
     text: str = ""
@@ -163,9 +169,12 @@ def _option(raw: str, opt: str, fields: dict[str, object]) -> None:
 
 
 def _mode(raw: str, v: str) -> dict[str, object]:
-    """``mode=``'s value as FailureSpec fields (a pause's seconds, a slow-down's factor)."""
+    """``mode=``'s value as FailureSpec fields (a pause's seconds, a slow-down's factor,
+    a preemption's notice)."""
     if v in ("crash", "hang"):
         return {"mode": v}
+    if v.startswith("preempt:"):
+        return {"mode": "preempt", "notice": _notice(raw, v[len("preempt:"):])}
     if (m := _PAUSE.fullmatch(v)) is not None:
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
         if not 0 < seconds <= MAX_PAUSE_SECONDS:
@@ -178,8 +187,20 @@ def _mode(raw: str, v: str) -> dict[str, object]:
             raise _bad(raw, f"a slow-down is a factor above 1 and at most {MAX_SLOW_FACTOR:g} "
                             f"(got {v!r})")
         return {"mode": "slow", "slow_factor": factor}
-    raise _bad(raw, f"mode must be crash, hang, pause:DURATION (pause:5s) or slow:FACTORx "
-                    f"(slow:4x) (got {v!r})")
+    raise _bad(raw, f"mode must be crash, hang, pause:DURATION (pause:5s), slow:FACTORx "
+                    f"(slow:4x) or preempt:NOTICE (preempt:10s) (got {v!r})")
+
+
+def _notice(raw: str, val: str) -> float:
+    """The notice of ``mode=preempt:<notice>``: positive, with a unit, at most
+    :data:`MAX_NOTICE` seconds."""
+    m = _MTBF.fullmatch(val)
+    seconds = float(m.group(1)) * _UNITS[m.group(2)] if m and m.group(2) != "iter" else 0.0
+    if not 0 < seconds <= MAX_NOTICE:
+        raise _bad(raw, f"mode=preempt:<notice> needs a notice above 0 and at most "
+                        f"{MAX_NOTICE:g} s with a unit, like preempt:10s or preempt:2min "
+                        f"(got {val!r})")
+    return seconds
 
 
 def parse_one(text: str) -> FailureSpec:

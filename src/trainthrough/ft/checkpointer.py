@@ -78,7 +78,14 @@ class Checkpointer:
             if d is not None:
                 self.backend.save(d, self._last, self._done(d, self._last))
 
-    def _done(self, d: CheckpointDecision, iteration: int) -> Callable[[SaveReport], None]:
+    def saved_now(self, iteration: int, report: SaveReport, why: str) -> None:
+        """Account for a save no policy asked for, made for the reason ``why`` (a
+        just-in-time checkpoint as the job is preempted): a full, synchronous save."""
+        self._done(CheckpointDecision(fraction=1.0, asynchronous=False), iteration,
+                   why)(report)
+
+    def _done(self, d: CheckpointDecision, iteration: int,
+              why: str | None = None) -> Callable[[SaveReport], None]:
         def done(r: SaveReport) -> None:
             for message in r.errors:
                 self.emit(CheckpointFailed(iteration=iteration, message=message))
@@ -92,5 +99,5 @@ class Checkpointer:
             self.emit(CheckpointSaved(iteration=iteration, bytes=r.nbytes,
                                       blocked_seconds=r.blocked_seconds,
                                       async_=d.asynchronous, fraction=d.fraction,
-                                      names=r.names))
+                                      names=r.names, why=why))
         return done

@@ -20,8 +20,9 @@ CAPABILITIES = {
                triggers=("iter", "time", "mtbf"),
                phases=("", "forward", "backward", "allreduce", "update", "inner", "outer"),
                # pause: SIGSTOP, then SIGCONT by the controller's pinned handle;
-               # slow: the rank sleeps (faults.py)
-               modes=("crash", "hang", "pause", "slow"),
+               # slow: the rank sleeps (faults.py); preempt: SIGTERM (the notice), then
+               # SIGKILL; the rank drains (notice.py)
+               modes=("crash", "hang", "pause", "slow", "preempt"),
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "device", "collective",
                         "recovery_delay", "wall_limit", "bind_address", "liveness_timeout",

@@ -101,6 +101,18 @@ class RankSaves:
         self._writing = threading.Thread(target=write, name="checkpoint-write", daemon=True)
         self._writing.start()
 
+    def save_now(self, rank: Replica, logical: int, cursor: Cursor, members: list[int]) -> None:
+        """Write the save of ``logical`` now, whatever the policy says (the job is
+        preempted: a just-in-time checkpoint), and report it as such (``jit``)."""
+        if self.saver is None:
+            return
+        t = time.perf_counter()
+        self.flush()
+        p = self.saver.plan(rank, logical, cursor, members, copy=False)
+        written = self._write(p)
+        self.post(Saved(iteration=logical, payload=p.payload_bytes,
+                        blocked_seconds=time.perf_counter() - t, jit=True, **written))
+
     def flush(self) -> None:
         """Wait for the write in flight, if any, and send its report."""
         if self._writing is None:
@@ -163,12 +175,20 @@ class ControllerSaves:
         self.checkpointer = Checkpointer(strategy.checkpoint_policy(every), self, emit)
         self._reports: dict[int, SaveReport] = {}
         self.before: Before | None = None  # the first survivor's measure of the restart
+        #: the step of the just-in-time checkpoint written as the job was preempted
+        #: (None: none was, or its write failed)
+        self.jit: int | None = None
 
     def on_saved(self, m: Saved) -> None:
-        """Rank 0 reported a save: the Checkpointer decides about every iteration up to it."""
-        self._reports[m.iteration] = SaveReport(
-            m.bytes, m.payload, m.blocked_seconds,
-            [m.name] if m.name is not None else [], [m.error] if m.error else [])
+        """Rank 0 reported a save: the Checkpointer decides about every iteration up to it
+        (a just-in-time save, which no policy asked for, is counted as such)."""
+        report = SaveReport(m.bytes, m.payload, m.blocked_seconds,
+                            [m.name] if m.name is not None else [], [m.error] if m.error else [])
+        if m.jit:
+            self.jit = m.iteration if m.name is not None else None
+            self.checkpointer.saved_now(m.iteration, report, why="preempt")
+            return
+        self._reports[m.iteration] = report
         self.checkpointer.after_iteration(m.iteration)
         self._reports.clear()  # a report the policy did not ask for is not a checkpoint
 

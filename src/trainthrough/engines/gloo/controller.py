@@ -15,6 +15,12 @@ only, whatever the model's size. Recovery decisions come from the same policies 
 (ft/dp_policies.py) and are carried out by :class:`~.recovery.DistRecovery`; its
 one Checkpointer counts the saves rank 0 reports (:class:`~.checkpoints.ControllerSaves`).
 Times are wall-clock; ``sim_seconds`` in records equals ``wall_seconds``.
+
+Preemption (:mod:`.preempt`): a rank's notice is handled by the recovery (it drains);
+SIGTERM to the controller's own process is noted (:class:`~.preempt.JobNotice`) and
+acted on between two ticks: the group stops after a step with a just-in-time
+checkpoint, within :data:`~.timing.JOB_NOTICE_SECONDS`, before the job ends as
+``interrupted`` (``--resume`` then loses no committed step).
 """
 
 from __future__ import annotations
@@ -42,19 +48,21 @@ from trainthrough.engines.gloo.messages import (
     Failed,
     Message,
     Metrics,
+    Noticed,
     Reported,
     Returned,
     Saved,
     parse,
 )
 from trainthrough.engines.gloo.net import rank_net, store_host
+from trainthrough.engines.gloo.preempt import JobNotice
 from trainthrough.engines.gloo.procs import Launch, Proc, Procs, local_launch
 from trainthrough.engines.gloo.protocol import EventReader, RunSpec, request, serve
 from trainthrough.engines.gloo.recovery import DistRecovery
-from trainthrough.engines.gloo.timing import TICK, heartbeat_period
+from trainthrough.engines.gloo.timing import JOB_NOTICE_SECONDS, TICK, heartbeat_period
 from trainthrough.engines.result import RunResult
-from trainthrough.errors import UserError
-from trainthrough.events import CheckpointCorrupt, Event, PauseEnded, RankSilent
+from trainthrough.errors import Preempted, UserError
+from trainthrough.events import CheckpointCorrupt, Event, JobPreempted, PauseEnded, RankSilent
 from trainthrough.ft.dp_policies import ElasticPolicy
 from trainthrough.workloads.base import Evaluation
 
@@ -68,6 +76,9 @@ class GlooEngine:
     """
 
     launch: Launch | None = None
+    #: Rank processes take SIGTERM as a preemption notice (notice.py); a host that
+    #: handles SIGTERM itself (a Ray actor) does not.
+    takes_notice = True
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -150,7 +161,8 @@ class GlooEngine:
         beat = heartbeat_period(cfg.liveness_timeout)
         base = RunSpec(cfg.to_dict(), self.host, store.port, self.t0, self.url, self.program,
                        rank_net(self.cfg.bind_address, cluster=cluster_ip is not None),
-                       self.devices.collective.backend, self.devices.gpus_per_rank, beat)
+                       self.devices.collective.backend, self.devices.gpus_per_rank, beat,
+                       notice=self.takes_notice)
         self.store, self.events = store, EventReader(store)
         self.watch = Watch(store, cfg.liveness_timeout, beat)
         self.evals = ControllerEvals(self, copies=self.program is None)
@@ -158,7 +170,9 @@ class GlooEngine:
         self.procs = Procs(store, base, self.start_rank)
         self.rec = DistRecovery(self, order_dicts(self.orders))
         ended = False
+        self.term = JobNotice()
         try:
+            self.term.install()
             self.cb.before_run(self.cfg.to_dict())
             restore = self._resume() if self.ctx.resume else None
             # Resumed: every rank starts as a checkpoint-restart's do, from that save.
@@ -167,6 +181,7 @@ class GlooEngine:
             self._loop()
             ended = True
         finally:
+            self.term.restore()
             for p, _ in self.rec.joiners:  # warm replacements that never got to join
                 self.procs.kill(p)
             # A run cut short (an error, Ctrl-C, SIGTERM) ends its ranks at once: they
@@ -200,6 +215,12 @@ class GlooEngine:
 
     def _loop(self) -> None:
         while True:
+            if self.term.given is not None:  # the job's notice: save, then end as it says
+                self._preempted(self.term.given)
+                self.term.end()
+            if self.rec.all_drained and self.rec.stop_done():
+                self._preempted(self.rec.drained_at)
+                raise Preempted("every rank of the run got its preemption notice")
             self.pump()
             self.rec.tick()
             if self.rec.finished():
@@ -301,7 +322,24 @@ class GlooEngine:
         if isinstance(m, Reported):  # a member wrote its report: the recovery reads them now
             self.rec.reported = self.rec.reported or m.n >= self.rec.n
             return
+        if isinstance(m, Noticed):  # a rank's preemption notice: it drains
+            self.rec.on_notice(m)
+            return
         self.emit(self.rec.on_event(m))  # the wire message, as its event
+
+    def _preempted(self, since: float) -> None:
+        """The job got its notice at ``since``: stop the group after a step with a
+        just-in-time checkpoint (a run that keeps checkpoints), waiting at most
+        :data:`~.timing.JOB_NOTICE_SECONDS` from the notice; say what was saved."""
+        if self.rec.stopped is not None or (self.saves.saver is not None
+                                            and self.rec.stop_with_save()):
+            while time.time() - since < JOB_NOTICE_SECONDS and not self.rec.stop_done():
+                self.pump()
+                self.rec.tick()
+                self.events.bell.wait(TICK)
+            self.pump()  # the save's report, posted before the saver ended
+        self.emit(JobPreempted(logical=self.rec.stop_logical, saved=self.saves.jit,
+                               seconds=round(time.time() - since, 3)))
 
     @property
     def group_size(self) -> int:
@@ -330,6 +368,7 @@ class GlooEngine:
             paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(live), ranks_min=log.smallest,
             reforms=log.reforms, restarts=log.restarts, ranks_joined=log.joined,
             writes_refused=self.rec.fences.refused,
+            ranks_drained=self.rec.drains.drained,
             samples_dropped=log.samples_dropped, logical_iterations=self.logical,
             detection_seconds=log.detections, reform_seconds=log.reform_times,
             restart_seconds=log.restart_times,

@@ -10,13 +10,15 @@ order is due, posts a ``failure`` event and then SIGKILLs itself (``mode=crash``
 SIGSTOPs itself (``mode=hang``; ``mode=pause``: the controller continues it with SIGCONT
 after the pause, through the handle it pinned when it started the process, and the rank
 then says it is ``awake`` and goes on: if the group fenced it meanwhile, that and all it
-writes after are refused, and the next plan tells it it is out). Self-delivery is what
-puts a failure exactly after ``K`` buckets: a signal from another process would land
-wherever the rank happens to be. ``mode=slow:F`` strikes nothing: from its trigger on,
-the rank sleeps ``F - 1`` times what each step's gradients took it to compute, before
-the step's collectives (its peers wait for it there). The controller only ever SIGKILLs
-ranks whose heartbeat stopped and ranks left over at the end, always by the PID it
-started.
+writes after are refused, and the next plan tells it it is out), or gives itself its
+preemption notice, a SIGTERM (``mode=preempt:<notice>``, :mod:`.notice`): it then goes on
+to leave at a step boundary, and the controller SIGKILLs it if it has not left when the
+notice is over. Self-delivery is what puts a failure exactly after ``K`` buckets: a
+signal from another process would land wherever the rank happens to be. ``mode=slow:F``
+strikes nothing: from its trigger on, the rank sleeps ``F - 1`` times what each step's
+gradients took it to compute, before the step's collectives (its peers wait for it
+there). The controller only ever SIGKILLs ranks whose heartbeat stopped, ranks whose
+notice ran out and ranks left over at the end, always by the PID it started.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Order:
     spec: str
     pause_seconds: float | None = None
     slow_factor: float | None = None
+    notice: float | None = None  # mode=preempt: seconds from the SIGTERM to the SIGKILL
 
 
 def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
@@ -63,7 +66,7 @@ def check_specs(specs: list[FailureSpec], buckets: int | None) -> None:
 def resolve_orders(sched: FailureSchedule) -> list[Order]:
     """Every failure of the run's schedule as per-slot orders, in trigger order."""
     return [Order(i, e.at_iter, e.at_time, e.phase or "boundary", e.mode, e.spec,
-                  e.pause_seconds, e.slow_factor)
+                  e.pause_seconds, e.slow_factor, e.notice)
             for e in sched.pending for i in e.ids]
 
 
@@ -90,8 +93,9 @@ class Injector:
 
     async def at(self, point: str, step: int) -> None:
         """Fail now if an order for ``point`` is due (a crash or hang: this call then
-        never returns; a pause: it returns once the process is continued); then a slow
-        rank's sleep, if ``point`` ends the step's compute."""
+        never returns; a pause: it returns once the process is continued; a preemption:
+        the rank goes on with its notice); then a slow rank's sleep, if ``point`` ends
+        the step's compute."""
         phase = "allreduce" if point.startswith("allreduce:") else point
         now = time.time() - self.t0
         for o in list(self.orders):
@@ -111,9 +115,18 @@ class Injector:
                                 phase_kind=phase, mode=o.mode, iteration=executed,
                                 logical=logical, pid=os.getpid(),
                                 local_steps=self.local_steps(), pause_seconds=o.pause_seconds))
-        self.orders.remove(o)  # spent: a pause or a slow-down goes on living
+        self.orders.remove(o)  # spent: a pause, a slow-down or a notice goes on living
         if o.mode == "slow":
             self.slow = o.slow_factor
+            return
+        if o.mode == "preempt":
+            from trainthrough.engines.gloo.notice import RankNotice
+
+            notice = RankNotice.current
+            if notice is None:  # the engine declares preempt only where ranks take notices
+                raise RuntimeError("a preemption order in a rank that takes no notices")
+            assert o.notice is not None  # the spec parser requires one
+            notice.preempt(o.spec, o.notice)
             return
         stopped = time.time()
         strike_self(signal.SIGKILL if o.mode == "crash" else signal.SIGSTOP)

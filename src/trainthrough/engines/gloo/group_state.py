@@ -10,8 +10,12 @@ mean something in which state:
   STARTING keeps the broken group's until the fresh processes are ready);
 * ``first_sign``, ``first_timeout``: REPORTING only (None otherwise): when the group
   was first seen broken, and when the first report that its collective timed out came;
-* ``joiners``, ``grow_requested``: warm replacements and whether the group was asked
-  to take them in; cleared by a restart;
+* ``joiners``, ``change_requested``: warm replacements, and whether the group was asked
+  to stop after a step (to take them in, to let ranks with a preemption notice go, or
+  to stop with a just-in-time save); cleared by a restart;
+* ``drains``: the ranks' preemption notices, in any state; ``jit``, ``stopped``,
+  ``stop_logical``, ``all_drained``: the job stops with a just-in-time save (once its
+  ``stop`` plan is out, ``members`` is empty and ``stopped`` the members it stopped);
 * ``log.open`` (:class:`~.ledger.RecoveryLog`): the recoveries decided and not yet
   ended by a commit (:class:`OpenRecovery`), in any state: a failure during a recovery
   opens a second.

@@ -61,6 +61,13 @@ class RecoveryLog:
             RuntimeError: a message of a kind the recovery does not handle.
         """
         t = m.t
+        if isinstance(m, Failed) and m.mode == "preempt":
+            # A notice, not a death: the rank leaves at a step boundary (recovery.py);
+            # nothing is decided on it unless its notice runs out.
+            self.failures += 1
+            return Failure(kind=m.kind, ids=list(m.ids), spec=m.spec, phase=m.phase,
+                           phase_kind=m.phase_kind, mode=m.mode, iteration=m.iteration,
+                           logical=m.logical, pid=m.pid)
         if isinstance(m, Failed):
             self.failures += 1
             if m.mode != "slow":  # a slow rank loses nothing: no loss to match it to

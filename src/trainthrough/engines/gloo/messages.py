@@ -119,6 +119,7 @@ class Saved(Message):
     bytes: int = 0
     name: str | None = None
     error: str | None = None
+    jit: bool = False  # a just-in-time save before the job stops (a preemption)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +166,22 @@ class Failed(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Noticed(Message):
+    """Incarnation ``inc`` of ``slot`` got SIGTERM, its preemption notice (notice.py):
+    it goes on until the group stops after a step without it. ``spec``/``notice_seconds``:
+    an injected ``mode=preempt`` failure (None: the signal came from outside);
+    ``logical``: its committed steps when the notice came (-1: unknown)."""
+
+    TYPE = "notice"
+    slot: int
+    inc: int
+    pid: int
+    logical: int = -1
+    spec: str | None = None
+    notice_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Reformed(Message):
     """The first member of attempt ``n`` carried out its plan's ``action``;
     ``perturbation``: measured after a rollback or lossy re-formation; a ``join``: the
@@ -208,7 +225,7 @@ class Awake(Message):
 
 KINDS: dict[str, type[Message]] = {
     m.TYPE: m for m in (RankError, Metrics, Copies, Returned, Exit, Saved, Before,
-                        Reported, Failed, Reformed, StepCompleted, Resumed, Awake)}
+                        Reported, Failed, Noticed, Reformed, StepCompleted, Resumed, Awake)}
 
 
 def parse(wire: dict[str, Any]) -> Message:

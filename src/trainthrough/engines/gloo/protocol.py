@@ -63,7 +63,8 @@ class RunSpec:
     ``loop``: a user's own loop by reference (None: a workload's step); ``net``: where
     the rank's gloo binds (net.py); ``collective``/``gpus_per_rank``: dp/devices.py's
     choice for every rank; ``heartbeat``: seconds between the process's heartbeats
-    (liveness.py)."""
+    (liveness.py); ``notice``: the rank takes SIGTERM as a preemption notice (notice.py;
+    False where its host handles SIGTERM itself, a Ray actor)."""
 
     config: dict[str, Any]
     host: str
@@ -75,6 +76,7 @@ class RunSpec:
     collective: str = "gloo"
     gpus_per_rank: float = 0.0
     heartbeat: float = 1.0
+    notice: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ class Plan:
     begun does not count. ``sync``: the survivors disagree on the last committed
     step (one's last collective completed, another's did not): those behind take
     the state of one that reached ``logical``, and nothing in flight is completed.
+    ``save``: the member that writes a just-in-time checkpoint of its replica (the last
+    committed step, which every member holds) before it carries out the plan: the
+    job is preempted and ``stop``s (None: no such save).
     """
 
     n: int
@@ -132,6 +137,13 @@ class Plan:
     sync: bool = False
     logical: int = 0
     incs: list[int] = field(default_factory=list)  # per member: its incarnation
+    save: int | None = None
+    save_inc: int | None = None  # the incarnation of ``save`` (a stale one does not save)
+
+    def saves(self, slot: int, inc: int) -> bool:
+        """Whether incarnation ``inc`` of ``slot`` is the one to write the just-in-time
+        checkpoint."""
+        return self.save == slot and self.save_inc in (None, inc)
 
     def admits(self, slot: int, inc: int) -> bool:
         """Whether incarnation ``inc`` of ``slot`` is a member of this attempt (an

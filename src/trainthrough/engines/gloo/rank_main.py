@@ -16,7 +16,9 @@ it repeats (``max_restarts``). They go over a fresh store connection if this pro
 own broke (the store drops a client that sent it a value it refuses).
 
 From its start to its end the process beats (:class:`~.liveness.Heartbeat`), so the
-controller can tell a rank that computes, however long, from one that stopped.
+controller can tell a rank that computes, however long, from one that stopped; and,
+where the engine says so, takes SIGTERM as its preemption notice (:mod:`.notice`): it
+leaves the group at a step boundary instead of dying in the middle of a step.
 
 With ``spec["loop"]`` (a user's own loop, :mod:`trainthrough.loop`) the rank runs the
 program the loop's marker names instead (:func:`loop_program`), imported by that name.
@@ -38,6 +40,7 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.gloo.liveness import Heartbeat
 from trainthrough.engines.gloo.messages import RankError
 from trainthrough.engines.gloo.net import IFNAME_ENV, gloo_interface
+from trainthrough.engines.gloo.notice import RankNotice
 from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
@@ -63,6 +66,8 @@ def main(spec: RankSpec) -> int:
     sign(spec.slot, spec.inc)  # every message this process posts carries its token
     store = connect(spec.run.host, spec.run.port, timeout=PLAN_WAIT_SECONDS)
     beat = Heartbeat(spec.run.host, spec.run.port, spec.slot, spec.inc, spec.run.heartbeat)
+    notice = (RankNotice.install(spec.run.host, spec.run.port, spec.slot, spec.inc)
+              if spec.run.notice else None)
     try:
         # Gloo binds to the interface net.py chooses (loopback for a local run), set
         # before any group is formed.
@@ -80,6 +85,8 @@ def main(spec: RankSpec) -> int:
         return 1
     finally:
         beat.close()
+        if notice is not None:
+            notice.close()
     return 0
 
 

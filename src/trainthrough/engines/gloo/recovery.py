@@ -25,6 +25,12 @@ policy (the same as ``sim``'s) then decides:
 - checkpoint-restart: every process exits and ``ranks`` fresh ones start from the
   one checkpoint the controller chose (a restart, as torchrun does).
 
+A rank with a preemption notice (:mod:`.preempt`) is no failure: the controller asks
+the group to stop after a step, as for a replacement, and the next attempt goes on
+without it (``drained``), spawning its replacement as for a loss; if no member would
+be left, or the whole job got its notice, the group stops with a just-in-time
+checkpoint (a ``stop`` plan with ``save``).
+
 The perturbation comes with the re-formation (measured by the first member) or from
 the checkpoint chosen (:meth:`~.checkpoints.ControllerSaves.choose`).
 """
@@ -45,7 +51,8 @@ from trainthrough.engines.gloo.group_state import (
     OpenRecovery,
 )
 from trainthrough.engines.gloo.ledger import RecoveryLog
-from trainthrough.engines.gloo.messages import Failed, Message
+from trainthrough.engines.gloo.messages import Failed, Message, Noticed
+from trainthrough.engines.gloo.preempt import Drains
 from trainthrough.engines.gloo.procs import Proc
 from trainthrough.engines.gloo.protocol import (
     Plan,
@@ -57,7 +64,15 @@ from trainthrough.engines.gloo.protocol import (
 )
 from trainthrough.engines.gloo.timing import START_SECONDS, report_deadline, timed_out
 from trainthrough.errors import UserError
-from trainthrough.events import CheckpointCorrupt, Detection, Event, Restored
+from trainthrough.events import (
+    CheckpointCorrupt,
+    Detection,
+    Drained,
+    Event,
+    PreemptExpired,
+    PreemptNotice,
+    Restored,
+)
 from trainthrough.ft.decisions import RecoveryAction
 from trainthrough.ft.dp_policies import (
     GroupFailure,
@@ -88,7 +103,16 @@ class DistRecovery:
         # From TRAINING on: attempt n's group, and the replacements waiting to join it.
         self.n, self.members = 0, list[int]()
         self.joiners: list[tuple[Proc, float]] = []
-        self.grow_requested = False
+        self.change_requested = False  # the group was asked to stop after a step
+        # Preemption: the ranks' notices; the job's own (stop with a just-in-time save),
+        # once that stop plan is out the members it stopped and the step they held, and
+        # whether it came because every member had a notice.
+        self.drains = Drains()
+        self.jit = False
+        self.stopped: list[int] | None = None
+        self.stop_logical = -1
+        self.all_drained = False
+        self.drained_at = 0.0
         self.reported = False  # a member announced a report (protocol.write_report)
         # REPORTING only: a report or a death (the group broke), and the first report
         # that its collective timed out.
@@ -177,7 +201,12 @@ class DistRecovery:
             self._to(GroupState.TRAINING)
             return True
         now = time.time()
-        dead = [p for p in self.port.procs.newly_dead() if p.exitcode != 0]
+        self._expire(now)
+        # A process that left its group with a notice, or that a stop plan ended, ends
+        # as it may: no failure.
+        dead = [p for p in self.port.procs.newly_dead()
+                if p.exitcode != 0 and not self.drains.gone(p)
+                and not (self.stopped is not None and p.slot in self.stopped)]
         for p in dead:
             self._last_words(p)
         strays = [p for p in dead if p.slot not in self.members]
@@ -186,7 +215,7 @@ class DistRecovery:
         # Reports are read only once a member said it wrote one (a ``report`` event)
         # or a process ended: not N store round trips every tick.
         if not (self.reported or dead or self.state is GroupState.REPORTING):
-            self._maybe_grow()
+            self._maybe_change()
             return False
         reports = self._admitted(read_reports(self.port.store, self.n, self.members))
         # With a relaxed sync the survivors find a loss only at their next outer step,
@@ -209,7 +238,7 @@ class DistRecovery:
             if all(s in reports for s in expected) or now > deadline:
                 self._decide(reports)
                 return True
-        self._maybe_grow()
+        self._maybe_change()
         return bool(dead)
 
     def _last_words(self, p: Proc) -> None:
@@ -265,7 +294,7 @@ class DistRecovery:
             procs.fence(p)
         errors = [r for r in reports.values() if r.reason == "error"]
         if not errors and not failed:
-            self._grow(survivors)
+            self._change(reports)
             return
         victims = [e for e in self.log.fail_events if e.ids[0] in failed]
         self.log.fail_events = [e for e in self.log.fail_events if e not in victims]
@@ -338,7 +367,7 @@ class DistRecovery:
         procs.wait_exit([procs.current[s] for s in survivors]
                         + [p for p, _ in self.joiners], timeout=10)
         e.pump()  # the first survivor's replica before the interrupted step, if it sent it
-        self.joiners, self.grow_requested = [], False
+        self.joiners, self.change_requested = [], False
         self.log.restarts += 1
         step, rec.perturbation = e.saves.choose(
             lambda msg: e.emit(CheckpointCorrupt(message=msg)))
@@ -348,25 +377,104 @@ class DistRecovery:
         self.start(range(e.cfg.ranks), "restart", attempt=self.n + 1, executed=executed,
                    restore=step)
 
-    def _maybe_grow(self) -> None:
-        if self.grow_requested or self.port.stopping or not self.joiners:
+    def _maybe_change(self) -> None:
+        """Ask the group to stop after a step (``ctl``) if a joiner is due, a member has
+        a preemption notice, or the job is to stop with a just-in-time save."""
+        if self.change_requested or self.port.stopping or self.stopped is not None:
             return
         now = time.time()
-        if any(at <= now and self.port.procs.ready(p) for p, at in self.joiners):
-            self.grow_requested = True
+        grow = any(at <= now and self.port.procs.ready(p) for p, at in self.joiners)
+        if grow or self.jit or self.drains.leaving(self.members):
+            self.change_requested = True
             request(self.port.store)
 
-    def _grow(self, survivors: list[int]) -> None:
-        """Everyone stopped at a step boundary because we asked: take the joiners in."""
+    def _change(self, reports: dict[int, Report]) -> None:
+        """Everyone stopped at a step boundary because we asked: take the joiners in, let
+        the members with a preemption notice go, or stop with a just-in-time save."""
         now = time.time()
+        survivors = sorted(reports)
         # Timed from here, not from the request: a failure may have come in between.
-        self.grow_requested, self.log.t_grow = False, now
+        self.change_requested, self.log.t_grow = False, now
+        logical = max(r.logical for r in reports.values())
+        leaving = self.drains.leaving(survivors)
+        stay = [s for s in survivors if s not in leaving]
         ready = [p for p, at in self.joiners if at <= now and self.port.procs.ready(p)]
+        self.n += 1
+        if self.jit or not stay:  # a joiner needs a member to take the state from
+            # Nobody would be left (or the job got its notice): every member holds the
+            # last committed step, and one writes it before all stop.
+            if not self.jit:  # every member had a notice: the job's, from the first
+                self.all_drained = True
+                self.drained_at = min(self.drains.notices[s].message.t for s in leaving)
+            self.jit, self.stopped, self.stop_logical = True, survivors, logical
+            self.members = []
+            saver = self.port.procs.current[survivors[0]]
+            self._publish(Plan(self.n, [], "stop", save=saver.slot, save_inc=saver.inc))
+            self._to(GroupState.TRAINING)
+            return
         self.joiners = [(p, at) for p, at in self.joiners if p not in ready]
         self.log.last_joined = [p.slot for p in ready]
-        self.n += 1
         for p in ready:
             self.port.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
-        self.members = sorted(survivors + [p.slot for p in ready])
+        self.members = sorted(stay + [p.slot for p in ready])
         self._publish(Plan(self.n, self.members, "join" if ready else "start"))
         self._to(GroupState.TRAINING)
+        if leaving:
+            self._drained(leaving, logical, max(r.executed for r in reports.values()), now)
+
+    def _drained(self, leaving: list[int], logical: int, executed: int, now: float) -> None:
+        """``leaving`` left at the step boundary after ``logical``: say so, and spawn
+        their replacements as for a loss (ReplacementPolicy)."""
+        self.drains.left(leaving)
+        self.log.smallest = min(self.log.smallest, len(self.members))
+        self.port.emit(Drained(slots=leaving, logical=logical, ranks=list(self.members),
+                               n=self.n))
+        join = self.replacement.decide(tuple(leaving), now)
+        if join is not None:
+            ctl = self.port.store.add("ctl", 0)
+            for s in join.slots:  # warm now, join once the delay is over
+                p = self.port.procs.spawn(s, "join", -1, executed, ctl,
+                                          self._orders_for(s, executed))
+                self.joiners.append((p, join.at_seconds))
+
+    # -- preemption ---------------------------------------------------------------
+    def on_notice(self, m: Noticed) -> None:
+        """A rank process got its preemption notice: it leaves after the group's next
+        stop (:meth:`_maybe_change` asks for one)."""
+        p = self.port.procs.current.get(m.slot)
+        if p is None or p.inc != m.inc or p.exitcode is not None:
+            return  # an incarnation that is gone already
+        self.drains.add(p, m)
+        self.port.emit(PreemptNotice(slot=m.slot, pid=m.pid, logical=m.logical,
+                                     source="injected" if m.spec else "signal", spec=m.spec,
+                                     notice_seconds=m.notice_seconds))
+
+    def stop_with_save(self) -> bool:
+        """The job got its notice: stop the group after a step, one member saving it.
+        Returns whether there is a group to stop (not while processes start)."""
+        if self.state not in (GroupState.TRAINING, GroupState.REPORTING) or not self.members:
+            return False
+        self.jit = True
+        self._maybe_change()
+        return True
+
+    def stop_done(self) -> bool:
+        """The stop plan is out and every member it stopped has ended."""
+        cur = self.port.procs.current
+        return self.stopped is not None and all(cur[s].exitcode is not None
+                                                for s in self.stopped)
+
+    def _expire(self, now: float) -> None:
+        """SIGKILL the ranks whose injected notice ran out before they left: a member's
+        loss is then recovered like a crash, by the order that preempted it."""
+        for n in self.drains.expired(now):
+            p, m = n.proc, n.message
+            if self.port.procs.current.get(p.slot) is p and p.slot in self.members:
+                self.port.emit(PreemptExpired(slot=p.slot, pid=m.pid,
+                                              notice_seconds=m.notice_seconds or 0.0))
+                self.log.fail_events.append(Failed(
+                    ids=[p.slot], spec=m.spec or "", phase="boundary", phase_kind="boundary",
+                    # as far as it is known to have got: its notice's step, or later
+                    iteration=max(self.port.iteration, m.logical),
+                    logical=max(self.port.logical, m.logical), mode="preempt", pid=m.pid))
+            self.port.procs.kill(p)

@@ -14,7 +14,8 @@ session.step(): pass``) and under a user's own loop (:mod:`trainthrough.loop`: e
 
 A process the next plan leaves out (checkpoint-restart ends every process; a rank
 presumed failed, or an incarnation of its slot the plan does not name: it was fenced
-while paused) is :attr:`retired`: ``step`` returns False and a user's loop is
+while paused; a rank that got its preemption notice, :mod:`.notice`, once the group
+stopped after a step) is :attr:`retired`: ``step`` returns False and a user's loop is
 unwound (:class:`~trainthrough.errors.Retired`, raised by ``Loop.step``).
 """
 
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from trainthrough.dp.collective import PeerLost
 from trainthrough.engines.gloo.group import Group
 from trainthrough.engines.gloo.messages import Exit
+from trainthrough.engines.gloo.notice import RankNotice
 from trainthrough.engines.gloo.protocol import (
     PLAN_WAIT_SECONDS,
     RankSpec,
@@ -51,6 +53,8 @@ class RankSession:
     def __init__(self, spec: RankSpec, store: dist.Store, trainer: Trainer) -> None:
         RankSession.current = self
         self.spec, self.store, self.tr = spec, store, trainer
+        if RankNotice.current is not None:  # a notice says how far this rank got
+            RankNotice.current.logical = lambda: trainer.logical
         self.slot, self.n = spec.slot, spec.attempt
         self.g: Group | None = None
         self.over = False  # the run ended for this process (normally or retired)
@@ -79,6 +83,8 @@ class RankSession:
         """Carry out plans from attempt :attr:`n` on until one forms a group with us."""
         while True:
             plan = wait_plan(self.store, self.n)
+            if plan.saves(self.slot, self.spec.inc):  # the job is preempted: save first
+                self.tr.save_now()
             if plan.action == "exit" and plan.members[:1] == [self.slot] \
                     and plan.admits(self.slot, self.spec.inc):
                 self.tr.post_before()  # the first survivor: what the restart is measured against

@@ -52,6 +52,13 @@ PLAN_WAIT_SECONDS = 120.0
 #: of its run, quietly, not print a traceback into the terminal half a minute later.
 LAST_WORDS_SECONDS = 3.0
 
+#: How long the controller, once its own process got SIGTERM (the whole job's
+#: preemption notice), waits for the group to stop after a step and write a
+#: just-in-time checkpoint before the job ends anyway. Guards the notice itself: clouds
+#: give 30 s (a preemptible VM, Kubernetes' default grace) to 2 minutes, so the job must
+#: be gone within 30 s; one step, one save and the ranks' exits fit in far less.
+JOB_NOTICE_SECONDS = 20.0
+
 #: The longest between two heartbeats of a rank process (:mod:`.liveness`); a shorter
 #: liveness timeout beats more often (:func:`heartbeat_period`). One store call each.
 HEARTBEAT_SECONDS = 1.0

@@ -196,6 +196,12 @@ class Trainer:
         step, norm = self.saves.restart_perturbation(self.replica.params, self.x0)
         post(self.store, Before(step=step, perturbation=norm))
 
+    def save_now(self) -> None:
+        """A just-in-time checkpoint of the last committed step (the job is preempted):
+        every member holds this state, so any one of them writes it."""
+        self.saves.save_now(self.replica, self.logical, self.cursor,
+                            self.history[-1][2] if self.history else [self.slot])
+
     def _share_state(self, g: Group, holder: bool) -> None:
         """Every member takes a holder's replica and counters (a replacement joins, or
         members behind the last committed step catch up)."""

@@ -20,7 +20,10 @@ initialised when it forks. Then it serves, one at a time, requests on the Unix s
 
 It prints ``ready`` on its stdout once it listens, and exits when its stdin closes (the
 client ended, however it ended); ranks it forked are not stopped then: a rank whose
-controller is gone stops at its next store call, as a ``python -m`` rank does.
+controller is gone stops at its next store call, as a ``python -m`` rank does. So it
+ignores SIGTERM: a SIGTERM to the whole job (a preemption's notice) is for the
+controller and the ranks to act on, and a zygote gone before its ranks would leave
+their exit codes unknown (reported as 1), turning a clean drain into failures.
 
 What a fork does not renew: variables read when torch is imported (``OMP_NUM_THREADS``
 and the like) come from the zygote's start; :func:`~.zygote.shared` starts a new zygote
@@ -70,6 +73,7 @@ def _child(request: dict[str, Any], fds: list[int], keep_closed: list[int]) -> N
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a fresh process has it
         for fd in keep_closed:  # the zygote's sockets and pipes are not the rank's
             os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -110,6 +114,7 @@ def serve(path: str) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd fires
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its lifetime is its client's (above)
     signal.set_wakeup_fd(wake_w)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

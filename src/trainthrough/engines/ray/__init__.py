@@ -59,7 +59,9 @@ CAPABILITIES = {
     # and the cluster to join.
     # Not (yet) a pause or a slow rank, nor the straggler deadline: continuing a paused
     # actor on another node is not this driver's to signal, and none of them is in
-    # Ray's conformance cells.
+    # Ray's conformance cells. Not a preemption's notice (mode=preempt): an actor's
+    # SIGTERM is Ray's own (it ends the worker), so its ranks take no notice
+    # (driver/dp.py takes_notice).
     "dp": replace(GLOO_CAPABILITIES["dp"],
                   modes=frozenset({"crash", "hang"}),
                   options=(GLOO_CAPABILITIES["dp"].options - {"straggler_deadline"})

@@ -216,6 +216,8 @@ def _live_nodes() -> list[str]:
 class RayDataParallel(GlooEngine):
     """``--engine ray --paradigm dp``: the gloo controller with ranks on Ray actors."""
 
+    takes_notice = False  # an actor's SIGTERM is Ray's (see the ray package's CAPABILITIES)
+
     def __init__(self, ctx: RunContext) -> None:
         self.launch = self.start_rank_actor
         self.known: set[str] = set()  # the live nodes when the first ranks were placed
