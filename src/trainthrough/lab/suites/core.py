@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.suite import SuiteRun, SuiteSpec, checkpoint_every
 
 DESCRIPTION = ("every workload, 50% of shards lost once: none, checkpoint-restart, SCAR, "
                "worker-copy")
@@ -32,7 +32,8 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
             for seed in range(n_seeds):
                 run_id = f"{w}-{strategy}-s{seed}"
                 cfg = RunConfig(workload=w, strategy=strategy, failures=[fail], seed=seed,
-                                checkpoint_every=every, eval_every=1,
+                                checkpoint_every=checkpoint_every(strategy, every),
+                                eval_every=1,
                                 checkpoint_dir=f"memory://core/{run_id}",
                                 workload_options=OPTIONS.get(w, {}))
                 runs.append(SuiteRun(run_id, cfg, {"fail": fail}))

@@ -20,7 +20,7 @@ Measured per run (report in :mod:`relaxed_report`):
 from __future__ import annotations
 
 from trainthrough.config import CostModel, RunConfig
-from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.suite import SuiteRun, SuiteSpec, checkpoint_every
 from trainthrough.lab.suites.relaxed_report import goodput_section, headline
 
 DESCRIPTION = ("data parallel: synchronous recovery (checkpoint-restart, rollback, "
@@ -51,7 +51,8 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                 extra = {"sync_every": SYNC_EVERY} if strategy in RELAXED else {}
                 cfg = RunConfig(workload="mlr", paradigm="dp", ranks=4, strategy=strategy,
                                 seed=seed, max_iterations=steps, stop_at_target=False,
-                                eval_every=25, checkpoint_every=CHECKPOINT_EVERY, cost=COST,
+                                eval_every=25, cost=COST,
+                                checkpoint_every=checkpoint_every(strategy, CHECKPOINT_EVERY),
                                 failures=[] if mtbf is None else [f"rank=any@mtbf={mtbf:g}s"],
                                 checkpoint_dir=f"memory://relaxed-suite/{run_id}",
                                 **extra)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.suite import SuiteRun, SuiteSpec, checkpoint_every
 
 DESCRIPTION = "Training Through Failure: the PS killed on Ray; checkpoints vs chains vs stateless"
 STRATEGIES = ("checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async", "stateless")
@@ -54,7 +54,8 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                 run_id = f"{scen}-{strategy}-r{rep}"
                 cfg = RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1,
                                 workers=4, consistency="async", failures=fails, seed=rep,
-                                recovery_delay=down, checkpoint_every=25, eval_every=10,
+                                recovery_delay=down,
+                                checkpoint_every=checkpoint_every(strategy, 25), eval_every=10,
                                 stop_at_target=False, wall_limit=wall, max_iterations=100000,
                                 target=target,
                                 workload_options=options)
