@@ -19,20 +19,29 @@ which import it): what the checks need is imported when they run.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from trainthrough.config import RunConfig, flag_label
 from trainthrough.errors import UserError
 from trainthrough.fields import check_fields
 
 
-def validate_run(cfg: RunConfig) -> None:
+def validate_run(cfg: RunConfig, named: Collection[str] = ()) -> None:
     """Check everything about ``cfg`` that can be checked before a run starts.
+
+    Args:
+        cfg: the configuration.
+        named: the fields the caller set by name (the command line's flags): one the run
+            would not read is refused even at its default value (``--shards 4`` with
+            ``--paradigm dp``), where a field of a config file at its default is not
+            (a recorded ``config.toml`` holds every field).
 
     Raises:
         UserError: naming the field (as its command-line flag) and what to change.
     """
     # Layers below this one, imported here only to keep importing this module cheap.
     from trainthrough.engines.registry import check_settings, check_supported, names, traits
-    from trainthrough.faults.spec import parse
+    from trainthrough.faults.spec import check_together, parse
     from trainthrough.ft.strategy import resolve
     from trainthrough.workloads import workload_factory
     from trainthrough.workloads.options import check_options
@@ -58,8 +67,10 @@ def validate_run(cfg: RunConfig) -> None:
     specs = parse(cfg.failures)
     # The chosen engine says what it runs; everything else is refused here.
     check_supported(cfg.engine, cfg.paradigm, cfg.consistency, strategy, specs)
+    check_together(specs)  # a spec the engine runs may still wait for one never given
     # A setting the run would not read is refused, never dropped (engines/options.py).
-    check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy, cfg.changed_fields())
+    check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy,
+                   {**cfg.changed_fields(), **{k: getattr(cfg, k) for k in named}})
     cfg.check_relations()
     _check_checkpoints_reach_every_host(cfg, strategy.recovery == "rollback-all")
 
