@@ -55,15 +55,6 @@ class SuiteSpec:
     baseline_of: Any = None
 
 
-def checkpoint_every(strategy: str, every: int) -> int | None:
-    """A suite's checkpoint interval for ``strategy``: ``every`` where it writes
-    checkpoints, None where it writes none (a run refuses an interval it would not
-    read: engines/options.py)."""
-    from trainthrough.ft.strategy import resolve
-
-    return every if resolve(strategy).checkpoint != "none" else None
-
-
 # The runner is imported where a run starts: it imports the engines and torch, which a
 # suite's spec, and the CLI's parser that lists the suites, do not need.
 def _baseline_job(cfg: RunConfig) -> Baseline:

@@ -20,6 +20,8 @@ which import it): what the checks need is imported when they run.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import fields, replace
+from typing import Any
 
 from trainthrough.config import RunConfig, flag_label
 from trainthrough.errors import UserError
@@ -73,6 +75,28 @@ def validate_run(cfg: RunConfig, named: Collection[str] = ()) -> None:
                    {**cfg.changed_fields(), **{k: getattr(cfg, k) for k in named}})
     cfg.check_relations()
     _check_checkpoints_reach_every_host(cfg, strategy.recovery == "rollback-all")
+
+
+def for_strategy(cfg: RunConfig, strategy: str) -> RunConfig:
+    """``cfg`` run with ``strategy``, its mechanism settings that strategy does not read
+    (engines/options.py: a checkpoint interval where nothing is saved, ``sync_every``
+    without outer steps) back at their defaults.
+
+    For a base shared by several strategies (a suite's cells, the advisor's candidates),
+    each run reading its own share of it; never for a user's own configuration, whose
+    settings :func:`validate_run` refuses where unread.
+
+    Raises:
+        UserError: an unknown strategy.
+    """
+    from trainthrough.engines.options import MECHANISM_SETTINGS
+    from trainthrough.ft.strategy import resolve
+
+    s = resolve(strategy)
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
+    return replace(cfg, strategy=strategy,
+                   **{k: defaults[k] for k, (used, _) in MECHANISM_SETTINGS.items()
+                      if not used(cfg.consistency, s)})
 
 
 #: fsspec protocols whose files only the machine that wrote them can read.

@@ -25,7 +25,7 @@ from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec, validate
 from trainthrough.lab.advise.candidates import Candidate, candidates
-from trainthrough.lab.validate import validate_run
+from trainthrough.lab.validate import for_strategy, validate_run
 
 
 @dataclass
@@ -191,10 +191,9 @@ def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
 
 
 def _own(base: RunConfig, c: Candidate) -> RunConfig:
-    """Candidate ``c``'s run of ``base``: the relaxed sync interval only where it has
-    outer steps (a synchronous run refuses one it would not read)."""
-    return replace(base, strategy=c.name,
-                   sync_every=base.sync_every if c.strategy.relaxed else RunConfig.sync_every)
+    """Candidate ``c``'s run of ``base``: the settings it reads (the relaxed sync interval
+    only where it has outer steps, the checkpoint interval only where it saves)."""
+    return for_strategy(base, c.name)
 
 
 def _to_target(s: RunResult) -> float | None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.suite import SuiteRun, SuiteSpec, checkpoint_every
+from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.validate import for_strategy
 
 DESCRIPTION = ("every workload, 50% of shards lost once: none, checkpoint-restart, SCAR, "
                "worker-copy")
@@ -31,11 +32,11 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         for strategy in STRATEGIES:
             for seed in range(n_seeds):
                 run_id = f"{w}-{strategy}-s{seed}"
-                cfg = RunConfig(workload=w, strategy=strategy, failures=[fail], seed=seed,
-                                checkpoint_every=checkpoint_every(strategy, every),
-                                eval_every=1,
-                                checkpoint_dir=f"memory://core/{run_id}",
-                                workload_options=OPTIONS.get(w, {}))
+                # Each strategy reads its own share (no interval where nothing is saved).
+                cfg = for_strategy(RunConfig(workload=w, failures=[fail], seed=seed,
+                                             checkpoint_every=every, eval_every=1,
+                                             checkpoint_dir=f"memory://core/{run_id}",
+                                             workload_options=OPTIONS.get(w, {})), strategy)
                 runs.append(SuiteRun(run_id, cfg, {"fail": fail}))
     return SuiteSpec(
         name="core", title="trainthrough core suite: the cost of a partial failure",

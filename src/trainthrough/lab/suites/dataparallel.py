@@ -21,9 +21,10 @@ overhead = simulated seconds minus the failure-free run's, same seed.
 from __future__ import annotations
 
 from trainthrough.config import RunConfig
-from trainthrough.lab.suite import SuiteRun, SuiteSpec, checkpoint_every
+from trainthrough.lab.suite import SuiteRun, SuiteSpec
 from trainthrough.lab.suites.dataparallel_cost import COST
 from trainthrough.lab.suites.dataparallel_report import headline, model_section, tradeoff_section
+from trainthrough.lab.validate import for_strategy
 
 DESCRIPTION = ("data parallel: accuracy loss vs runtime overhead of checkpoint-restart, "
                "rollback, lossy-forward (keep-global/keep-local)")
@@ -64,11 +65,12 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         # Four buckets, so allreduce:1 strikes a partly reduced gradient (lossy forward
         # keeps the share of the bucket already reduced).
         common = dict(workload=w, paradigm="dp", ranks=4, stop_at_target=False, eval_every=25,
-                      cost=COST, allreduce_buckets=4)
+                      checkpoint_every=every, cost=COST, allreduce_buckets=4)
         for seed in range(n_seeds):
             run_id = f"{w}-failure-free-s{seed}"
-            runs.append(SuiteRun(run_id, RunConfig(strategy="lossy-forward", seed=seed,
-                                                   max_iterations=steps, **common),  # type: ignore[arg-type]
+            runs.append(SuiteRun(run_id, for_strategy(RunConfig(seed=seed, max_iterations=steps,
+                                                                 **common),  # type: ignore[arg-type]
+                                                       "lossy-forward"),
                                  {"fail": "none", "strategy": "failure-free",
                                   "preset": "failure-free", "elastic": "-", "phase": "-",
                                   "failures_planned": 0, "steps": steps, "every": every}))
@@ -83,11 +85,11 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                         for seed in range(n_seeds):
                             run_id = (f"{w}-{phase.replace(':', '')}-x{count}-"
                                       f"{label.replace('/', '-')}-s{seed}")
-                            cfg = RunConfig(strategy=strategy, elastic=elastic, seed=seed,
-                                            failures=specs, max_iterations=steps + extra,
-                                            checkpoint_dir=f"memory://dp-suite/{run_id}",
-                                            checkpoint_every=checkpoint_every(strategy, every),
-                                            **common)  # type: ignore[arg-type]
+                            cfg = for_strategy(RunConfig(
+                                elastic=elastic, seed=seed, failures=specs,
+                                max_iterations=steps + extra,
+                                checkpoint_dir=f"memory://dp-suite/{run_id}",
+                                **common), strategy)  # type: ignore[arg-type]
                             runs.append(SuiteRun(run_id, cfg, {
                                 "fail": f"{count}x {phase}", "strategy": label,
                                 "preset": strategy, "elastic": elastic, "phase": phase,
