@@ -170,7 +170,9 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
     # two overlapping failures, not three). The run counts those apart
     # (``acknowledged_lost_wiped``); any other loss is a problem.
     wipeouts = _events(run_dir, "down")
-    kept = summary.get("acknowledged_lost", 1) - summary.get("acknowledged_lost_wiped", 0)
+    # In updates (docs/strategies.md); null where the run has no chains to count.
+    lost, wiped = summary.get("acknowledged_lost"), summary.get("acknowledged_lost_wiped")
+    kept = None if lost is None else lost - (wiped or 0)
     if "acknowledged" in s.checks and kept != 0:
         problems.append(f"acknowledged updates lost with a replica alive: {kept}")
     if "identical" in s.checks and not summary.get("replicas_identical"):
@@ -192,6 +194,7 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
            "checkpoints_bad": len(bad), "target_reached": summary.get("iterations_to_target")
            is not None, "acknowledged_lost": summary.get("acknowledged_lost"),
            "acknowledged_lost_wiped": summary.get("acknowledged_lost_wiped"),
+           "acknowledged_lost_pairs": summary.get("acknowledged_lost_pairs"),
            "replicas_identical": summary.get("replicas_identical"),
            "chain_wipeouts": len(wipeouts) if "acknowledged" in s.checks else None,
            "caller_group_survived": group_ok, "death_reports": reports, "problems": problems}

@@ -28,7 +28,7 @@ from trainthrough.engines.callbacks import Callback
 from trainthrough.lab import perf_model as pm
 from trainthrough.lab.runner import run_silent
 from trainthrough.lab.suites.dataparallel import failure_trace
-from trainthrough.lab.validate import validate_run
+from trainthrough.lab.validate import for_strategy, validate_run
 from trainthrough.workloads import make_workload
 
 STRATEGIES = ("rollback", "lossy-forward", "checkpoint-restart")
@@ -63,6 +63,7 @@ def _run(engine: str, strategy: str, steps: int, every: int, fail: bool,
                     elastic="keep-local", replace=False, stop_at_target=False,
                     max_iterations=steps + extra, eval_every=10, checkpoint_every=every,
                     failures=specs, cost=cost)
+    cfg = for_strategy(cfg, strategy)  # no interval where nothing is saved
     validate_run(cfg)
     cb = _Record()
     s = run_silent(cfg, cb)

@@ -62,6 +62,7 @@ from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 from trainthrough.engines.result import RunResult
 from trainthrough.ft.checkpoint.durable import Syncing, fsync_path
 from trainthrough.lab.runner import run_silent
+from trainthrough.lab.validate import for_strategy
 
 STRATEGIES = ("none", "checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async",
               "stateless")
@@ -122,6 +123,7 @@ def one_run(strategy: str, seconds: float, every: int) -> RunResult:
     cfg = RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1, workers=4,
                     consistency="async", checkpoint_every=every, eval_every=10**6,
                     stop_at_target=False, max_iterations=10**7, wall_limit=seconds)
+    cfg = for_strategy(cfg, strategy)  # no interval where nothing is saved
     return run_silent(cfg)
 
 

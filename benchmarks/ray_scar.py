@@ -18,6 +18,7 @@ import sys
 from trainthrough.config import RunConfig
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 from trainthrough.lab.runner import run_baseline, run_silent
+from trainthrough.lab.validate import for_strategy
 
 EVERY = 50
 
@@ -25,9 +26,10 @@ EVERY = 50
 def cfg(engine: str, strategy: str, seed: int) -> RunConfig:
     # sim charges its cost model's restart time instead of a real delay
     delay = {"recovery_delay": 0.2} if engine == "ray" else {}
-    return RunConfig(workload="mlr", engine=engine, consistency="bsp", strategy=strategy,
-                     shards=4, workers=2, checkpoint_every=EVERY, seed=seed, eval_every=1,
-                     failures=["shards=50%@iter=240"], **delay)
+    c = RunConfig(workload="mlr", engine=engine, consistency="bsp", strategy=strategy,
+                  shards=4, workers=2, checkpoint_every=EVERY, seed=seed, eval_every=1,
+                  failures=["shards=50%@iter=240"], **delay)
+    return for_strategy(c, strategy)  # no interval where nothing is saved
 
 
 def main() -> int:

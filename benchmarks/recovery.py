@@ -29,6 +29,7 @@ from pathlib import Path
 from trainthrough.config import RunConfig
 from trainthrough.engines.ray.runtime import ensure_ray, shutdown_ray
 from trainthrough.lab.runner import run
+from trainthrough.lab.validate import for_strategy
 
 STRATEGIES = ("checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async", "stateless")
 
@@ -38,6 +39,7 @@ def one(strategy: str, delay: float, out: Path, workload: str = "cnn", shards: i
                     consistency="async", failures=["shards=0@iter=40"], recovery_delay=delay,
                     checkpoint_every=20, eval_every=20, stop_at_target=False,
                     max_iterations=10**6, wall_limit=4 + 2 * delay)
+    cfg = for_strategy(cfg, strategy)  # no interval where nothing is saved
     s = run(cfg, out).result
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     detect = [e["detection_seconds"] for e in events if e["type"] == "detection"]

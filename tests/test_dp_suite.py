@@ -8,7 +8,7 @@ from trainthrough.config import RunConfig
 from trainthrough.lab.runner import run_silent
 from trainthrough.lab.suites import SUITES
 from trainthrough.lab.suites.dataparallel import COST, PHASES, STRATEGIES, failure_trace
-from trainthrough.lab.validate import validate_run
+from trainthrough.lab.validate import for_strategy, validate_run
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -16,10 +16,10 @@ from trainthrough.lab.validate import validate_run
 def test_every_run_ends_on_exactly_l_committed_steps(strategy: str, phase: str) -> None:
     steps, every = 60, 20
     specs, extra = failure_trace(strategy, (4, 30, 56), phase, every)
-    s = run_silent(RunConfig(workload="mlr", paradigm="dp", strategy=strategy, failures=specs,
-                             max_iterations=steps + extra, stop_at_target=False,
-                             checkpoint_every=every, eval_every=20, cost=COST,
-                             allreduce_buckets=4))
+    s = run_silent(for_strategy(RunConfig(workload="mlr", paradigm="dp", failures=specs,
+                                          max_iterations=steps + extra, stop_at_target=False,
+                                          checkpoint_every=every, eval_every=20, cost=COST,
+                                          allreduce_buckets=4), strategy))
     assert s.failures == 3 and s.extras["logical_iterations"] == steps
     # Every failure struck at the planned committed step, whatever the strategy lost.
     assert [r.at_iteration for r in s.recoveries] == [

@@ -16,6 +16,7 @@ import pytest
 from trainthrough import events as ev
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.runner import run
+from trainthrough.lab.validate import for_strategy
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "events.md"
 
@@ -73,11 +74,11 @@ def test_sim_ps_records_parse_into_their_dataclasses(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("strategy", ["rollback", "checkpoint-restart"])
 def test_sim_dp_records_parse_into_their_dataclasses(tmp_path: Path, strategy: str) -> None:
-    run(RunConfig(workload="mlr", paradigm="dp", ranks=4, max_iterations=60,
-                  checkpoint_every=10, eval_every=10, strategy=strategy, elastic="keep-local",
-                  cost=CostModel(replace_seconds=0.05),
-                  failures=["rank=1@iter=25,phase=allreduce:0", "rank=2@iter=40"]),
-        tmp_path / "dp")
+    run(for_strategy(RunConfig(workload="mlr", paradigm="dp", ranks=4, max_iterations=60,
+                               checkpoint_every=10, eval_every=10, elastic="keep-local",
+                               cost=CostModel(replace_seconds=0.05),
+                               failures=["rank=1@iter=25,phase=allreduce:0", "rank=2@iter=40"]),
+                     strategy), tmp_path / "dp")
     kinds = _kinds(_parsed(tmp_path / "dp"))
     assert {"failure", "detection", "recovery"} <= kinds, kinds
     assert ({"reform", "rank-joined"} if strategy == "rollback"
@@ -86,7 +87,7 @@ def test_sim_dp_records_parse_into_their_dataclasses(tmp_path: Path, strategy: s
 
 def test_gloo_dp_records_with_a_failure_parse_into_their_dataclasses(tmp_path: Path) -> None:
     run(RunConfig(workload="mlr", paradigm="dp", engine="gloo", ranks=3, max_iterations=40,
-                  checkpoint_every=10, eval_every=10, strategy="rollback",
+                  eval_every=10, strategy="rollback",
                   stop_at_target=False, failures=["rank=1@iter=15"]),
         tmp_path / "gloo")
     kinds = _kinds(_parsed(tmp_path / "gloo"))

@@ -146,6 +146,18 @@ CLI.update({
     "shards on dp": _args("--paradigm", "dp", "--strategy", "rollback", "--shards", "2"),
     "workers on gloo": _args("--paradigm", "dp", "--engine", "gloo", "--strategy", "rollback",
                              "--workers", "2"),
+    # Accepted and silently not used before (issue 32).
+    "shards at its default on dp": _args("--paradigm", "dp", "--strategy", "rollback",
+                                         "--shards", "4"),
+    "checkpoint-every without checkpoints": _args("--paradigm", "dp", "--strategy",
+                                                  "localsgd", "--checkpoint-every", "2"),
+    "checkpoint-every without checkpoints on gloo": _args(
+        "--paradigm", "dp", "--engine", "gloo", "--strategy", "localsgd",
+        "--checkpoint-every", "2"),
+    "checkpoint-keep without checkpoints": _args("--strategy", "none",
+                                                 "--checkpoint-keep", "2"),
+    "device with a newline": _args("--paradigm", "dp", "--engine", "gloo", "--strategy",
+                                   "rollback", "--device", "cuda\n"),
     # Impossible sizes: refused when the workload is built, before the run folder.
     "more shards than rows": _args("--shards", "100000"),
     "more workers than batches": _args("--workers", "100000"),
@@ -232,6 +244,11 @@ SPECS.update({
     "sim dp preempt": _args("--paradigm", "dp", "--strategy", "rollback",
                             "--fail", "rank=1@iter=3,mode=preempt:10s"),
     "sim ps preempt": _args("--fail", "shards=1@iter=3,mode=preempt:10s"),
+    # A failure during a recovery, in a run where nothing else fails (never struck).
+    "dp phase=recovery with nothing to recover": _args(
+        "--paradigm", "dp", "--strategy", "diloco", "--fail", "rank=1@iter=3,phase=recovery"),
+    "ps phase=recovery with nothing to recover": _args("--fail",
+                                                       "shards=1@iter=3,phase=recovery"),
 })
 
 
@@ -503,13 +520,16 @@ OTHER_COMMANDS = [[], ["bogus"], ["list", "extra"], ["compare", "--suite", "nope
                   ["compare", "--seeds", "0"], ["compare", "--seeds", "x"],
                   ["compare", "--seeds", "-3"], ["run", "--help-me"], ["release"],
                   ["release", "--ray-address", "nope"],
-                  ["release", "--ray-address", "127.0.0.1:1"]]
+                  ["release", "--ray-address", "127.0.0.1:1"],
+                  # Options the paradigm does not use, and a rank count with no survivor.
+                  ["advise", "--paradigm", "dp", "--shards", "4", "--mtbf", "10s"],
+                  ["advise", "--paradigm", "dp", "--ranks", "1", "--mtbf", "10s"]]
 
 
 @pytest.mark.parametrize("argv", OTHER_COMMANDS, ids=" ".join)
 def test_other_commands_exit_2_with_one_line(argv: list[str], cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "suite"
-    r = cli(*argv, *(["--out", str(out)] if argv[:1] == ["compare"] else []))
+    r = cli(*argv, *(["--out", str(out)] if argv[:1] in (["compare"], ["advise"]) else []))
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert r.err.startswith("trainthrough: error: ") and "Traceback" not in r.out + r.err
     assert not out.exists()

@@ -31,7 +31,7 @@ def test_gloo_ranks_forked_warm_see_the_environment_set_after_the_zygote_started
     monkeypatch.setenv("TT_LEDGER", str(ledger))  # read by each rank of the loop
     r = launch(ledger_train, ranks=2, engine="gloo", strategy="rollback",
                fail=["rank=1@iter=5"], out=str(tmp_path / "run"), recovery_delay=0.2,
-               timeout=5.0, progress=False, checkpoint_every=10)
+               timeout=5.0, progress=False)
     assert zygote.shared() is warm  # one zygote served the run
     pids = {int(f.stem) for f in ledger.iterdir()}  # each rank writes its own file
     assert len(pids) >= 2 and not pids & {os.getpid(), warm.proc.pid}, pids

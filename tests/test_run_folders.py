@@ -371,7 +371,9 @@ def test_a_run_resumes_from_another_working_folder(
 def test_resume_to_a_new_iteration_budget(cli, tmp_path: Path) -> None:  # noqa: ANN001
     """``--max-iterations`` may change on a resume (lab/resume.py): the run goes on to
     the new budget exactly as a run started with it, and records it; a budget the
-    checkpoint already passed ends the run at once, where it resumed."""
+    newest checkpoint already passed is refused, naming its step (before, it was
+    accepted: sim ended the run past its budget, gloo trained on); one at the step ends
+    the run at once, where it resumed."""
     longer = run(RunConfig(**{**KW, "max_iterations": 90}), tmp_path / "longer")
     out = tmp_path / "cut"
     _cut(out)  # budget 60, newest checkpoint 40
@@ -386,7 +388,10 @@ def test_resume_to_a_new_iteration_budget(cli, tmp_path: Path) -> None:  # noqa:
 
     short = tmp_path / "short"
     _cut(short)
-    r = cli("run", "--out", str(short), "--resume", "--max-iterations", "20", "--quiet")
+    _one_line_error(cli("run", "--out", str(short), "--resume", "--max-iterations", "1",
+                        "--quiet"), "newest checkpoint", "at step 40", "--max-iterations 1")
+    assert _status(short)["state"] == "interrupted"  # the refusal touched nothing
+    r = cli("run", "--out", str(short), "--resume", "--max-iterations", "40", "--quiet")
     assert r.code == 0, r.err
     s = read_summary(short)
     assert s["resumed_from"] == 40 and s["iterations"] == 40
@@ -408,8 +413,10 @@ def test_engines_that_cannot_resume_refuse_before_the_run(
     out = tmp_path / "cut"
     _cut(out)
     with pytest.raises(UserError, match=words):
-        run(RunConfig(**{**KW, "engine": engine, "paradigm": paradigm, "strategy": strategy}),
-            out, resume=True)
+        # No interval for a strategy that saves nothing (it would be refused as unread).
+        every = KW["checkpoint_every"] if resolve(strategy).checkpoint != "none" else None
+        run(RunConfig(**{**KW, "engine": engine, "paradigm": paradigm, "strategy": strategy,
+                         "checkpoint_every": every}), out, resume=True)
     assert _status(out)["state"] == "interrupted"
 
 

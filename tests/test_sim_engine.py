@@ -54,6 +54,8 @@ def test_config_toml_reruns_to_the_same_result(cli, tmp_path: Path) -> None:  # 
 
 def test_strategy_none_still_converges(cli, tmp_path: Path) -> None:  # noqa: ANN001
     cmd = [x if x != "checkpoint-restart" else "none" for x in ISSUE_CMD]
+    i = cmd.index("--checkpoint-every")  # none saves nothing: an interval is refused
+    del cmd[i:i + 2]
     r = cli(*cmd, "--out", str(tmp_path / "n"))
     s = read_summary(tmp_path / "n")
     assert r.code == 0 and s["converged"]
@@ -120,10 +122,13 @@ def test_checkpoint_blocking_sync_vs_async(persist: str) -> None:
 
 
 def test_async_checkpoint_in_flight_at_failure_is_not_used() -> None:
-    # Storage so slow that the persist begun at 200 is still in flight at 201.
+    # Storage so slow that the persist begun at 200 is still in flight at 201: a full
+    # save (~13.6 kB) takes ~7 simulated seconds, about 50 iterations, so the one begun
+    # at 100 is done. (At 1 kB/s it took ~13.5 s, within 0.1 s of 100 iterations: 160
+    # more bytes, the shards' pushes held per worker, left it in flight too.)
     cfg = RunConfig(workload="mlr", strategy="base=checkpoint-restart,persist=async",
                     checkpoint_every=100, failures=["shards=0@iter=201"],
-                    cost=RunConfig().cost.__class__(storage_bandwidth=1e3))
+                    cost=RunConfig().cost.__class__(storage_bandwidth=2e3))
     s = run_silent(cfg)
     assert s.recoveries[0].restored_from == 100
 

@@ -266,6 +266,11 @@ def _overrides(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
     return over
 
 
+def _named(args: argparse.Namespace, flags: tuple[str, ...]) -> set[str]:
+    """The fields among ``flags`` the command line names (every flag defaults to None)."""
+    return {k for k in flags if getattr(args, k) is not None}
+
+
 def _resume_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     """The recorded config and id of the run ``--resume`` continues.
 
@@ -307,7 +312,7 @@ def _slug(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from trainthrough.config import RunConfig
+    from trainthrough.config import FLAG_FIELDS, RunConfig
     from trainthrough.lab.progress import RunProgress, SaveWarnings, console, make_progress
     from trainthrough.lab.runner import run
     from trainthrough.lab.validate import validate_run
@@ -318,7 +323,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = RunConfig.from_toml(args.config) if args.config else RunConfig()
         cfg = replace(cfg, **_overrides(args, cfg))
-    validate_run(cfg)
+    validate_run(cfg, named=_named(args, FLAG_FIELDS))
     out = args.out = args.out or Path("runs") / (
         f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(cfg.workload)}-{_slug(cfg.strategy)}")
     with make_progress(args.quiet) as progress:
@@ -425,10 +430,11 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     check_out(out)  # before minutes of calibration
     say = (lambda m: None) if args.quiet else (
         lambda m: print(f"calibrating: {m}", file=sys.stderr, flush=True))
+    named = _named(args, ADVISE_FIELDS)
     if cfg.paradigm == "dp":
-        return _advise_dp(cfg, trace, only, args, out, say)
+        return _advise_dp(cfg, trace, only, args, out, say, named)
     a = advise(cfg, trace, only=only, rank_by=args.rank_by, say=say,
-               seeds=args.calibration_seeds)
+               seeds=args.calibration_seeds, named=named)
     write(a, out)
     print(table_text(a))
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "
@@ -437,7 +443,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _advise_dp(cfg: Any, trace: Any, only: list[str] | None, args: argparse.Namespace,
-               out: Path, say: Any) -> int:
+               out: Path, say: Any, named: set[str]) -> int:
     """``advise --paradigm dp``: every candidate measured at the rate (lab/advise/measured.py)."""
     from trainthrough.lab.advise import measured_report
     from trainthrough.lab.advise.measured import advise_dp
@@ -445,7 +451,7 @@ def _advise_dp(cfg: Any, trace: Any, only: list[str] | None, args: argparse.Name
     if args.rank_by != "time":
         raise UserError("--rank-by cost is for parameter-server advice; data-parallel "
                         "advice ranks by measured time to target")
-    a = advise_dp(cfg, trace, only=only, say=say, seeds=args.calibration_seeds)
+    a = advise_dp(cfg, trace, only=only, say=say, seeds=args.calibration_seeds, named=named)
     measured_report.write(a, out)
     print(measured_report.table_text(a))
     print(f"\nadvice: {out / 'advice.md'}  plot: {out / 'advice.png'}  json: "

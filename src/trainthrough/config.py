@@ -42,7 +42,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 #: The device names ``--device`` takes (what exists is checked where torch is known).
-DEVICE_NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: Matched with ``fullmatch``: ``$`` also matches before a trailing newline, so
+#: ``match`` took ``"cuda\n"`` and the refusal came later, the newline hidden in it.
+DEVICE_NAME = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)")
 # Engine names (aliases included) for the field's choices; what each engine runs is
 # declared by the engine itself (engines/registry.py), never here.
 ENGINES = ("sim", "ray", "gloo", "dist")
@@ -228,7 +230,7 @@ class RunConfig:
             raise UserError("--keep-warm keeps parameter-server actors on a Ray cluster that "
                             "outlives the run: it needs --engine ray --ray-address ADDR "
                             "(and --paradigm ps)")
-        if not DEVICE_NAME.match(self.device):
+        if not DEVICE_NAME.fullmatch(self.device):
             raise UserError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
         if self.checkpoint_shared and not (self.ray_address and self.checkpoint_dir):
             raise UserError("--checkpoint-shared declares that --checkpoint-dir is a folder "

@@ -161,8 +161,8 @@ class ShardUp(Event):
     shard: int
     iteration: int
     restored_from: int | None  #: the checkpoint's iteration; null: none was loaded
-    #: a wiped chain's restore: the (shard, worker) pairs whose acknowledged pushes it
-    #: did not bring back (counted in the summary's ``acknowledged_lost``)
+    #: a wiped chain's restore: the acknowledged pushes (updates) it did not bring back,
+    #: beyond what an earlier restore found (in the summary's ``acknowledged_lost``)
     acknowledged_lost: int | None = None
 
 

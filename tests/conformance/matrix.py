@@ -18,6 +18,7 @@ from trainthrough.engines.matrix import FORMS, Cell, all_cells, claimed, coverin
 from trainthrough.engines.result import RunResult
 from trainthrough.ft.strategy import resolve
 from trainthrough.lab.runner import run
+from trainthrough.lab.validate import for_strategy
 
 __all__ = ["FORMS", "Cell", "all_cells", "check", "claimed", "config", "covering", "run_cell"]
 
@@ -57,7 +58,7 @@ def config(c: Cell) -> RunConfig:
         if c.engine != "sim":  # a hung rank is found by the collective timeout: short
             base.update(wall_limit=60.0, recovery_delay=0.1,
                         cost=CostModel(timeout_seconds=2.0))
-    return RunConfig(**base)
+    return for_strategy(RunConfig(**base), c.strategy)  # no interval where nothing is saved
 
 
 def run_cell(c: Cell, tmp: Path) -> tuple[RunResult, list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from trainthrough.ft.strategy import resolve
 from trainthrough.loop import Loop, launch, training_loop
 
 SAMPLES = 1536
@@ -70,7 +71,8 @@ def train(loop: Loop) -> dict[str, object]:
 if __name__ == "__main__":
     engine, strategy, fail, out = sys.argv[1:5]
     address = sys.argv[5] if len(sys.argv) > 5 else None
-    args = {"recovery_delay": 1.0, "timeout": 5.0, "checkpoint_every": 10,
+    saves = resolve(strategy).checkpoint != "none"  # an interval only where it is read
+    args = {"recovery_delay": 1.0, "timeout": 5.0, "checkpoint_every": 10 if saves else None,
             **json.loads(os.environ.get("TT_LAUNCH", "{}"))}
     r = launch(train, ranks=3, engine=engine, strategy=strategy,
                fail=[fail] if fail != "-" else [], out=out, ray_address=address,

@@ -34,7 +34,7 @@ COLLECTIVES = ("auto", "gloo", "nccl")
 
 def check_device_name(name: str) -> None:
     """Refuse a device name that is none of :data:`DEVICE_FORMS` (any machine)."""
-    if not DEVICE_NAME.match(name):
+    if not DEVICE_NAME.fullmatch(name):
         raise UserError(f"--device {name!r}: use {DEVICE_FORMS}")
 
 

@@ -38,6 +38,9 @@ _ASYNC_CHAIN: Scope = (lambda consistency, s: s.replication == "chain-async",
                        "only an asynchronous chain lets its head run ahead")
 _STATELESS: Scope = (lambda consistency, s: s.outage == "buffer",
                      "only the stateless outage (outage=buffer) buffers and merges a backlog")
+_SAVES: Scope = (lambda consistency, s: s.checkpoint != "none",
+                 "only a strategy with checkpoints (checkpoint=full or prioritized) "
+                 "writes them")
 _PRIORITIZED: Scope = (lambda consistency, s: s.checkpoint == "prioritized",
                        "only prioritized checkpoints save a chosen fraction of rows")
 _RELAXED: Scope = (lambda consistency, s: s.relaxed,
@@ -49,7 +52,8 @@ _STREAMING: Scope = (lambda consistency, s: s.sync == "streaming-diloco",
 
 #: Settings that tune one mechanism, and when it is there.
 MECHANISM_SETTINGS: dict[str, Scope] = {
-    "staleness": _SSP, "replicas": _CHAIN, "max_lag": _ASYNC_CHAIN,
+    "staleness": _SSP, "replicas": _CHAIN, "checkpoint_every": _SAVES,
+    "checkpoint_keep": _SAVES, "max_lag": _ASYNC_CHAIN,
     "merge_rule": _STATELESS, "merge_threshold": _STATELESS, "backlog": _STATELESS,
     "checkpoint_fraction": _PRIORITIZED, "checkpoint_rule": _PRIORITIZED,
     "sync_every": _RELAXED, "sync_fragments": _STREAMING, "outer_lr": _OUTER_OPT,

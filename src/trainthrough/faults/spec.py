@@ -239,6 +239,26 @@ def parse(texts: str | list[str] | tuple[str, ...] | None) -> list[FailureSpec]:
     return out
 
 
+def check_together(specs: list[FailureSpec]) -> None:
+    """The rules between the specs of one run (each one parsed already).
+
+    A ``phase=recovery`` failure waits for a recovery in progress
+    (:meth:`~trainthrough.faults.schedule.FailureSchedule.due`): with no other failure
+    spec in the run, nothing is ever recovered, so it would never strike and the run
+    would end as if it had not been asked for.
+
+    Raises:
+        UserError: one line naming the spec and what to add.
+    """
+    causes = [s for s in specs if s.phase != "recovery"]
+    for s in specs:
+        if s.phase == "recovery" and not causes:
+            raise UserError(f"failure spec {s.text!r}: phase=recovery strikes only while "
+                            "another failure is being recovered, and no other failure spec "
+                            f"causes one: add one (e.g. '{s.kind}=0@iter={s.at_iter or 1}') "
+                            "or drop phase=recovery")
+
+
 def validate(specs: list[FailureSpec], sizes: dict[str, int]) -> None:
     """Check ids against the run's sizes (``{"shard": K, "worker": N, ...}``).
 

@@ -155,7 +155,8 @@ class ShardCheckpoint:
                 self._ref[n][local] = tensors[f"value/{n}"]
                 self._owner[n][local] = save_no
 
-        meta = {"iteration": iteration, "fraction": d.fraction, "version": shard.version}
+        meta = {"iteration": iteration, "fraction": d.fraction, "version": shard.version,
+                "held": {str(w): n for w, n in shard.held.items()}}
         return Planned(self.prio_tag, save_no, tensors, meta, _nbytes(tensors), commit)
 
     # -- restoring --------------------------------------------------------------
@@ -200,6 +201,7 @@ class ShardCheckpoint:
             self._load_rows(tensors, info.step)
             self.read_bytes += info.nbytes
             self.shard.version = int(info.meta["version"])
+            self.shard.held = _held(info.meta.get("held"))
             self._saves = max(self._saves, info.step)
             newest = int(info.meta["iteration"])
         return newest
@@ -278,6 +280,14 @@ def restore_together(restore: RestoreBatch, n: int, prioritized: bool) -> list[i
         restore(list(range(n)), -1)
         steps = [None] * n
     return steps
+
+
+def _held(saved: object) -> dict[int, int]:
+    """A partial save's pushes held per worker (none from a save that did not count them)."""
+    try:
+        return {int(w): int(n) for w, n in saved.items()} if isinstance(saved, dict) else {}
+    except (TypeError, ValueError):
+        return {}
 
 
 def _nbytes(tensors: Tensors) -> int:

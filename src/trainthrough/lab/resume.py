@@ -8,7 +8,8 @@ how far and under what conditions this part of the run goes may differ
 (:data:`FREE_ON_RESUME`):
 
 - ``max_iterations``: the budget, not part of the training: the run goes on to the new
-  one (one at or below the checkpoint's iteration ends it at once);
+  one (one at the newest checkpoint's step ends it at once; one below it is refused,
+  naming that step: lab/runner.py);
 - ``wall_limit``: the limit of this invocation;
 - ``failures``: the resumed part's own failures (iteration triggers at or before the
   checkpoint are skipped: :meth:`~trainthrough.engines.base.RunContext.resumed`);

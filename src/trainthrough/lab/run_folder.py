@@ -38,6 +38,8 @@ from trainthrough.ft.checkpoint import absolute_base, run_location
 from trainthrough.ft.checkpoint.manifest import MANIFEST
 from trainthrough.lab.recorder import RUN_FILES, STATUS, SUMMARY, TEMP_FILES
 
+# A complete checkpoint's folder as the store names it (``<tag>-<step>``).
+_COMPLETE_CHECKPOINT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*-([0-9]{1,20})")
 # A checkpoint folder as the store names it (``<tag>-<step>``) or its writer's temp folder.
 _CHECKPOINT_DIR = re.compile(r"^[A-Za-z0-9_-]+-[0-9]+(\.tmp-[0-9a-f]+)?$")
 
@@ -53,11 +55,12 @@ class Spelling:
     overwrite: str = "--overwrite"
     resume: str = "--resume"
     checkpoint_dir: str = "--checkpoint-dir"
+    max_iterations: str = "--max-iterations"
 
 
 CLI = Spelling()
 PYTHON = Spelling(out="out", overwrite="overwrite=True", resume="resume=True",
-                  checkpoint_dir="checkpoint_dir")
+                  checkpoint_dir="checkpoint_dir", max_iterations="max_iterations")
 
 
 @dataclass(frozen=True)
@@ -233,23 +236,33 @@ def resume_point(out: Path, names: Spelling = CLI) -> ResumePoint:
     return ResumePoint(cfg, run.run_id)
 
 
-def require_checkpoint(out: Path, url: str, names: Spelling = CLI) -> None:
+def require_checkpoint(out: Path, url: str, names: Spelling = CLI) -> int:
     """Refuse to resume the run in ``out`` if its location ``url`` holds no complete
-    checkpoint (a folder with its manifest, which is written last).
+    checkpoint (a folder ``<tag>-<step>`` with its manifest, which is written last).
+
+    Returns:
+        The step of the newest complete checkpoint (the one a resume starts from, unless
+        it proves corrupt when loaded).
 
     Raises:
         UserError: naming the location.
     """
     from fsspec.core import url_to_fs
 
+    steps: list[int] = []
     try:
         fs, root = url_to_fs(url)
-        found = bool(fs.glob(f"{root.rstrip('/')}/*/{MANIFEST}"))
+        for m in fs.glob(f"{root.rstrip('/')}/*/{MANIFEST}"):
+            # A temp folder holds its manifest before its rename: not complete yet.
+            name = _COMPLETE_CHECKPOINT.fullmatch(m.rstrip("/").rsplit("/", 2)[-2])
+            if name is not None:
+                steps.append(int(name.group(1)))
     except (OSError, ValueError):
-        found = False
-    if not found:
+        steps = []
+    if not steps:
         raise UserError(f"{names.resume}: the run in {out} saved no checkpoint (none in "
                         f"{url}); add {names.overwrite} instead to run it again")
+    return max(steps)
 
 
 def _location(out: Path, checkpoint_dir: str | None, run_id: str) -> str:
@@ -299,7 +312,7 @@ def _remove_checkpoints(url: str, names: Spelling) -> None:
         if not fs.isdir(root):
             return
         for entry in fs.ls(root, detail=False):
-            if _CHECKPOINT_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1]) and fs.isdir(entry):
+            if _CHECKPOINT_DIR.fullmatch(entry.rstrip("/").rsplit("/", 1)[-1]) and fs.isdir(entry):
                 fs.rm(entry, recursive=True)
         if not fs.ls(root, detail=False):
             fs.rmdir(root)

@@ -43,11 +43,15 @@ def resolve_defaults(cfg: RunConfig) -> tuple[RunConfig, Workload]:
     """Fill the fields left to the workload, so ``config.toml`` is fully resolved
     (engine aliases resolved too: ``dist`` is recorded as ``gloo``)."""
     workload = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_options)
+    # No interval where nothing is saved: a recorded one would be a setting the run
+    # does not read, refused when config.toml is run again (engines/options.py).
+    saves = resolve(cfg.strategy).checkpoint != "none"
     return replace(
         cfg, engine=canonical(cfg.engine), workload=absolute(cfg.workload),
         max_iterations=cfg.max_iterations or workload.default_max_iterations,
         eval_every=cfg.eval_every or workload.default_eval_every,
-        checkpoint_every=cfg.checkpoint_every or workload.default_checkpoint_every,
+        checkpoint_every=(cfg.checkpoint_every or workload.default_checkpoint_every
+                          if saves else None),
         target=cfg.target if cfg.target is not None else workload.default_target,
     ), workload
 
@@ -182,7 +186,14 @@ def run(cfg: RunConfig, out: Path, callbacks: list[Callback] | None = None,
     except ValueError as e:
         raise UserError(str(e)) from None
     if resume:
-        require_checkpoint(out, url, names)
+        newest = require_checkpoint(out, url, names)
+        # Resumed past its budget, a run would train on (or stop before a step that is
+        # already done): refused. A resumed config is the recorded one, budget resolved.
+        if cfg.max_iterations is not None and cfg.max_iterations < newest:
+            raise UserError(f"{names.resume}: the newest checkpoint of the run in {out} is "
+                            f"at step {newest}, past {names.max_iterations} "
+                            f"{cfg.max_iterations}: give a budget of at least {newest}, or "
+                            f"add {names.overwrite} instead to run it again")
     # In memory, checkpoints outlive the run only as a leak (suites run hundreds): what
     # the run created goes when it ends (the folder if new, else its own location).
     drop = None

@@ -19,20 +19,31 @@ which import it): what the checks need is imported when they run.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import fields, replace
+from typing import Any
+
 from trainthrough.config import RunConfig, flag_label
 from trainthrough.errors import UserError
 from trainthrough.fields import check_fields
 
 
-def validate_run(cfg: RunConfig) -> None:
+def validate_run(cfg: RunConfig, named: Collection[str] = ()) -> None:
     """Check everything about ``cfg`` that can be checked before a run starts.
+
+    Args:
+        cfg: the configuration.
+        named: the fields the caller set by name (the command line's flags): one the run
+            would not read is refused even at its default value (``--shards 4`` with
+            ``--paradigm dp``), where a field of a config file at its default is not
+            (a recorded ``config.toml`` holds every field).
 
     Raises:
         UserError: naming the field (as its command-line flag) and what to change.
     """
     # Layers below this one, imported here only to keep importing this module cheap.
     from trainthrough.engines.registry import check_settings, check_supported, names, traits
-    from trainthrough.faults.spec import parse
+    from trainthrough.faults.spec import check_together, parse
     from trainthrough.ft.strategy import resolve
     from trainthrough.workloads import workload_factory
     from trainthrough.workloads.options import check_options
@@ -58,14 +69,38 @@ def validate_run(cfg: RunConfig) -> None:
     specs = parse(cfg.failures)
     # The chosen engine says what it runs; everything else is refused here.
     check_supported(cfg.engine, cfg.paradigm, cfg.consistency, strategy, specs)
+    check_together(specs)  # a spec the engine runs may still wait for one never given
     # A setting the run would not read is refused, never dropped (engines/options.py).
-    check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy, cfg.changed_fields())
+    check_settings(cfg.engine, cfg.paradigm, cfg.consistency, strategy,
+                   {**cfg.changed_fields(), **{k: getattr(cfg, k) for k in named}})
     cfg.check_relations()
     if cfg.straggler_deadline is not None and strategy.relaxed:
         raise UserError(f"--straggler-deadline applies to every-step sync: strategy "
                         f"{cfg.strategy} waits for its peers only at outer "
                         "steps, which have no deadline; drop it")
     _check_checkpoints_reach_every_host(cfg, strategy.recovery == "rollback-all")
+
+
+def for_strategy(cfg: RunConfig, strategy: str) -> RunConfig:
+    """``cfg`` run with ``strategy``, its mechanism settings that strategy does not read
+    (engines/options.py: a checkpoint interval where nothing is saved, ``sync_every``
+    without outer steps) back at their defaults.
+
+    For a base shared by several strategies (a suite's cells, the advisor's candidates),
+    each run reading its own share of it; never for a user's own configuration, whose
+    settings :func:`validate_run` refuses where unread.
+
+    Raises:
+        UserError: an unknown strategy.
+    """
+    from trainthrough.engines.options import MECHANISM_SETTINGS
+    from trainthrough.ft.strategy import resolve
+
+    s = resolve(strategy)
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
+    return replace(cfg, strategy=strategy,
+                   **{k: defaults[k] for k, (used, _) in MECHANISM_SETTINGS.items()
+                      if not used(cfg.consistency, s)})
 
 
 #: fsspec protocols whose files only the machine that wrote them can read.

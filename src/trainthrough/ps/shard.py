@@ -33,6 +33,10 @@ class Shard:
         # Highest push sequence number applied per worker: Ray may re-deliver a call,
         # and a retried chain write reaches replicas that already have it.
         self.applied: dict[int, int] = {}
+        # Pushes this state holds per worker: a count, which sequence numbers are not
+        # (a replacement worker starts far above its predecessor); what acknowledged
+        # losses are counted against (engines/ray/driver/acknowledged.py).
+        self.held: dict[int, int] = {}
 
     # -- training ---------------------------------------------------------------
     def apply(self, update: Tensors, scale: float = 1.0) -> int:
@@ -66,6 +70,7 @@ class Shard:
         if seq <= self.applied.get(worker_id, -1):
             return False
         self.applied[worker_id] = seq
+        self.held[worker_id] = self.held.get(worker_id, 0) + 1
         if update:
             self.apply(update, scale)
         else:
@@ -86,8 +91,10 @@ class Shard:
         out = {f"value/{n}": v for n, v in self.values.items()}
         out.update({f"opt/{k}": v for k, v in self.opt_state.items()})
         out["version"] = torch.tensor([self.version], dtype=torch.int64)
-        out["applied"] = torch.tensor(sorted(self.applied.items()) or [[-1, -1]],
-                                      dtype=torch.int64).reshape(-1, 2)
+        # Per worker: [worker, highest sequence number applied, pushes held].
+        out["applied"] = torch.tensor([[w, q, self.held.get(w, 0)]
+                                       for w, q in sorted(self.applied.items())]
+                                      or [[-1, -1, 0]], dtype=torch.int64).reshape(-1, 3)
         return out
 
     def load_state_dict(self, state: Tensors) -> None:
@@ -98,9 +105,10 @@ class Shard:
         self.opt_state = {k: state[f"opt/{k}"].clone() if f"opt/{k}" in state else v
                           for k, v in fresh.items()}
         self.version = int(state["version"][0]) if "version" in state else 0
-        table = state.get("applied")
-        self.applied = ({int(w): int(q) for w, q in table.tolist() if w >= 0}
-                        if table is not None else {})
+        rows = state["applied"].tolist() if "applied" in state else []
+        self.applied = {int(r[0]): int(r[1]) for r in rows if r[0] >= 0}
+        # A table of two columns (saved before pushes were counted): none counted.
+        self.held = {int(r[0]): int(r[2]) for r in rows if r[0] >= 0 and len(r) > 2}
 
     def load_rows(self, name: str, rows: torch.Tensor, values: torch.Tensor,
                   opt: Tensors | None = None) -> None:
@@ -115,6 +123,7 @@ class Shard:
         self.opt_state = optim.init_state(self.spec, self.values)
         self.version = 0
         self.applied = {}
+        self.held = {}
 
     @property
     def nbytes(self) -> int:

@@ -48,12 +48,12 @@ def run_location(base: str, run_id: str) -> str:
     Raises:
         ValueError: ``run_id`` is not letters, digits, ``_`` and ``-`` (at most 64).
     """
-    if not RUN_RE.match(run_id):
+    if not RUN_RE.fullmatch(run_id):
         raise ValueError(f"bad run id {run_id!r}: use letters, digits, '_' and '-' (<= 64)")
     return f"{base.rstrip('/')}/{RUN_PREFIX}{run_id}"
 
 
 def run_of(url: str) -> str | None:
     """The run id a location belongs to (None: not a run's location)."""
-    m = _LOCATION_RE.match(url.rstrip("/").rsplit("/", 1)[-1])
+    m = _LOCATION_RE.fullmatch(url.rstrip("/").rsplit("/", 1)[-1])
     return m.group(1) if m else None

@@ -157,7 +157,7 @@ def _parse_json(raw: bytes) -> Any:
 
 
 def _file_entry(name: Any, v: Any, algorithm: str) -> FileEntry:
-    if not isinstance(name, str) or not FILE_RE.match(name):
+    if not isinstance(name, str) or not FILE_RE.fullmatch(name):
         raise ManifestError(f"invalid file name {str(name)[:80]!r}")
     fields = {algorithm, "bytes", "keys"}
     if not isinstance(v, dict) or set(v) != fields:
@@ -205,9 +205,9 @@ def parse_manifest(raw: bytes, *, step: int, tag: str) -> Manifest:
     if man["tag"] != tag:
         raise ManifestError(f"tag is {str(man['tag'])[:80]!r}, the folder says {tag!r}")
     run = man.get("run")
-    if run is not None and (not isinstance(run, str) or not RUN_RE.match(run)):
+    if run is not None and (not isinstance(run, str) or not RUN_RE.fullmatch(run)):
         raise ManifestError(f"invalid run id {str(run)[:80]!r}")
-    if not isinstance(man["created"], str) or not _CREATED_RE.match(man["created"]):
+    if not isinstance(man["created"], str) or not _CREATED_RE.fullmatch(man["created"]):
         raise ManifestError("created is not a fixed-width timestamp")
     meta = man["meta"]
     if not isinstance(meta, dict) or _depth(meta) > MAX_META_DEPTH:

@@ -159,12 +159,12 @@ class CheckpointStore:
         Corrupt ones are listed (so loading reports them) as ours; ones stamped with
         another run id are listed as not ours: reported, never loaded nor pruned.
         """
-        if not TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             raise ValueError(f"bad checkpoint tag {tag!r}: use letters, digits, '_' and '-'")
         pat = re.compile(rf"^{re.escape(tag)}-([0-9]{{1,20}})$")
         out: list[tuple[CheckpointInfo, bool]] = []
         for entry in entries(self._fs, self._root):
-            m = pat.match(entry)
+            m = pat.fullmatch(entry)
             if not m:
                 continue
             step = int(m.group(1))
@@ -235,7 +235,7 @@ class CheckpointStore:
         """
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
             raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
-        if not TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             raise ValueError(f"bad checkpoint tag {tag!r}: use letters, digits, '_' and '-'")
         if not tensors:
             raise ValueError("a checkpoint needs at least one tensor")
@@ -336,7 +336,7 @@ class CheckpointStore:
         """
         tmp_re = re.compile(rf"^{re.escape(tag)}-[0-9]+(\.tmp-[0-9a-f]+)?$")
         for entry in entries(self._fs, self._root):
-            if not tmp_re.match(entry) or entry in self._inflight or entry == keep:
+            if not tmp_re.fullmatch(entry) or entry in self._inflight or entry == keep:
                 continue
             if ".tmp-" in entry or not self._fs.exists(self._path(entry, MANIFEST)):
                 with contextlib.suppress(OSError):  # a crashed writer's leftovers

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -21,7 +21,7 @@ from trainthrough.lab.advise.calibrate import measure
 from trainthrough.lab.advise.candidates import Candidate, candidates
 from trainthrough.lab.advise.model import Baseline, Measured, Prediction, predict, rank
 from trainthrough.lab.cloud_cost import Pricing, nodes
-from trainthrough.lab.validate import validate_run
+from trainthrough.lab.validate import for_strategy, validate_run
 
 #: What fails, by default, when only an MTBF is given.
 DEFAULT_KIND = {"ps": "shard", "dp": "rank"}  # dp: measured.advise_dp
@@ -220,12 +220,15 @@ def _measure_on(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec,
 
 def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
            rank_by: str = "time", say: Callable[[str], None] | None = None,
-           pricing: Pricing | None = None, seeds: int = 1) -> Advice:
+           pricing: Pricing | None = None, seeds: int = 1,
+           named: Collection[str] = ()) -> Advice:
     """Calibrate, predict and rank (lab/advise/calibrate.py, model.py).
 
     ``cfg`` gives the workload, engine, sizes and cost model; its strategy and failures
     are ignored (every candidate is run, with the calibration's own failures).
     ``seeds``: calibration seeds from ``cfg.seed`` on, averaged (lab/advise/calibrate.py).
+    ``named``: the fields the caller set by name (flags), refused where no run reads
+    them even at their default (:func:`~trainthrough.lab.validate.validate_run`).
 
     Raises:
         UserError: an invalid configuration or trace, or no candidate.
@@ -248,7 +251,9 @@ def advise(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
                         "does")
     cands = candidates(cfg.engine, cfg.paradigm, cfg.consistency, [trace], only)
     cfg = replace(cfg, strategy=cands[0].name, failures=[trace.text], baseline=False)
-    validate_run(cfg)  # sizes, the engine's claims, the workload's options
+    # Sizes, the engine's claims, the workload's options; the base keeps every candidate's
+    # settings (a checkpoint interval), each run reading its own (calibrate.py _run).
+    validate_run(for_strategy(cfg, cfg.strategy), named)
     # The trace's ids against the sizes (runs check them only once built): before any run.
     validate([trace], {"shard": cfg.shards, "worker": cfg.workers, "replica": cfg.replicas})
     base, measured = _measure_on(cfg, cands, trace, say, seeds)

@@ -52,6 +52,7 @@ from trainthrough.lab.advise.model import Baseline, Measured, interval
 from trainthrough.lab.advise.wall import StepClock, failure_cost, phase_cost, save_cost
 from trainthrough.lab.bound import Contraction, IterateTracker, fit_contraction
 from trainthrough.lab.runner import resolve_defaults, run_silent
+from trainthrough.lab.validate import for_strategy
 
 Say = Callable[[str], None]
 
@@ -81,7 +82,9 @@ def _exact(cfg: RunConfig) -> bool:
 
 
 def _run(cfg: RunConfig, tracker: Callback | None = None) -> RunResult:
-    return run_silent(replace(cfg, baseline=False, checkpoint_dir=None), tracker)
+    """One calibration run of ``cfg``'s strategy, with the base's settings it reads."""
+    return run_silent(for_strategy(replace(cfg, baseline=False, checkpoint_dir=None),
+                                   cfg.strategy), tracker)
 
 
 def baseline(cfg: RunConfig, cands: list[Candidate], say: Say, warm_up: bool = True
@@ -299,7 +302,10 @@ def measure(cfg: RunConfig, cands: list[Candidate], trace: FailureSpec, mtbf: fl
 
     ``cfg``'s fields not set resolve from the workload (interval, budgets, target).
     """
-    cfg = resolve_defaults(cfg)[0]
+    cfg, workload = resolve_defaults(cfg)
+    # The candidates' interval, whatever the base's own strategy saves (each run reads
+    # its share of the base: _run).
+    cfg = replace(cfg, checkpoint_every=cfg.checkpoint_every or workload.default_checkpoint_every)
     cfgs = [replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
     made = [baseline(c, cands, say, warm_up=i == 0) for i, c in enumerate(cfgs)]
     bases, shapes = [b for b, _ in made], [k for _, k in made]

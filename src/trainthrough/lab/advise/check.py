@@ -22,6 +22,7 @@ from trainthrough.lab.advise.advisor import SIMULATED, Advice
 from trainthrough.lab.advise.wall import StepClock, phase_cost
 from trainthrough.lab.jobs import job_pool
 from trainthrough.lab.runner import run_silent
+from trainthrough.lab.validate import for_strategy
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ class Check:
 
 def _reference(advice: Advice, seed: int) -> float:
     """Seconds to target of the advisor's failure-free strategy on ``seed``."""
-    cfg = replace(RunConfig.from_dict(advice.config), strategy=advice.baseline.strategy,
-                  baseline=False, checkpoint_dir=None, failures=[], seed=seed)
+    cfg = for_strategy(replace(RunConfig.from_dict(advice.config), baseline=False,
+                               checkpoint_dir=None, failures=[], seed=seed),
+                       advice.baseline.strategy)
     s = run_silent(cfg)
     if s.sim_seconds_to_target is None:
         raise RuntimeError(f"seed {seed}: the failure-free run did not reach the target")
@@ -138,8 +140,8 @@ def check(advice: Advice, name: str, seeds: list[int],
     """
     p = next(x for x in advice.predictions if x.name == name)
     cfg = RunConfig.from_dict(advice.config)
-    cfg = replace(cfg, strategy=name, baseline=False, checkpoint_dir=None,
-                  checkpoint_every=p.interval or cfg.checkpoint_every)
+    cfg = for_strategy(replace(cfg, baseline=False, checkpoint_dir=None,
+                               checkpoint_every=p.interval or cfg.checkpoint_every), name)
     base = advice.baseline
     budget = max(cfg.max_iterations or 0, 5 * base.iterations)
     ref: dict[int, float] = {}

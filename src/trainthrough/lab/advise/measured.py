@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -24,8 +24,8 @@ from trainthrough.config import RunConfig
 from trainthrough.engines.result import RunResult
 from trainthrough.errors import UserError
 from trainthrough.faults.spec import FailureSpec, validate
-from trainthrough.lab.advise.candidates import candidates
-from trainthrough.lab.validate import validate_run
+from trainthrough.lab.advise.candidates import Candidate, candidates
+from trainthrough.lab.validate import for_strategy, validate_run
 
 
 @dataclass
@@ -125,13 +125,17 @@ def _committed_rate(s: RunResult) -> float | None:
 
 def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
               say: Callable[[str], None] | None = None, seeds: int = 1,
-              run: Callable[[RunConfig], RunResult] | None = None) -> DpAdvice:
+              run: Callable[[RunConfig], RunResult] | None = None,
+              named: Collection[str] = ()) -> DpAdvice:
     """Run every data-parallel candidate failure-free and on ``trace``, ``seeds`` times
     (seeds ``cfg.seed`` on), and rank them by measured time to target.
 
     ``cfg`` gives the workload, engine, ranks, ``sync_every`` (relaxed candidates) and
     cost model; its strategy and failures are ignored. ``run``: how a configuration is
-    run (``runner.run_silent``, a scratch checkpoint folder each).
+    run (``runner.run_silent``, a scratch checkpoint folder each). ``named``: the fields
+    the caller set by name (flags), refused where no candidate reads them, even at their
+    default (:func:`~trainthrough.lab.validate.validate_run`); ``sync_every`` is read by
+    the relaxed candidates only.
 
     Raises:
         UserError: an invalid configuration or trace, or no candidate.
@@ -149,17 +153,26 @@ def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     if not cfg.stop_at_target:
         raise UserError("advise ranks data-parallel strategies by time to the target: "
                         "stop_at_target must stay true")
+    if cfg.ranks < 2:
+        raise UserError(f"--ranks {cfg.ranks}: data-parallel advice weighs what the surviving "
+                        "ranks do when one is lost, and one rank has no survivor: use "
+                        "--ranks 2 or more")
     cands = candidates(cfg.engine, "dp", cfg.consistency, [trace], only)
     base = replace(cfg, failures=[], baseline=False)
+    relaxed = [c for c in cands if c.strategy.relaxed]
+    if not relaxed and ("sync_every" in named or cfg.sync_every != RunConfig.sync_every):
+        raise UserError("--sync-every is read by the relaxed candidates (localsgd, diloco, "
+                        "streaming-diloco) only, and none is weighed: drop it")
     for c in cands:  # every candidate's configuration, before any run
-        validate_run(replace(base, strategy=c.name, failures=[trace.text]))
+        validate_run(replace(_own(base, c), failures=[trace.text]),
+                     set(named) - ({"sync_every"} if not c.strategy.relaxed else set()))
     validate([trace], {"rank": cfg.ranks})
     results, metric = [], ""
     for c in cands:
         r = DpResult(c.name, "relaxed" if c.strategy.relaxed else "synchronous")
         for seed in range(cfg.seed, cfg.seed + seeds):
-            free = run(replace(base, strategy=c.name, seed=seed))
-            hit = run(replace(base, strategy=c.name, seed=seed, failures=[trace.text]))
+            free = run(replace(_own(base, c), seed=seed))
+            hit = run(replace(_own(base, c), seed=seed, failures=[trace.text]))
             r.free_seconds_to_target.append(_to_target(free))
             r.seconds_to_target.append(_to_target(hit))
             r.failures.append(hit.failures)
@@ -175,6 +188,12 @@ def advise_dp(cfg: RunConfig, trace: FailureSpec, only: list[str] | None = None,
     return DpAdvice(cfg.workload, cfg.engine, clock_name(cfg.engine), trace.mtbf, trace.text,
                     cfg.ranks, cfg.sync_every, seeds, metric, results,
                     base.to_dict())
+
+
+def _own(base: RunConfig, c: Candidate) -> RunConfig:
+    """Candidate ``c``'s run of ``base``: the settings it reads (the relaxed sync interval
+    only where it has outer steps, the checkpoint interval only where it saves)."""
+    return for_strategy(base, c.name)
 
 
 def _to_target(s: RunResult) -> float | None:

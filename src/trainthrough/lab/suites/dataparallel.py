@@ -24,6 +24,7 @@ from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
 from trainthrough.lab.suites.dataparallel_cost import COST
 from trainthrough.lab.suites.dataparallel_report import headline, model_section, tradeoff_section
+from trainthrough.lab.validate import for_strategy
 
 DESCRIPTION = ("data parallel: accuracy loss vs runtime overhead of checkpoint-restart, "
                "rollback, lossy-forward (keep-global/keep-local)")
@@ -67,8 +68,9 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                       checkpoint_every=every, cost=COST, allreduce_buckets=4)
         for seed in range(n_seeds):
             run_id = f"{w}-failure-free-s{seed}"
-            runs.append(SuiteRun(run_id, RunConfig(strategy="lossy-forward", seed=seed,
-                                                   max_iterations=steps, **common),  # type: ignore[arg-type]
+            runs.append(SuiteRun(run_id, for_strategy(RunConfig(seed=seed, max_iterations=steps,
+                                                                 **common),  # type: ignore[arg-type]
+                                                       "lossy-forward"),
                                  {"fail": "none", "strategy": "failure-free",
                                   "preset": "failure-free", "elastic": "-", "phase": "-",
                                   "failures_planned": 0, "steps": steps, "every": every}))
@@ -83,10 +85,11 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
                         for seed in range(n_seeds):
                             run_id = (f"{w}-{phase.replace(':', '')}-x{count}-"
                                       f"{label.replace('/', '-')}-s{seed}")
-                            cfg = RunConfig(strategy=strategy, elastic=elastic, seed=seed,
-                                            failures=specs, max_iterations=steps + extra,
-                                            checkpoint_dir=f"memory://dp-suite/{run_id}",
-                                            **common)  # type: ignore[arg-type]
+                            cfg = for_strategy(RunConfig(
+                                elastic=elastic, seed=seed, failures=specs,
+                                max_iterations=steps + extra,
+                                checkpoint_dir=f"memory://dp-suite/{run_id}",
+                                **common), strategy)  # type: ignore[arg-type]
                             runs.append(SuiteRun(run_id, cfg, {
                                 "fail": f"{count}x {phase}", "strategy": label,
                                 "preset": strategy, "elastic": elastic, "phase": phase,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from trainthrough.config import CostModel, RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
 from trainthrough.lab.suites.relaxed_report import goodput_section, headline
+from trainthrough.lab.validate import for_strategy
 
 DESCRIPTION = ("data parallel: synchronous recovery (checkpoint-restart, rollback, "
                "lossy-forward) vs LocalSGD / DiLoCo / streaming DiLoCo on the same MTBF trace")
@@ -48,13 +49,12 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         for strategy in (*SYNC, *RELAXED):
             for seed in range(n_seeds):
                 run_id = f"mlr-{strategy}-{'free' if mtbf is None else f'mtbf{mtbf:g}'}-s{seed}"
-                extra = {"sync_every": SYNC_EVERY} if strategy in RELAXED else {}
-                cfg = RunConfig(workload="mlr", paradigm="dp", ranks=4, strategy=strategy,
-                                seed=seed, max_iterations=steps, stop_at_target=False,
-                                eval_every=25, checkpoint_every=CHECKPOINT_EVERY, cost=COST,
-                                failures=[] if mtbf is None else [f"rank=any@mtbf={mtbf:g}s"],
-                                checkpoint_dir=f"memory://relaxed-suite/{run_id}",
-                                **extra)  # type: ignore[arg-type]
+                cfg = for_strategy(RunConfig(
+                    workload="mlr", paradigm="dp", ranks=4, seed=seed, max_iterations=steps,
+                    stop_at_target=False, eval_every=25, checkpoint_every=CHECKPOINT_EVERY,
+                    cost=COST, failures=[] if mtbf is None else [f"rank=any@mtbf={mtbf:g}s"],
+                    checkpoint_dir=f"memory://relaxed-suite/{run_id}", sync_every=SYNC_EVERY),
+                    strategy)
                 runs.append(SuiteRun(run_id, cfg, {
                     "fail": fail, "mtbf": mtbf if mtbf is not None else "",
                     "family": "relaxed" if strategy in RELAXED else "synchronous",

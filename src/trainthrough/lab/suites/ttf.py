@@ -16,6 +16,7 @@ from typing import Any
 
 from trainthrough.config import RunConfig
 from trainthrough.lab.suite import SuiteRun, SuiteSpec
+from trainthrough.lab.validate import for_strategy
 
 DESCRIPTION = "Training Through Failure: the PS killed on Ray; checkpoints vs chains vs stateless"
 STRATEGIES = ("checkpoint-sync", "checkpoint-async", "chain-sync", "chain-async", "stateless")
@@ -54,12 +55,11 @@ def build(quick: bool = False, seeds: int | None = None) -> SuiteSpec:
         for strategy in STRATEGIES:
             for rep in range(reps):
                 run_id = f"{scen}-{strategy}-r{rep}"
-                cfg = RunConfig(workload="cnn", strategy=strategy, engine="ray", shards=1,
-                                workers=4, consistency="async", failures=fails, seed=rep,
-                                recovery_delay=down, checkpoint_every=25, eval_every=10,
-                                stop_at_target=False, wall_limit=wall, max_iterations=100000,
-                                target=target,
-                                workload_options=options)
+                cfg = for_strategy(RunConfig(
+                    workload="cnn", engine="ray", shards=1, workers=4, consistency="async",
+                    failures=fails, seed=rep, recovery_delay=down, checkpoint_every=25,
+                    eval_every=10, stop_at_target=False, wall_limit=wall, max_iterations=100000,
+                    target=target, workload_options=options), strategy)
                 runs.append(SuiteRun(run_id, cfg, {"fail": "+".join(fails), "scenario": scen,
                                                    "down_seconds": down,
                                                    "first_kill_s": kills[0]}))

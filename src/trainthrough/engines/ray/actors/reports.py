@@ -43,6 +43,7 @@ class Progress(TypedDict):
     comm: float  #: pulls and pushes that went through
     pushes: int  #: pushes acknowledged
     acked: dict[int, int]  #: per shard, the highest sequence number acknowledged
+    acked_pushes: dict[int, int]  #: per shard, how many pushes were acknowledged
     buffered: int  #: slices buffered during outages (stateless)
     backlog: int  #: slices buffered now
     outage: float  #: with a shard unreachable (waiting or buffering)
@@ -60,6 +61,7 @@ class ShardStats(TypedDict):
     lag: int  #: chain positions applied here and not yet on the rest of the chain
     position: int  #: chain position
     applied: dict[int, int]  #: per worker, the highest sequence number applied
+    held: dict[int, int]  #: per worker, how many of its pushes this state holds
 
 
 class _Failable(TypedDict, total=False):

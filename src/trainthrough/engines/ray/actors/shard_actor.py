@@ -351,7 +351,7 @@ class ShardActor:
                               forwarded=self.link.forwarded, sent_states=self.link.sent_states,
                               socket_sends=self.link.forwarder.socket_sends,
                               lag=self.link.lag, position=self.link.pos,
-                              applied=dict(self.shard.applied))
+                              applied=dict(self.shard.applied), held=dict(self.shard.held))
 
 
 def _saved(error: str | None, nbytes: int = 0, payload: int = 0, blocked: float = 0.0,

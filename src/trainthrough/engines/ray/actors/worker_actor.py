@@ -103,6 +103,7 @@ class WorkerActor:
         self._acc_count = 0
         self.pushes = self.duplicates_skipped = self.buffered = 0
         self.acked: dict[int, int] = {}  # shard -> highest sequence number acknowledged
+        self.acked_pushes: dict[int, int] = {}  # shard -> pushes acknowledged
         self.worker.start(wl.init_params(torch.Generator().manual_seed(seed)), incarnation)
 
     def whoami(self) -> tuple[int, str]:
@@ -183,7 +184,8 @@ class WorkerActor:
         buffering), ``outage_busy``: the compute seconds among them."""
         ongoing = 0.0 if self._outage_since is None else time.perf_counter() - self._outage_since
         return Progress(step=self.step, busy=self.busy, idle=self.idle, comm=self.comm,
-                        pushes=self.pushes, acked=dict(self.acked), buffered=self.buffered,
+                        pushes=self.pushes, acked=dict(self.acked),
+                        acked_pushes=dict(self.acked_pushes), buffered=self.buffered,
                         backlog=sum(len(b) for b in self._backlogs),
                         outage=self.idle + self._outage_done + ongoing,
                         outage_busy=self.outage_busy)
@@ -354,6 +356,7 @@ class WorkerActor:
     def _ack(self, shard: int, seq: int) -> None:
         self.pushes += 1
         self.acked[shard] = max(self.acked.get(shard, -1), seq)
+        self.acked_pushes[shard] = self.acked_pushes.get(shard, 0) + 1
 
     def _retry(self, i: int, part: Tensors) -> None:
         """Wait for shard ``i`` to come back, then push the same sequence number."""

@@ -1,30 +1,35 @@
-"""Acknowledged pushes lost: the run's ``acknowledged_lost`` count, from two checks.
+"""Acknowledged pushes lost: the run's ``acknowledged_lost`` count, in updates.
 
-A worker records, per shard, the highest sequence number the shard acknowledged; a
-replica's dedup table (``Shard.applied``) the highest it applied, per worker. A
-(shard, worker) pair whose acknowledged push a replica lacks is a loss. Two checks:
+A worker counts, per shard, the pushes the shard acknowledged (``acked_pushes``, summed
+over the worker's incarnations); a replica's state counts, per worker, the pushes it
+holds (``Shard.held``: it travels with the state, to a checkpoint, a replica, a
+restore). Both counts only grow while a shard serves, by one per acknowledged push,
+so what a chain's state lacks stays visible to the end: a (shard, worker) pair's loss
+is ``acknowledged - held``, the pushes the shard acknowledged that its state no longer
+holds. Sequence numbers could not say that (a replacement worker's start 2**40 higher,
+a flushed backlog taking one number per push).
+
+Two checks, both in updates:
 
 - **When a wiped chain is restored** (every replica of a shard lost: restored from its
-  checkpoint, or reinitialized): the workers' acknowledged sequence numbers against the
-  restored state's dedup table (a checkpoint's, or empty), taken before the restored
-  shard serves, so no push can have been acknowledged since the wipe. Checked only
-  there: once the shard serves again, the workers' later pushes lift its table above
-  what they had acknowledged before, and the end-of-run check would no longer see it.
-- **At the end of the run**: each serving replica's table against what the workers
-  acknowledged last (a chain that kept a replica promises 0); a chain with no replica
-  left (its restore not done when the run ended) lacks every acknowledged push.
+  checkpoint, or reinitialized), before the restored shard serves: each pair's loss so
+  far, recorded (``acknowledged_lost_wiped``; the ``up`` event's ``acknowledged_lost``
+  is what this restore added). A second wipe adds only what it lost beyond the first.
+- **At the end of the run**: per pair, the most any live replica holds against the
+  pushes acknowledged (a chain with no replica left holds none); the loss is the larger
+  of that and what the restores recorded, so pushes applied but never acknowledged (a
+  worker killed between the apply and the answer) cannot hide a loss a restore saw.
 
-The unit is the (shard, worker) pair, not the update: sequence numbers are not a
-count (a worker's replacement starts 2**40 higher, a flushed backlog takes one number
-per shard), so the number of updates behind a pair is not known here. A pair counts
-once per check that finds it: once per restore that lost its acknowledged pushes (a
-second wipe before the worker's next acknowledged push finds nothing new), and at the
-end once per serving replica that lacks it, unless a restore already counted that
-same acknowledged push.
+Only chains are counted: a non-replicated shard restarts by its strategy's design,
+losing what came after its checkpoint, which its recovery record's
+``perturbation_norm_lost`` measures (docs/strategies.md). A worker killed after its
+last report had pushes acknowledged that are not counted: the counts can understate a
+loss, never invent one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from trainthrough.engines.ray.actors.reports import Progress
@@ -33,54 +38,69 @@ Pair = tuple[int, int]  # (shard, worker id)
 
 
 def acknowledged(progress: dict[str, Progress], index: dict[str, int]) -> dict[Pair, int]:
-    """Per (shard, worker id), the highest sequence number acknowledged, over the
-    worker's incarnations (``index``: a worker actor's name to its worker id)."""
+    """Per (shard, worker id), the pushes acknowledged, summed over the worker's
+    incarnations (``index``: a worker actor's name to its worker id)."""
     acked: dict[Pair, int] = {}
     for name, p in progress.items():
         w = index[name]
-        for shard, seq in p.get("acked", {}).items():
+        for shard, n in p.get("acked_pushes", {}).items():
             key = (int(shard), w)
-            acked[key] = max(acked.get(key, -1), int(seq))
+            acked[key] = acked.get(key, 0) + int(n)
     return acked
 
 
+@dataclass(frozen=True)
+class Losses:
+    """The run's acknowledged losses: ``updates`` (pushes) and the pairs with any."""
+
+    updates: int
+    pairs: int
+    detail: list[dict[str, Any]]  # per pair with a loss: shard, worker, counts, lost
+
+
 class AcknowledgedLedger:
-    """The losses found so far, by both checks."""
+    """The losses the wiped chains' restores found, per pair."""
 
     def __init__(self) -> None:
-        self.wiped: list[dict[str, Any]] = []  #: losses found when wiped chains were restored
-        self._counted: dict[Pair, int] = {}  # per pair, the acknowledged seq a restore counted
+        self._wiped: dict[Pair, int] = {}  # per pair, the updates restores found lost
 
-    def restored(self, shard: int, acked: dict[Pair, int], applied: dict[int, int],
+    @property
+    def wiped(self) -> int:
+        """Updates lost, as the restores of wiped chains found them."""
+        return sum(self._wiped.values())
+
+    def restored(self, shard: int, acked: dict[Pair, int], held: dict[int, int],
                  restored_from: int | None) -> list[dict[str, Any]]:
-        """Shard ``shard``'s chain was wiped and restored to a state whose dedup table
-        is ``applied`` (``restored_from``: the checkpoint's iteration, None if
-        reinitialized): the pairs whose acknowledged push it lacks, recorded."""
-        lost = []
-        for (s, w), q in sorted(acked.items()):
-            if s != shard or applied.get(w, -1) >= q or q <= self._counted.get((s, w), -1):
+        """Shard ``shard``'s chain was wiped and restored to a state holding ``held``
+        pushes per worker (``restored_from``: the checkpoint's iteration, None if
+        reinitialized): the pairs whose acknowledged pushes it lacks beyond what an
+        earlier restore found, with ``lost`` the updates this restore adds."""
+        found = []
+        for (s, w), n in sorted(acked.items()):
+            if s != shard:
                 continue
-            self._counted[(s, w)] = q
-            lost.append({"shard": s, "worker": w, "acknowledged": q,
-                         "applied": applied.get(w, -1), "wiped": True,
-                         "restored_from": restored_from})
-        self.wiped += lost
-        return lost
+            lost = n - held.get(w, 0)
+            new = lost - self._wiped.get((s, w), 0)
+            if new <= 0:
+                continue
+            self._wiped[(s, w)] = lost
+            found.append({"shard": s, "worker": w, "acknowledged": n, "held": held.get(w, 0),
+                          "lost": new, "wiped": True, "restored_from": restored_from})
+        return found
 
     def at_end(self, acked: dict[Pair, int],
-               replicas: dict[int, dict[str | None, dict[int, int]]]) -> list[dict[str, Any]]:
-        """Every loss of the run: the restores' and, per serving replica
-        (``replicas``: per shard, each replica's name and dedup table; an empty dict
-        for a chain with no replica left), the pairs whose last acknowledged push it
-        lacks (none a restore counted already)."""
-        lost = list(self.wiped)
-        for shard, tables in sorted(replicas.items()):
-            # A shard with no replica left (wiped, its restore not done when the run
-            # ended) holds nothing: every pair a restore has not counted is lost.
-            for name, applied in (tables or {None: {}}).items():
-                lost += [{"shard": s, "replica": name, "worker": w, "acknowledged": q,
-                          "applied": applied.get(w, -1)}
-                         for (s, w), q in sorted(acked.items())
-                         if s == shard and applied.get(w, -1) < q
-                         and q > self._counted.get((s, w), -1)]
-        return lost
+               replicas: dict[int, list[dict[int, int]]]) -> Losses:
+        """Every loss of the run, per pair: the pushes acknowledged against the most
+        any live replica of its chain holds (``replicas``: per shard counted, each live
+        replica's pushes held per worker; an empty list: no replica left), and never
+        less than the restores found."""
+        detail = []
+        for (s, w), n in sorted(acked.items()):
+            if s not in replicas:
+                continue
+            held = max((h.get(w, 0) for h in replicas[s]), default=0)
+            lost = max(n - held, self._wiped.get((s, w), 0))
+            if lost > 0:
+                detail.append({"shard": s, "worker": w, "acknowledged": n, "held": held,
+                               "lost": lost, "wiped": (s, w) in self._wiped})
+        return Losses(sum(d["lost"] for d in detail), len(detail), detail)

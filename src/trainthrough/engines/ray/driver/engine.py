@@ -24,10 +24,14 @@ import ray
 import torch
 
 from trainthrough.engines.base import RunContext
-from trainthrough.engines.ray.actors.reports import Progress
+from trainthrough.engines.ray.actors.reports import Progress, ShardStats
 from trainthrough.engines.ray.chain.zk_membership import ZooKeeperMembership
 from trainthrough.engines.ray.driver import recovery
-from trainthrough.engines.ray.driver.acknowledged import AcknowledgedLedger, acknowledged
+from trainthrough.engines.ray.driver.acknowledged import (
+    AcknowledgedLedger,
+    Losses,
+    acknowledged,
+)
 from trainthrough.engines.ray.driver.bsp import BulkSynchronous
 from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
 from trainthrough.engines.ray.driver.cluster import RayCluster
@@ -309,40 +313,42 @@ class RayEngine:
     def chain_wiped(self, shard: int, handle: Any, restored_from: int | None) -> int:
         """Every replica of ``shard`` was lost and ``handle`` holds its restored state,
         not serving yet: record the acknowledged pushes the restore did not bring back
-        (acknowledged.py); returns how many (shard, worker) pairs lost some.
+        (acknowledged.py); returns how many, beyond what earlier restores found.
 
         Raises:
             ray.exceptions.RayError: the restored replica died (its death is handled
             next; a later call counts nothing twice).
         """
-        applied = ray.get(handle.stats.remote(), timeout=10)["applied"]
+        held = ray.get(handle.stats.remote(), timeout=10)["held"]
         acked = acknowledged(self._progress(), self._worker_ids())
-        return len(self.acks.restored(shard, acked, applied, restored_from))
+        return sum(e["lost"] for e in self.acks.restored(shard, acked, held, restored_from))
 
     def _worker_ids(self) -> dict[str, int]:
         return {m.name: m.index for m in self.cluster.members.values() if m.kind == "worker"}
 
-    def _acknowledged_lost(self, progress: dict[str, Progress]) -> list[dict[str, Any]]:
-        """The run's acknowledged pushes lost, as (shard, worker) pairs (acknowledged.py):
-        those wiped chains' restores did not bring back, and those a serving replica
-        lacks at the end. Synchronous chains that keep a replica promise 0. A worker
-        killed after its last report may have had later pushes acknowledged: those are
-        not counted, so this can only understate, never invent, a loss.
-        """
-        tables: dict[int, dict[str | None, dict[int, int]]] = {}
+    def _replica_stats(self) -> dict[int, list[ShardStats]]:
+        """Per shard, the stats of each live replica (none: no replica left at the end,
+        a wipe whose restore had not happened)."""
+        out: dict[int, list[ShardStats]] = {}
         for i in range(self.layout.num_shards):
-            members = self.cluster.chains[i].members
-            if not members and self.cluster.mode != "none":
-                # A chain with no replica left at the end (a wipe whose restore had
-                # not happened) holds none of its acknowledged pushes.
-                tables[i] = {}
-            for name in members:
-                try:
-                    tables.setdefault(i, {})[name] = ray.get(
-                        self.cluster.members[name].handle.stats.remote(), timeout=10)["applied"]
-                except ray.exceptions.RayError:
-                    continue
-        return self.acks.at_end(acknowledged(progress, self._worker_ids()), tables)
+            out[i] = []
+            for name in self.cluster.chains[i].members:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    out[i].append(ray.get(self.cluster.members[name].handle.stats.remote(),
+                                          timeout=10))
+        return out
+
+    def _acknowledged_lost(self, progress: dict[str, Progress],
+                           stats: dict[int, list[ShardStats]]) -> Losses | None:
+        """The run's acknowledged pushes lost, in updates (acknowledged.py): what wiped
+        chains' restores did not bring back, and what no live replica of a chain holds
+        at the end. Synchronous chains that keep a replica promise 0. None without
+        chains: a non-replicated shard's restart is not counted (docs/strategies.md).
+        """
+        if self.cluster.mode == "none":
+            return None
+        held = {i: [s["held"] for s in replicas] for i, replicas in stats.items()}
+        return self.acks.at_end(acknowledged(progress, self._worker_ids()), held)
 
     def finish(self, iteration: int, progress: dict[str, Progress]) -> RunResult:
         """The run's result at its end (``iteration`` executed)."""
@@ -354,16 +360,23 @@ class RayEngine:
         r.checkpoint_blocked_seconds = ck.blocked
         r.extras["checkpoint_payload_bytes"] = ck.payload_bytes
         r.extras.update(self.saves.stats())
-        r.updates_applied = sum(p["pushes"] for p in progress.values())
         r.wall_seconds = r.sim_seconds = self.ctx.wall()
+        stats = self._replica_stats()
+        # What the shards hold at the end (the most any live replica of a shard holds),
+        # not what was acknowledged: a restore takes back what came after its checkpoint.
+        r.updates_applied = sum(max((s["version"] for s in replicas), default=0)
+                                for replicas in stats.values())
+        lost = self._acknowledged_lost(progress, stats)
         r.extras.update({
             "worker_busy_seconds": sum(p["busy"] for p in progress.values()),
             "worker_idle_seconds": sum(p["idle"] for p in progress.values()),
             "worker_comm_seconds": sum(p.get("comm", 0.0) for p in progress.values()),
             "updates_buffered": sum(p["buffered"] for p in progress.values()),
-            "acknowledged_lost": len(lost := self._acknowledged_lost(progress)),
-            "acknowledged_lost_wiped": len(self.acks.wiped),
-            "acknowledged_lost_detail": lost[:10],
+            "updates_acknowledged": sum(p["pushes"] for p in progress.values()),
+            "acknowledged_lost": lost.updates if lost is not None else None,
+            "acknowledged_lost_pairs": lost.pairs if lost is not None else None,
+            "acknowledged_lost_wiped": self.acks.wiped if lost is not None else None,
+            "acknowledged_lost_detail": lost.detail[:10] if lost is not None else None,
             "time_to_target": r.sim_seconds_to_target})
         return r
 
