@@ -37,6 +37,7 @@ from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
 from trainthrough.engines.sim.dp_kinds import SimKinds
+from trainthrough.errors import Preempted
 from trainthrough.events import (
     CheckpointCorrupt,
     Detection,
@@ -50,7 +51,6 @@ from trainthrough.events import (
     RecoveryEnded,
     Reform,
 )
-from trainthrough.errors import Preempted
 from trainthrough.faults.schedule import FailureSchedule
 from trainthrough.ft.decisions import RecoveryAction, ReplacementDecision
 from trainthrough.ft.dp_policies import GroupFailure, GroupRecoveryPolicy, Phase, ReplacementPolicy
