@@ -141,3 +141,29 @@ def test_the_straggler_deadline_drops_the_slow_rank_and_a_full_speed_one_replace
     kept, ev3 = _run(tmp_path, "kept", failures=[spec.format(3)], straggler_deadline=0.005,
                      **common)
     assert not _of(ev3, "rank-fenced") and kept.recoveries == []
+
+
+@pytest.mark.timeout(180)
+def test_sim_and_gloo_agree_on_a_preemption(tmp_path: Path) -> None:
+    """The same spec on both engines: one failure counted, no recovery, no step redone,
+    and the same history of the group's size (drained to [0, 2], grown back to [0, 1, 2])."""
+    from tests.test_dist import Watch, _engine
+
+    spec = ["rank=1@iter=8,mode=preempt:10s"]
+    cb = Watch(lambda w: bool(w.of("rank-joined")) and w.evals[-1]["ranks"] == 3)
+    g = _engine(tmp_path / "gloo", cb, strategy="rollback", ranks=3, stop_at_target=False,
+                max_iterations=4000, wall_limit=120, recovery_delay=0.1, eval_every=5,
+                cost=CostModel(timeout_seconds=3), failures=spec).run()
+    s, ev = _run(tmp_path, "sim", failures=spec, stop_at_target=False,
+                 max_iterations=60, cost=CostModel(replace_seconds=0.05))
+
+    def history(events: list[dict[str, Any]]) -> list[tuple[str, list[int], list[int]]]:
+        return [(e["type"], e["slots"], e["ranks"]) for e in events
+                if e["type"] in ("drained", "rank-joined")]
+
+    assert history(cb.events) == history(ev) == [("drained", [1], [0, 2]),
+                                                 ("rank-joined", [1], [0, 1, 2])]
+    for r, events in ((g, cb.events), (s, ev)):
+        assert r.failures == 1 and r.recoveries == []
+        assert r.iterations == r.extras["logical_iterations"], (r.engine, "a step redone")
+        assert not {"detection", "recovery", "preempt-expired"} & {e["type"] for e in events}
