@@ -167,3 +167,15 @@ def test_sim_and_gloo_agree_on_a_preemption(tmp_path: Path) -> None:
         assert r.failures == 1 and r.recoveries == []
         assert r.iterations == r.extras["logical_iterations"], (r.engine, "a step redone")
         assert not {"detection", "recovery", "preempt-expired"} & {e["type"] for e in events}
+
+
+def test_the_straggler_suite_is_small_and_valid() -> None:
+    from trainthrough.lab.suites import build_suite
+    from trainthrough.lab.validate import validate_run
+
+    spec = build_suite("stragglers", quick=True)
+    assert len(spec.runs) == 5  # failure-free, 2 factors x (no deadline, 1 s)
+    for r in spec.runs:
+        validate_run(r.config)
+    assert {(r.labels["slow_factor"], r.labels["deadline"]) for r in spec.runs} == {
+        (1.0, "-"), (2.0, "waits"), (2.0, "1s"), (8.0, "waits"), (8.0, "1s")}
