@@ -197,7 +197,10 @@ class SimDPEngine:
             kinds = self.recovery.kinds
             start, late = kinds.first_collective(kinds.arrivals(
                 self._batch, self.g.micro_seconds(self.costs.compute)))
-            self.clock.advance(compute * 2 / 3 + max(0.0, start - compute))
+            if late:  # it broke at the deadline, maybe before the busiest share's end
+                self.clock.advance(max(0.0, start - compute / 3))
+            else:
+                self.clock.advance(compute * 2 / 3 + max(0.0, start - compute))
         hit = self.recovery.strike(name, self.executed, self.logical)
         if late:  # the deadline was the wait: found at once
             hit = Hit(late, 0.0, late=late) + hit if hit is not None else Hit(late, 0.0, late=late)
