@@ -68,7 +68,7 @@ class SimRelaxed:
         self.disruption = disruption
         self.lockstep = LockStep(self._point, on_reduce)
         self.injector = SimInjector()
-        self.executed = 0
+        self.executed = self._logical = 0
         self._compute = 0.0
         self._hits: list[tuple[Hit, str]] = []
         self.lost = _Lost()
@@ -96,7 +96,7 @@ class SimRelaxed:
         """One inner step of every live replica, then the outer steps due; the logical
         iteration after it (the step counts for the survivors whatever struck)."""
         g = self.g
-        self.executed = executed
+        self.executed, self._logical = executed, logical
         batch = g.plan()
         # The slowest replica sets an inner step's pace (a slow one is waited for at
         # the outer step: the same total).
@@ -245,7 +245,7 @@ class SimRelaxed:
     def _point(self, name: str) -> Strike | None:
         if name == "inner":
             self.clock.advance(self._compute)
-        hit = self.rec.strike(name, self.executed)
+        hit = self.rec.strike(name, self.executed, self._logical)
         if hit is None:
             return None
         self._hits.append((hit, name))
