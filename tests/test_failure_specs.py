@@ -129,11 +129,14 @@ def test_cli_malformed_spec_exits_2_with_one_line(cli, tmp_path, spec: str) -> N
 
 
 def test_engines_that_cannot_deliver_a_notice_refuse_it() -> None:
-    """gloo claims mode=preempt; sim and Ray's data parallel (an actor's SIGTERM is
-    Ray's) do not, so validation refuses it there before anything starts."""
+    """gloo and sim (on its virtual clock) claim mode=preempt; Ray's data parallel (an
+    actor's SIGTERM is Ray's) does not, so validation refuses it there before anything
+    starts, and so does the parameter server."""
     specs = parse("rank=1@iter=8,mode=preempt:10s")
     assert registry.claims("gloo", "dp", resolve("rollback"), specs) == "bsp"
-    assert registry.claims("sim", "dp", resolve("rollback"), specs) is None
+    assert registry.claims("sim", "dp", resolve("rollback"), specs) == "bsp"
+    assert registry.claims("sim", "ps", resolve("checkpoint-restart"),
+                           parse("shards=1@iter=8,mode=preempt:10s")) is None
     assert registry.claims("ray", "dp", resolve("rollback"), specs) is None
     assert registry.claims("ray", "ps", resolve("checkpoint-restart"),
                            parse("shards=1@iter=8,mode=preempt:10s")) is None

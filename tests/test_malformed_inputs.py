@@ -101,8 +101,6 @@ CLI.update({
     "max-restarts on the parameter server": _args("--max-restarts", "2"),
     "max-restarts negative on gloo": _args("--paradigm", "dp", "--engine", "gloo",
                                            "--strategy", "rollback", "--max-restarts", "-1"),
-    "straggler-deadline on sim": _args("--paradigm", "dp", "--strategy", "rollback",
-                                       "--straggler-deadline", "1"),
     "straggler-deadline on ray": _args("--paradigm", "dp", "--engine", "ray",
                                        "--strategy", "rollback", "--straggler-deadline", "1"),
     "straggler-deadline on the parameter server": _args("--straggler-deadline", "1"),
@@ -230,19 +228,20 @@ SPECS.update({
                                                 "--fail", "rank=0@iter=1,phase=allreduce:4"),
     "dp worker kind": _args("--paradigm", "dp", "--strategy", "rollback",
                             "--fail", "worker=0@iter=1"),
-    # Engines that cannot pause or slow a rank refuse it (their capabilities' modes).
-    "pause on sim": _args("--paradigm", "dp", "--strategy", "rollback",
-                          "--fail", "rank=1@iter=3,mode=pause:5s"),
-    "slow on sim": _args("--paradigm", "dp", "--strategy", "rollback",
-                         "--fail", "rank=1@iter=3,mode=slow:4x"),
+    # Engines that cannot pause or slow a rank refuse it (their capabilities' modes;
+    # sim runs them: tests/test_sim_kinds.py).
+    "straggler-deadline past sim's collective timeout": _args(
+        "--paradigm", "dp", "--strategy", "rollback", "--straggler-deadline", "20"),
+    "straggler-deadline with a relaxed sync on sim": _args(
+        "--paradigm", "dp", "--strategy", "localsgd", "--straggler-deadline", "1"),
+    "slow of a shard on sim": _args("--fail", "shards=1@iter=3,mode=slow:4x"),
     "pause on ray dp": _args("--paradigm", "dp", "--engine", "ray", "--strategy", "rollback",
                              "--fail", "rank=1@iter=3,mode=pause:5s"),
     "slow on ray dp": _args("--paradigm", "dp", "--engine", "ray", "--strategy", "rollback",
                             "--fail", "rank=1@iter=3,mode=slow:4x"),
     "pause of a shard": _args("--engine", "ray", "--fail", "shards=1@iter=3,mode=pause:5s"),
-    # engines that cannot deliver a preemption's notice refuse it (capabilities: modes)
-    "sim dp preempt": _args("--paradigm", "dp", "--strategy", "rollback",
-                            "--fail", "rank=1@iter=3,mode=preempt:10s"),
+    # engines that cannot deliver a preemption's notice refuse it (capabilities: modes);
+    # sim's data parallel takes it (tests/test_sim_kinds.py)
     "sim ps preempt": _args("--fail", "shards=1@iter=3,mode=preempt:10s"),
     # A failure during a recovery, in a run where nothing else fails (never struck).
     "dp phase=recovery with nothing to recover": _args(

@@ -193,7 +193,7 @@ class RunConfig:
     #: same way (the same error, the run no further) and be recovered; the next one ends
     #: the run with that error (0: the first one does)
     max_restarts: int = bounded(3, ge=0)
-    #: dp (gloo): seconds the members of a group wait for each other in a step's
+    #: dp (gloo, sim): seconds the members of a group wait for each other in a step's
     #: collective; a member that has not come by then (a straggler) is dropped, the step
     #: committed without it as the strategy recovers a lost rank, and a replacement takes
     #: its place. None (the default): the group waits for it, up to the collective

@@ -308,7 +308,7 @@ class RankSilent(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RankFenced(Event):
-    """gloo, Ray dp: the controller took incarnation ``inc`` of a rank out of the
+    """gloo, Ray dp, sim: the controller took incarnation ``inc`` of a rank out of the
     group: whatever that process writes from now on is refused (``write-refused``), and
     if it ever runs again it finds itself out and leaves. ``reason``: ``silent`` (its
     heartbeat stopped: it is also ended), ``no-report`` (alive but silent when its group
@@ -334,8 +334,8 @@ class WriteRefused(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class PauseEnded(Event):
-    """gloo: a ``mode=pause`` failure ended: the controller continued (SIGCONT) the
-    stopped process. ``member``: whether it was still a member of the group then (a
+    """gloo, sim: a ``mode=pause`` failure ended: the controller continued (SIGCONT) the
+    stopped process (sim: on the virtual clock). ``member``: whether it was still a member of the group then (a
     pause the group never noticed); if not, it was fenced and leaves."""
 
     type: ClassVar[str] = "pause-ended"
@@ -348,38 +348,39 @@ class PauseEnded(Event):
 @dataclass(frozen=True, kw_only=True)
 class PreemptNotice(Event):
     """gloo: a rank process got SIGTERM, its preemption notice: it goes on until its
-    group stops after a step, then leaves (a drain, not a failure)."""
+    group stops after a step, then leaves (a drain, not a failure). sim: a
+    ``mode=preempt`` spec struck, on the virtual clock."""
 
     type: ClassVar[str] = "preempt-notice"
     slot: int  #: the rank's slot
-    pid: int  #: its process
     logical: int  #: the steps it had committed when the notice came (-1: unknown)
     source: str  #: ``injected`` (a ``mode=preempt`` spec) or ``signal`` (from outside)
+    pid: int | None = None  #: gloo: its process (sim has none)
     spec: str | None = None  #: the failure spec of an injected one
     notice_seconds: float | None = None  #: injected: until the SIGKILL if it has not left
 
 
 @dataclass(frozen=True, kw_only=True)
 class Drained(Event):
-    """gloo: ranks with a preemption notice left their group at a step boundary, the
-    step committed: nothing is rolled back or redone; the rest go on without them."""
+    """gloo, sim: ranks with a preemption notice left their group at a step boundary,
+    the step committed: nothing is rolled back or redone; the rest go on without them."""
 
     type: ClassVar[str] = "drained"
     slots: list[int]  #: the ranks that left
     logical: int  #: the last step committed with them
     ranks: list[int]  #: the group after they left (joiners taken in at the same time too)
-    n: int  #: the group's incarnation after it
+    n: int | None = None  #: gloo: the group's incarnation after it
 
 
 @dataclass(frozen=True, kw_only=True)
 class PreemptExpired(Event):
-    """gloo: a rank's preemption notice ran out before it left: it is SIGKILLed, and its
-    loss recovered like a crash."""
+    """gloo, sim: a rank's preemption notice ran out before it left: it is SIGKILLed,
+    and its loss recovered like a crash."""
 
     type: ClassVar[str] = "preempt-expired"
     slot: int
-    pid: int
     notice_seconds: float
+    pid: int | None = None  #: gloo: its process (sim has none)
 
 
 @dataclass(frozen=True, kw_only=True)

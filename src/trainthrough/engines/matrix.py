@@ -53,10 +53,13 @@ FORMS = [
     # Relaxed sync (localsgd, diloco): lost among inner steps, or at an outer step.
     Form("inner", "dp", ("rank=1@iter=12,phase=inner",), ("rank=1@iter=12,phase=inner",), 1),
     Form("outer", "dp", ("rank=1@iter=12,phase=outer",), ("rank=1@iter=12,phase=outer",), 1),
-    # Stopped past the collective timeout (2 s on the real engines), then continued: a
-    # loss like a hang's, and the woken rank fenced out.
-    Form("pause", "dp", ("rank=1@iter=12,mode=pause:3s",), ("rank=1@iter=12,mode=pause:3s",),
+    # Stopped past the collective timeout (2 s on the real engines, sim's default 10 s),
+    # then continued: a loss like a hang's, and the woken rank fenced out.
+    Form("pause", "dp", ("rank=1@iter=12,mode=pause:30s",), ("rank=1@iter=12,mode=pause:3s",),
          1),
+    # A straggler from iteration 12 on: nothing fails (no deadline here), the group runs
+    # at its pace; tests/test_sim_kinds.py drops it with --straggler-deadline.
+    Form("slow", "dp", ("rank=1@iter=12,mode=slow:4x",), ("rank=1@iter=12,mode=slow:4x",), 1),
 ]
 
 

@@ -61,6 +61,17 @@ class SimDPCheckpoints:
 
         self.persist.write(p.payload_bytes, d.asynchronous, finish, owner=writer.rank_id)
 
+    def save_now(self, logical: int) -> int | None:
+        """A just-in-time checkpoint of step ``logical`` (the job got its notice): a full,
+        synchronous save no policy asked for. Returns its step, None if none was written
+        (no store, or the write failed)."""
+        if self.saver is None:
+            return None
+        before = self.checkpointer.count
+        self.save(CheckpointDecision(), logical,
+                  lambda r: self.checkpointer.saved_now(logical, r, "preempt"))
+        return logical if self.checkpointer.count > before else None
+
     def rank_failed(self, slot: int) -> None:
         """A write in flight from ``slot`` dies with it."""
         if self.persist.drop(owner=slot):

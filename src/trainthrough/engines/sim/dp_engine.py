@@ -7,7 +7,9 @@ at the step's points and strikes the failures due there (``phase=`` of a spec):
 - ``boundary``: between steps (specs without a phase; ``@time`` specs strike at
   whichever point the clock passes their time);
 - ``forward``: a third into the compute (the busiest rank sets it); ``backward``:
-  after it, before the allreduce;
+  after it, before the allreduce, once the slowest rank came (a ``mode=slow`` rank
+  computes F times as long and the group waits; with ``straggler_deadline`` it waits
+  at most that long, and who did not come is dropped there: :mod:`.dp_kinds`);
 - ``allreduce:k``: after ``k`` buckets were reduced with every rank's share (each
   bucket charged as a ring allreduce);
 - ``update``: ranks apply in rank order and the lowest failed rank dies as it
@@ -15,7 +17,8 @@ at the step's points and strikes the failures due there (``phase=`` of a spec):
 - ``recovery``: during the detection of an earlier failure.
 
 The failure detector is perfect: survivors learn of a failure at the point it
-strikes, after ``detection_seconds``. Recovery is delegated to
+strikes, after ``detection_seconds`` (a silent rank: the collective timeout). A rank
+with a preemption notice leaves after the step it is in commits (``drained``). Recovery is delegated to
 :class:`SimDPRecovery`. Same seed, same bits: no decision reads the wall clock, and
 the gradient is reduced in micro-batch order.
 """
@@ -38,6 +41,7 @@ from trainthrough.engines.sim import CAPABILITIES
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
+from trainthrough.engines.sim.dp_kinds import SimKinds
 from trainthrough.engines.sim.dp_recovery import Hit, SimDPRecovery
 from trainthrough.engines.sim.dp_relaxed import SimRelaxed
 from trainthrough.events import CheckpointCorrupt, Event
@@ -83,7 +87,8 @@ class SimDPEngine:
         self.recovery = SimDPRecovery(
             self.g, schedule, self.policy,
             ReplacementPolicy(cfg.replace, cfg.cost.replace_seconds), self.ckpt, self.clock,
-            self.costs, self.result, self._emit, (self.lockstep, self.spec))
+            self.costs, self.result, self._emit, (self.lockstep, self.spec),
+            SimKinds(cfg.ranks, self.clock, self.costs, self._emit, cfg.straggler_deadline))
         self.relaxed = None if sync is None else SimRelaxed(
             self.g, sync, self.spec, self.recovery, self.policy, self.clock, self.costs,
             self.result, self._emit, self._reduced, self.ctx.disruption)
@@ -167,6 +172,7 @@ class SimDPEngine:
             self.result.updates_applied += len(g.live) - (len(self._hit[0].ids)
                                                           if self._hit else 0)
         if self._hit is None:
+            self.recovery.drain(self.executed, self.logical)  # notices: leave at the boundary
             return True
         if after_commit:  # saved as any commit is, before the recovery may rewind it
             self.ckpt.after_step(self.logical)
@@ -184,11 +190,20 @@ class SimDPEngine:
         """Every live rank reached point ``name``: charge what led here, strike what is due."""
         assert self._batch is not None
         compute = self.g.compute_seconds(self._batch, self.costs.compute)
+        late: tuple[int, ...] = ()
         if name == "forward":
             self.clock.advance(compute / 3)
-        elif name == "backward":
-            self.clock.advance(compute * 2 / 3)
-        hit = self.recovery.strike(name, self.executed)
+        elif name == "backward":  # the first collective starts once the last rank came
+            kinds = self.recovery.kinds
+            start, late = kinds.first_collective(kinds.arrivals(
+                self._batch, self.g.micro_seconds(self.costs.compute)))
+            if late:  # it broke at the deadline, maybe before the busiest share's end
+                self.clock.advance(max(0.0, start - compute / 3))
+            else:
+                self.clock.advance(compute * 2 / 3 + max(0.0, start - compute))
+        hit = self.recovery.strike(name, self.executed, self.logical)
+        if late:  # the deadline was the wait: found at once
+            hit = Hit(late, 0.0, late=late) + hit if hit is not None else Hit(late, 0.0, late=late)
         if hit is None:
             return None
         self._hit = (hit, name)
@@ -216,6 +231,7 @@ class SimDPEngine:
         r.wall_seconds = time.perf_counter() - self._wall0
         r.extras.update(paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(self.g.ranks),
                         ranks_min=rec.smallest, reforms=rec.reforms, ranks_joined=rec.joined,
+                        ranks_drained=rec.kinds.drained,
                         samples_dropped=rec.samples_dropped, logical_iterations=self.logical,
                         allreduce_bytes=self.allreduce_bytes,
                         samples_committed=self.samples - rec.samples_dropped)

@@ -2,7 +2,8 @@
 
 The strategy's policy (ft/dp_policies.py) decides; this module acts and charges
 the clock: detection (``detection_seconds`` for a crash, the collective
-``timeout_seconds`` for a hang), then either a whole-group restart from the
+``timeout_seconds`` for a hang or a long pause, nothing more for a straggler: its
+deadline was the wait), then either a whole-group restart from the
 checkpoint (``restart_seconds`` + read time) or a re-formation of the survivors
 (``reform_seconds``), after which replacements join once their delay is over.
 
@@ -13,6 +14,10 @@ point. The pre-step replica is read from the failed rank's memory before it is
 discarded (a restart needs it: no survivor may be left); the full step of lossy
 forward is computed by the survivors on a simulated collective that charges no time.
 No decision depends on it.
+
+A notice, a pause and a slow-down are handed to :class:`~.dp_kinds.SimKinds`, which
+says whether the rank is lost now (a pause past the collective timeout, a notice run
+out, a straggler past the deadline) or what the group pays instead.
 """
 
 from __future__ import annotations
@@ -31,12 +36,16 @@ from trainthrough.engines.result import RunResult
 from trainthrough.engines.sim.clock import Costs, VirtualClock
 from trainthrough.engines.sim.dp_checkpoints import SimDPCheckpoints
 from trainthrough.engines.sim.dp_group import SimGroup
+from trainthrough.engines.sim.dp_kinds import SimKinds
+from trainthrough.errors import Preempted
 from trainthrough.events import (
     CheckpointCorrupt,
     Detection,
+    Drained,
     Event,
     Failure,
     FailureSkipped,
+    JobPreempted,
     RankJoined,
     Recovery,
     RecoveryEnded,
@@ -54,10 +63,18 @@ _QUIET = LockStep(on_point=lambda _: None, on_reduce=lambda _b, _n: None)
 
 @dataclass(frozen=True)
 class Hit:
-    """Live ranks struck at one point, and whether any of them hung rather than crashed."""
+    """Live ranks struck at one point, and how long their peers take to find out
+    (a crash: ``detection_seconds``; silent, a hang or a long pause: the collective
+    timeout; a straggler: 0, the deadline it missed was the wait), fenced if silent."""
 
     ids: tuple[int, ...]
-    hang: bool
+    detect: float
+    silent: tuple[int, ...] = ()  #: hung or paused, alive maybe: fenced (``no-report``)
+    late: tuple[int, ...] = ()  #: past the straggler deadline: fenced (``straggler``)
+
+    def __add__(self, other: Hit) -> Hit:
+        return Hit(self.ids + other.ids, max(self.detect, other.detect),
+                   self.silent + other.silent, self.late + other.late)
 
 
 class SimDPRecovery:
@@ -66,7 +83,8 @@ class SimDPRecovery:
     def __init__(self, group: SimGroup, schedule: FailureSchedule, policy: GroupRecoveryPolicy,
                  replacement: ReplacementPolicy, ckpt: SimDPCheckpoints, clock: VirtualClock,
                  costs: Costs, result: RunResult, emit: Callable[[Event], None],
-                 step: tuple[LockStep, StepSpec]) -> None:
+                 step: tuple[LockStep, StepSpec], kinds: SimKinds) -> None:
+        self.kinds = kinds
         self.g, self.schedule, self.policy, self.replacement = group, schedule, policy, replacement
         self.ckpt, self.clock, self.costs, self.result, self.emit = ckpt, clock, costs, result, emit
         # The engine's lock-step driver (it charges the ring) and the step's spec,
@@ -76,27 +94,35 @@ class SimDPRecovery:
         self.failures = self.reforms = self.joined = self.samples_dropped = 0
         self.smallest = group.size
 
-    def strike(self, point: str, executed: int) -> Hit | None:
-        """Fire the failures due at ``point`` (a phase name, or ``boundary``).
+    def strike(self, point: str, executed: int, logical: int = -1) -> Hit | None:
+        """Fire the failures due at ``point`` (a phase name, or ``boundary``); ``logical``:
+        the steps committed so far (a notice says it).
 
         Specs naming this phase fire here once their iteration is reached; specs
         without a phase fire at the first point after their trigger (for ``@iter``
-        that is the step boundary, for ``@time`` wherever the clock passed it).
+        that is the step boundary, for ``@time`` wherever the clock passed it). A rank
+        whose notice ran out by now is struck too, as a crash.
         """
         events = [] if point == "boundary" else self.schedule.due(executed, self.clock.now, point)
         events += self.schedule.due(executed, self.clock.now)
-        ids: list[int] = []
-        hang = False
+        crashed = self.kinds.expired(self.g.live)
+        silent: list[int] = []
         for e in events:
-            live = [i for i in e.ids if i in self.g.ranks and i not in ids]
+            live = [i for i in e.ids if i in self.g.ranks and i not in crashed + silent]
             self.emit((Failure if live else FailureSkipped)(
                 iteration=executed, kind="rank", ids=list(e.ids), spec=e.spec, phase=point,
                 mode=e.mode, during_recovery=point == "recovery"))
             if live:
                 self.failures += 1
-                ids += live
-                hang = hang or e.mode == "hang"
-        return Hit(tuple(ids), hang) if ids else None
+            if e.mode == "crash":
+                crashed += live
+            elif e.mode == "hang":
+                silent += live
+            else:  # a notice, a pause, a slow-down: lost now only if a long pause
+                silent += [s for s in live if self.kinds.deliver(e, s, logical)]
+        if silent:  # found at the collective timeout, the crashes with them
+            return Hit(tuple(crashed + silent), self.costs.m.timeout_seconds, tuple(silent))
+        return Hit(tuple(crashed), self.costs.detection) if crashed else None
 
     def recover(self, hit: Hit, point: str, fls: dict[int, InFlight], executed: int,
                 logical: int) -> tuple[bool, int]:
@@ -155,7 +181,9 @@ class SimDPRecovery:
         for s in hit.ids:
             self.g.kill(s)
             self.ckpt.rank_failed(s)
-        self.clock.advance(self.costs.m.timeout_seconds if hit.hang else self.costs.detection)
+        self.kinds.gone(hit.ids)
+        self.clock.advance(hit.detect)
+        self.kinds.fence(hit.silent, hit.late)  # presumed failed, alive maybe: fenced out
         self.emit(Detection(iteration=executed, failed=[f"rank{i}" for i in hit.ids]))
 
     def _restart(self, size: int, logical: int) -> int:
@@ -164,6 +192,7 @@ class SimDPRecovery:
         r = self.ckpt.restore(lambda msg: self.emit(CheckpointCorrupt(message=msg)))
         restored = r.step if r is not None else 0
         self.g.reset(r.tensors if r is not None else None, r.cursor if r is not None else Cursor())
+        self.kinds.joined(self.g.live)  # every slot a fresh process
         self.joins.clear()
         self.result.updates_lost += (logical - restored) * size
         return restored
@@ -192,6 +221,36 @@ class SimDPRecovery:
         g.cursor = batch.next_cursor
         return ref[g.live[0]]  # type: ignore[no-any-return]
 
+    def drain(self, executed: int, logical: int) -> None:
+        """Members with a notice leave at this step boundary, step ``logical`` committed
+        with them: nothing is rolled back or redone. The others re-form without them
+        (the elastic policy sizes their batch from the next step on) and replacements
+        join as after a loss (:class:`ReplacementPolicy`). If nobody would be left, the
+        job stops as gloo's does: a just-in-time checkpoint, then :class:`Preempted`.
+
+        Raises:
+            Preempted: every member had a notice.
+        """
+        leaving = self.kinds.leaving(self.g.live)
+        if not leaving:
+            return
+        if len(leaving) == len(self.g.ranks):
+            given = min(self.kinds.notices[s][0] - self.kinds.notices[s][1] for s in leaving)
+            saved = self.ckpt.save_now(logical)
+            self.emit(JobPreempted(logical=logical, saved=saved,
+                                   seconds=round(self.clock.now - given, 6)))
+            raise Preempted("every rank of the run got its preemption notice")
+        for s in leaving:
+            self.g.kill(s)
+        self.kinds.gone(leaving)
+        self.kinds.drained += len(leaving)
+        self.clock.advance(self.costs.m.reform_seconds)
+        self.smallest = min(self.smallest, len(self.g.ranks))
+        self.emit(Drained(slots=leaving, logical=logical, ranks=self.g.live))
+        join = self.replacement.decide(tuple(leaving), self.clock.now)
+        if join is not None:
+            self.joins.append(join)
+
     def join_due(self) -> None:
         """Replacements whose delay is over copy a live rank and the group grows back."""
         due = [j for j in self.joins if j.at_seconds <= self.clock.now]
@@ -200,6 +259,7 @@ class SimDPRecovery:
         self.joins = [j for j in self.joins if j.at_seconds > self.clock.now]
         slots = [s for j in due for s in j.slots if s not in self.g.ranks]
         nbytes = self.g.join(slots) if slots else 0
+        self.kinds.joined(slots)
         self.joined += len(slots)
         self.clock.advance(self.costs.network(nbytes) + self.costs.m.reform_seconds)
         self.emit(RankJoined(slots=slots, ranks=self.g.live, bytes=nbytes))

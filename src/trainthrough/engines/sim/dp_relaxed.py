@@ -12,7 +12,10 @@ in lock step, charges the virtual clock and delivers failures:
   collective timeout (a hang) counted from the failure, re-form, and run the outer
   step without the lost replicas (struck at ``outer``: run again, nobody applied it);
 - replacements join only at an outer boundary, right after an outer step, with the
-  global parameters and the outer momentum (part of the replica's state).
+  global parameters and the outer momentum (part of the replica's state);
+- a replica with a preemption notice leaves there too, once an outer step has
+  synchronized every fragment (every replica then holds the same model): it takes no
+  local step along, nothing is dropped or redone (``drained``).
 
 Each recovery's perturbation is the lost replicas' share of the outer average:
 ``||local - global|| / members``, measured when they are lost. After every outer step
@@ -65,7 +68,7 @@ class SimRelaxed:
         self.disruption = disruption
         self.lockstep = LockStep(self._point, on_reduce)
         self.injector = SimInjector()
-        self.executed = 0
+        self.executed = self._logical = 0
         self._compute = 0.0
         self._hits: list[tuple[Hit, str]] = []
         self.lost = _Lost()
@@ -93,9 +96,12 @@ class SimRelaxed:
         """One inner step of every live replica, then the outer steps due; the logical
         iteration after it (the step counts for the survivors whatever struck)."""
         g = self.g
-        self.executed = executed
+        self.executed, self._logical = executed, logical
         batch = g.plan()
-        self._compute = g.compute_seconds(batch, self.costs.compute)
+        # The slowest replica sets an inner step's pace (a slow one is waited for at
+        # the outer step: the same total).
+        self._compute = max(self.rec.kinds.arrivals(
+            batch, g.micro_seconds(self.costs.compute)).values())
         fls = {s: InFlight.begin(batch, logical, g.ranks[s].new_grads(separate=True))
                for s in g.live}
         self._hits = []
@@ -117,6 +123,8 @@ class SimRelaxed:
             if not g.ranks:  # the last ones were lost while it re-formed
                 return self._restart()
         if due:
+            if self.sync.fragments - 1 in due:  # every fragment in sync: drains leave
+                self.rec.drain(self.executed, logical)
             self.rec.join_due()  # replacements join at an outer boundary only
         return logical
 
@@ -127,8 +135,9 @@ class SimRelaxed:
         lost = self.lost
         if not lost.ids:
             lost.phase, lost.at_iteration, lost.norm = point, self.executed, 0.0
-        wait = self.costs.m.timeout_seconds if hit.hang else self.costs.detection
-        lost.found_at = max(lost.found_at, self.clock.now + wait)
+        lost.found_at = max(lost.found_at, self.clock.now + hit.detect)
+        self.rec.kinds.gone(hit.ids)
+        self.rec.kinds.fence(hit.silent, hit.late)
         for s in hit.ids:
             lost.norm = float(torch.hypot(torch.tensor(lost.norm),
                                           torch.tensor(self._drop(s, share, n))))
@@ -182,7 +191,9 @@ class SimRelaxed:
                 lost.norm = float(torch.hypot(torch.tensor(lost.norm),
                                               torch.tensor(self._drop(s, {}, n))))
             failed += more.ids
-            self.clock.advance(self.costs.m.timeout_seconds if more.hang else self.costs.detection)
+            self.rec.kinds.gone(more.ids)
+            self.rec.kinds.fence(more.silent, more.late)
+            self.clock.advance(more.detect)
         phase: Phase = "outer" if lost.phase == "outer" else "inner"
         d = self.policy.decide(GroupFailure(tuple(failed), len(self.g.ranks), phase))
         if d.action is RecoveryAction.ROLLBACK_ALL:
@@ -205,6 +216,7 @@ class SimRelaxed:
         """Every replica was lost: all slots start again from the initial parameters."""
         self.clock.advance(self.costs.restart)
         self.g.reset(None, Cursor())
+        self.rec.kinds.joined(self.g.live)
         self.lost = _Lost()
         self.committed, self.pending = 0, {}
         self.rec.joins.clear()
@@ -233,7 +245,7 @@ class SimRelaxed:
     def _point(self, name: str) -> Strike | None:
         if name == "inner":
             self.clock.advance(self._compute)
-        hit = self.rec.strike(name, self.executed)
+        hit = self.rec.strike(name, self.executed, self._logical)
         if hit is None:
             return None
         self._hits.append((hit, name))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from trainthrough.errors import UserError
 from trainthrough.lab.suite import SuiteSpec
-from trainthrough.lab.suites import core, dataparallel, relaxed, scale, scar, ttf
+from trainthrough.lab.suites import core, dataparallel, relaxed, scale, scar, stragglers, ttf
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ SUITES: dict[str, SuiteDef] = {
     "dataparallel": SuiteDef(dataparallel.DESCRIPTION, dataparallel.build),
     "relaxed": SuiteDef(relaxed.DESCRIPTION, relaxed.build),
     "scale": SuiteDef(scale.DESCRIPTION, scale.build, takes_options=True),
+    "stragglers": SuiteDef(stragglers.DESCRIPTION, stragglers.build),
 }
 
 
