@@ -1,7 +1,7 @@
 """Data parallel across two "hosts" (network namespaces), then one host lost or cut off
 (for the tests).
 
-Usage: ``python two_hosts.py OUT [kill|cut]`` as root. Two namespaces joined by a veth pair
+Usage: ``python two_hosts.py OUT [kill|cut|cut-drop]`` as root. Two namespaces joined by a veth pair
 (tests/netns.py: 10.254.0.1 and 10.254.0.2, no other route):
 
 1. a Ray head in ``a`` and a Ray worker node in ``b`` (one CPU each, token auth);
@@ -11,10 +11,12 @@ Usage: ``python two_hosts.py OUT [kill|cut]`` as root. Two namespaces joined by 
    lost) and a new Ray node is started in ``b``: the survivors roll back, and the
    replacement rank is placed on the new node and joins with a peer's state;
    With ``cut`` instead, the pair is cut for ``CUT_SECONDS`` (tests/netns.py, a
-   partition): ``b``'s processes live on, out of reach. Ray takes ``b``'s node for dead
-   and the survivors roll back; once healed, the old node finds it was dropped and ends
-   with its processes (Ray never takes a dead node back), and a new node is started in
-   ``b``, as a cluster's manager replaces a node it lost;
+   partition): ``b``'s processes live on, out of reach, and the survivors roll back
+   once their collective times out. Ray keeps ``b``'s node (its health check waits
+   longer than the cut), and the replacements go there once healed. With ``cut-drop``,
+   Ray drops ``b``'s node during the cut (it reports its actors dead while they run on)
+   and a new node is started in ``b`` after the heal, as a cluster's manager replaces a
+   node it lost;
 4. prints one JSON line: the loop's result, the nodes, and every TCP listener seen in
    either namespace while the ranks trained (address -> process name).
 
@@ -190,11 +192,16 @@ def main(out: Path, how: str = "kill") -> int:
                and committed_steps(ledger) < KILL_AFTER_STEP):
             time.sleep(0.1)
         step_at_kill, killed_at = committed_steps(ledger), time.time()
-        if how == "cut":
+        if how.startswith("cut"):
             extra = _cut(hosts, ledger)
-            killed = 0
-            after = alive_nodes(hosts, 2)  # the same two: Ray kept b's node through the cut
-            rejoined, first = time.time() - killed_at, [None]
+            killed, first = 0, [None]
+            if how == "cut":
+                after = alive_nodes(hosts, 2)  # the same two: Ray kept b's node
+            else:  # Ray dropped b's node: a new one in its place, as a cluster's manager
+                node(hosts, "b", f"--address={hosts.ip['a']}:{PORT}")
+                lost = next(str(x["id"]) for x in before if x["ip"] == hosts.ip["b"])
+                after = alive_nodes(hosts, 2, gone=lost)
+            rejoined = time.time() - killed_at
         else:
             extra = {}
             killed = hosts.kill_all("b")
@@ -211,7 +218,7 @@ def main(out: Path, how: str = "kill") -> int:
         stdout, stderr = run.communicate(timeout=180)
         sampling.set()
         sampler.join()
-        if how == "cut":  # the cut-off ranks' processes: ended with the run, if not before
+        if how.startswith("cut"):  # the cut-off ranks' processes: ended with the run, if not before
             end = time.time() + 30  # (Ray ends a finished job's actors: soon, not at once)
             while _running(extra["cut_off_ranks"]) and time.time() < end:
                 time.sleep(0.2)
@@ -239,4 +246,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "--driver":
         driver(Path(sys.argv[2]), sys.argv[3])
         sys.exit(0)
+    if sys.argv[2:3] == ["cut-drop"]:  # Ray drops a node after 2 x 0.5 s of silence
+        ENV["RAY_health_check_timeout_ms"] = "500"
     sys.exit(main(Path(sys.argv[1]), *sys.argv[2:3]))
