@@ -235,6 +235,13 @@ class ShardActor:
         with self.lock:
             self.link.rewire(successor, mode)
 
+    def lead(self) -> int:
+        """Made head by the driver (its head was lost): lead a new generation now
+        (:meth:`ChainLink.lead`); returns it."""
+        with self.lock:
+            self.link.lead()
+            return self.link.gen
+
     def attach_tail(self, newcomer: Any, mode: str, timeout: float) -> int:
         """Copy state (and chain position) into ``newcomer`` and make it this replica's
         successor, atomically with respect to pushes, so the newcomer misses nothing.

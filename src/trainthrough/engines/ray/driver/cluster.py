@@ -322,6 +322,11 @@ class RayCluster:
         self.coord.leave(f"shard{shard}", dead)
         for name, succ in change.rewire:
             self._set_successor(name, succ)
+        if change.promoted_head is not None and self.mode != "none":
+            # Before any worker hears of it: the head it replaces may only be cut off,
+            # and its forwards must be refused from now on (ChainLink.lead).
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(self.members[change.promoted_head].handle.lead.remote(), timeout=10)
         self.announce(shard)
         return not change.lost_all
 
