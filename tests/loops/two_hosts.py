@@ -47,8 +47,9 @@ PORT = 6390
 #: Ray's worker processes (the driver's and each actor's) serve Ray's gRPC in this range.
 WORKER_PORTS = (10002, 19999)
 KILL_AFTER_STEP = 6
-#: How long ``cut`` keeps the hosts apart: past Ray's node timeout (about 1 s, below)
-#: and the collective timeout (5 s), so both sides find the other gone while both live.
+#: How long a cut keeps the hosts apart: past the collective timeout (5 s), so both
+#: sides find the other gone while both live; within Ray's node timeout (2 x 20 s,
+#: below) with ``cut``, past it (2 x 0.5 s) with ``cut-drop``.
 CUT_SECONDS = 8.0
 # A replacement may join this long after the loss: at once, as soon as it is up. Where it
 # goes is the product's to get right, not a delay's (dp.RayDataParallel.placement): its
