@@ -11,6 +11,12 @@ still inside (only processes started in these namespaces can be there).
 Listeners are read from ``/proc/<pid>/net/tcp`` of a process inside each namespace (the
 file shows the namespace of the process it belongs to), with the owning pid from its
 file descriptors.
+
+A partition (:meth:`Hosts.partition`) cuts the pair without a sign: every packet either
+end sends is dropped by a ``pfifo`` queue of length 0 on it (this kernel has no
+``netem`` and no ``tc`` drop action, and no iptables), so both sides stay up, their
+connections stay open, and nothing reaches the other side until the queues are removed;
+a connection the cut did not outlast goes on from where it was, as after a real one.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ADDRESSES = ("10.254.0.1", "10.254.0.2")
@@ -97,6 +104,36 @@ class Hosts:
                 _ip_tc(self.ns[side], "qdisc", "add", "dev", self.veth[side], "root", "tbf",
                        "rate", rate, "burst", "1mbit", "latency", "50ms")
 
+    def cut(self) -> None:
+        """Drop every packet either end of the pair sends, from now on (a silent cut)."""
+        for side in "ab":
+            _ip_tc(self.ns[side], "qdisc", "replace", "dev", self.veth[side], "root", "pfifo",
+                   "limit", "0")
+
+    def heal(self) -> None:
+        """Undo :meth:`cut` (and any :meth:`limit`): both ends send again."""
+        for side in "ab":
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip_tc(self.ns[side], "qdisc", "del", "dev", self.veth[side], "root")
+
+    def is_cut(self) -> bool:
+        """Whether either end of the pair drops what it sends."""
+        return any("pfifo" in _tc_show(self.ns[side], self.veth[side]) for side in "ab")
+
+    @contextlib.contextmanager
+    def partition(self, seconds: float | None = None) -> Iterator[None]:
+        """The pair cut while the block runs (and, with ``seconds``, at least that long
+        from the cut), then healed, whatever ends the block: an error or a failed
+        assertion inside it included."""
+        start = time.monotonic()
+        try:
+            self.cut()
+            yield
+            if seconds is not None:
+                time.sleep(max(0.0, seconds - (time.monotonic() - start)))
+        finally:
+            self.heal()
+
     def listeners(self, side: str) -> dict[str, tuple[int, str]]:
         """``address:port`` -> (pid, command) for every TCP listener in namespace ``side``."""
         pids = self.pids(side)
@@ -141,6 +178,11 @@ class Hosts:
 def _ip_tc(ns: str, *args: str) -> None:
     subprocess.run(["ip", "netns", "exec", ns, "tc", *args], check=True, capture_output=True,
                    timeout=30)
+
+
+def _tc_show(ns: str, dev: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev],
+                          capture_output=True, text=True, timeout=30).stdout
 
 
 def _addr(hex_addr: str, v6: bool) -> str:

@@ -80,6 +80,29 @@ def test_a_state_ahead_is_taken_and_covers_the_pushes_before_it() -> None:
             link.from_state(1, 8, {"x": torch.ones(1)})
 
 
+def test_a_promoted_replica_refuses_its_old_head_before_any_worker_pushes() -> None:
+    """A tail promoted because its head was lost (ZooKeeper expired it: perhaps only
+    cut off) leads a new generation from the promotion: a forward of the old head that
+    comes after it (the partition healed) is refused, though no worker pushed yet, and
+    leading is done once (a worker's first push then keeps the generation)."""
+    from trainthrough.engines.ray.chain.chain_link import ChainBroken
+
+    cond, fake = threading.Condition(), _Fake()
+    link = ChainLink(cond, fake, max_lag=8)
+    with cond:
+        link.rewire(None, "sync")  # the tail of the old head, generation 1
+        link.from_predecessor(1, 1, [wire.Item(0, 1, {}, 1.0)])
+        link.lead()  # promoted by the driver
+        assert link.head and link.gen == 2
+        with pytest.raises(ChainBroken, match="replaced head"):
+            link.from_predecessor(1, 2, [wire.Item(1, 7, {}, 1.0)])  # the old head's
+        with pytest.raises(ChainBroken, match="replaced head"):
+            link.from_state(1, 2, {"x": torch.ones(1)})
+        assert fake.applied == [1] and fake.loaded == [] and link.pos == 1
+        link.from_worker(wire.Item(0, 2, {}, 1.0))
+        assert link.gen == 2 and link.pos == link.durable == 2 and fake.applied == [1, 2]
+
+
 
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("mode", ["sync", "async"])

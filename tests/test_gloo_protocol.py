@@ -138,7 +138,21 @@ def test_a_failure_after_the_commit_is_one_between_steps_for_the_survivors() -> 
     # Step 9 was committed with every share: nothing to redo, the attempt under way
     # when the loss was found did not count.
     assert plan["action"] == "rollback" and plan["uncount"] and not plan["sync"]
-    assert [x["type"] for x in emitted] == ["detection"]
+    assert [x["type"] for x in emitted] == ["rank-fenced", "detection"]
+
+
+def test_a_member_said_to_have_ended_is_fenced_and_what_it_writes_later_refused() -> None:
+    """Rank 3's end was reported (Ray says so of a node it dropped, while a partition
+    may leave the process running): once the group re-forms without it, it is fenced
+    (``lost``), and a report or message it writes after the heal is refused, counted."""
+    rec, _, emitted = _controller("rollback")
+    rec._decide({s: Report(s, "error", "allreduce", 0, executed=10, logical=9)
+                 for s in (0, 1, 2)})
+    fenced = [x for x in emitted if x["type"] == "rank-fenced"]
+    assert [(x["slot"], x["inc"], x["reason"]) for x in fenced] == [(3, 0, "lost")]
+    assert rec.fences.out(3, 0) and not rec.fences.out(0, 0)
+    assert rec.fences.refuses([3, 0], "exit") and not rec.fences.refuses([0, 0], "exit")
+    assert rec.fences.refused == 1
 
 
 def test_a_message_crosses_as_json_and_a_stranger_is_refused() -> None:

@@ -313,7 +313,8 @@ class RankFenced(Event):
     if it ever runs again it finds itself out and leaves. ``reason``: ``silent`` (its
     heartbeat stopped: it is also ended), ``no-report`` (alive but silent when its group
     broke: a paused or hung rank, not ended), ``straggler`` (it missed the straggler
-    deadline)."""
+    deadline), ``lost`` (its end was reported and the group went on without it: a rank
+    on a host cut off, which Ray reports ended, may run on and write after the heal)."""
 
     type: ClassVar[str] = "rank-fenced"
     slot: int  #: the rank's slot

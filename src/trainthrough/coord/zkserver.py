@@ -2,7 +2,7 @@
 
 For tests, and for users who want a local coordinator without running ZooKeeper
 themselves. Everything the server writes (config, data, logs) lives in one temporary
-directory, the server listens on 127.0.0.1 only, and it is stopped by the PID this
+directory, the server listens on one address (127.0.0.1 unless told otherwise), and it is stopped by the PID this
 module started::
 
     with ZooKeeperServer() as server:
@@ -88,19 +88,19 @@ def find_zookeeper() -> str | None:
     return os.pathsep.join(jars) if jars else None
 
 
-def _free_port() -> int:
+def _free_port(address: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
-def _serving(port: int) -> bool:
+def _serving(address: str, port: int) -> bool:
     """True once the server answers the ``srvr`` four-letter word as a running server.
 
     (``ruok`` answers ``imok`` even before the server accepts sessions; ``srvr`` does not.)
     """
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection((address, port), timeout=0.5) as s:
             s.sendall(b"srvr")
             reply = b"".join(iter(lambda: s.recv(4096), b""))
     except OSError:
@@ -112,10 +112,12 @@ class ZooKeeperServer:
     """A standalone ZooKeeper server in a temporary directory; a context manager.
 
     Args:
-        port: client port on 127.0.0.1; a free one is chosen when ``None``.
+        port: client port; a free one is chosen when ``None``.
         tick_time_ms: ZooKeeper's time unit; sessions may last 2 to 20 ticks, so the
             default 500 ms allows session timeouts of 1 to 10 s.
         startup_timeout: seconds to wait for the server to serve.
+        address: the one address it listens on: loopback, unless a test spans hosts
+            (network namespaces, tests/netns.py) and their replicas must reach it.
 
     Raises:
         UserError: ZooKeeper or Java is not installed, or the server did not start (the
@@ -123,9 +125,11 @@ class ZooKeeperServer:
     """
 
     def __init__(
-        self, port: int | None = None, tick_time_ms: int = 500, startup_timeout: float = 30.0
+        self, port: int | None = None, tick_time_ms: int = 500, startup_timeout: float = 30.0,
+        address: str = "127.0.0.1",
     ) -> None:
         self._want_port, self._tick, self._startup_timeout = port, tick_time_ms, startup_timeout
+        self.address = address
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
         self.port = 0
@@ -133,7 +137,7 @@ class ZooKeeperServer:
     @property
     def hosts(self) -> str:
         """Connection string for :class:`~trainthrough.coord.zookeeper.ZooKeeperCoordinator`."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -157,11 +161,11 @@ class ZooKeeperServer:
         atexit.register(self.stop)  # never leave a server behind if the caller forgets
         # A port picked free can be taken before the JVM binds it: try a few.
         for _ in range(1 if self._want_port else 3):
-            self.port = self._want_port or _free_port()
+            self.port = self._want_port or _free_port(self.address)
             cfg = self._dir / "zoo.cfg"
             cfg.write_text(
                 f"tickTime={self._tick}\ndataDir={self._dir / 'data'}\n"
-                f"clientPort={self.port}\nclientPortAddress=127.0.0.1\n"
+                f"clientPort={self.port}\nclientPortAddress={self.address}\n"
                 "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\n"
             )
             cmd = [
@@ -177,7 +181,7 @@ class ZooKeeperServer:
                                               preexec_fn=_die_with_parent)
             deadline = time.monotonic() + self._startup_timeout
             while time.monotonic() < deadline and self._proc.poll() is None:
-                if _serving(self.port):
+                if _serving(self.address, self.port):
                     return self
                 time.sleep(0.05)
             if self._proc.poll() is None or "Address already in use" not in self._log_tail():

@@ -14,7 +14,13 @@ run when:
   its peers have left already. It is not killed: a pause may end, and the rank then
   finds itself out and leaves (a stop that lasts is ended by the liveness timeout);
 - it missed the straggler deadline (``straggler``): alive and behind, it leaves and a
-  replacement takes its slot.
+  replacement takes its slot;
+- its end was reported and the group went on without it (``lost``): an end the
+  controller did not see itself may be no end at all. Ray reports the actors of a node
+  it dropped as dead when the node is only cut off (a partition): they run on, out of
+  reach, and write again once the network heals. Fenced after the last drain of the
+  queue before the group re-forms, so what a process that really died posted before
+  it died is read first.
 
 From then on every message and report of that incarnation is refused, unread, and
 recorded as a ``write-refused`` event: its evaluations, checkpoint reports, failure and
@@ -34,7 +40,7 @@ from collections.abc import Callable
 from trainthrough.events import Event, RankFenced, WriteRefused
 
 #: Why an incarnation was fenced (the ``rank-fenced`` event's ``reason``).
-REASONS = ("silent", "no-report", "straggler")
+REASONS = ("silent", "no-report", "straggler", "lost")
 
 
 class Fences:

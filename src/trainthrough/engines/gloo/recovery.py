@@ -287,10 +287,14 @@ class DistRecovery:
         survivors = sorted(reports)
         failed = [s for s in self.members if s not in reports]
         hung = {s for s in failed if procs.alive(s)}
-        for s in failed:  # hung, paused, late: presumed failed, and fenced out
+        for s in failed:  # hung, paused, late, ended: presumed failed, and fenced out
             p = procs.current[s]
             if p.exitcode is None and not p.fenced:
                 self.fences.revoke(s, p.inc, "straggler" if s in late else "no-report")
+            elif not self.fences.out(s, p.inc):
+                # Said to have ended: the queue was drained above, so all it posted
+                # before a real end is in; a host cut off writes on after the heal.
+                self.fences.revoke(s, p.inc, "lost")
             procs.fence(p)
         errors = [r for r in reports.values() if r.reason == "error"]
         if not errors and not failed:

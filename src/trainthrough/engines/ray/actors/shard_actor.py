@@ -31,6 +31,7 @@ from trainthrough.engines.ray.actors.reports import (
     ShardStats,
 )
 from trainthrough.engines.ray.chain import wire
+from trainthrough.engines.ray.chain.audit import Audit
 from trainthrough.engines.ray.chain.chain_link import ChainLink, Replica
 from trainthrough.engines.ray.chain.link_socket import Address, Listener
 from trainthrough.ft.decisions import CheckpointDecision
@@ -72,6 +73,10 @@ class ShardActor:
         self.x0 = {n: v.clone() for n, v in values.items()}
         self._saver: ShardCheckpoint | None = None
         self.zk: Any = None
+        previous: Audit | None = getattr(self, "audit", None)
+        if previous is not None:  # a pooled actor's previous run
+            previous.close()
+        self.audit = Audit(name)  # what it acknowledged, if asked (chain/audit.py)
 
     def release(self) -> bool:
         """The run is over: stop forwarding, finish a persist in flight, and let the
@@ -163,6 +168,7 @@ class ShardActor:
                 self.shard.apply_once(worker, seq, update, scale)
             else:
                 self.link.from_worker(wire.Item(worker, seq, update, scale))
+            self.audit.acked(self.link.gen, self.link.pos, worker, seq)  # answered next
             return self.shard.version
 
     def chain_address(self) -> Address:
@@ -234,6 +240,13 @@ class ShardActor:
         push not yet acknowledged, in order."""
         with self.lock:
             self.link.rewire(successor, mode)
+
+    def lead(self) -> int:
+        """Made head by the driver (its head was lost): lead a new generation now
+        (:meth:`ChainLink.lead`); returns it."""
+        with self.lock:
+            self.link.lead()
+            return self.link.gen
 
     def attach_tail(self, newcomer: Any, mode: str, timeout: float) -> int:
         """Copy state (and chain position) into ``newcomer`` and make it this replica's
@@ -347,6 +360,8 @@ class ShardActor:
 
     def stats(self) -> ShardStats:
         with self.lock:
+            self.audit.state(self.link.gen, self.link.pos, self.shard.version,
+                             self.shard.applied)
             return ShardStats(name=self.name, version=self.shard.version,
                               forwarded=self.link.forwarded, sent_states=self.link.sent_states,
                               socket_sends=self.link.forwarder.socket_sends,

@@ -37,7 +37,10 @@ no log of unacknowledged pushes is kept. Positions only grow down a chain (a rep
 has at most its predecessor's), so the state a predecessor sends never takes a
 successor back. A replica that starts taking pushes from workers leads a new
 *generation*: forwards still in flight from the head it replaced are refused, so two
-heads never hand out the same position.
+heads never hand out the same position. A replica promoted because its head was lost
+leads its generation from the promotion (:meth:`ChainLink.lead`), before any worker
+knows it: a head that was only cut off and comes back finds its forwards refused, and
+(synchronous) can acknowledge nothing more.
 """
 
 from __future__ import annotations
@@ -160,9 +163,7 @@ class ChainLink:
     def from_worker(self, item: Item) -> None:
         """A worker's push: applied unless a duplicate, forwarded, acknowledged (sync:
         once on the tail; a duplicate once everything applied before it is)."""
-        if not self.head:  # first worker push: this replica leads the chain now
-            self.head, self.gen = True, self.gen + 1
-            self.cond.notify_all()  # forwards waiting from the replaced head give up
+        self.lead()  # the first head of a chain leads from its first push
         self._workers.add(item.worker)
         if self.mode == "async":
             self._wait(lambda: self.lag < self.max_lag or self._broken, ACK_SECONDS)
@@ -171,6 +172,17 @@ class ChainLink:
                 self._advance(item)
             if sync:
                 self._await_durable(self.pos)
+
+    def lead(self) -> None:
+        """Lead a new generation, if this replica does not lead one yet: from now on
+        forwards of the head it replaced are refused. The driver calls it on the
+        replica it promotes, before any worker is told of it: a head cut off (a
+        partition, its ZooKeeper session expired) may live on and forward again once
+        the network heals, and must find its successor already gone ahead, not in
+        the same generation until some worker's push happens to reach it first."""
+        if not self.head:
+            self.head, self.gen = True, self.gen + 1
+            self.cond.notify_all()  # forwards waiting from the replaced head give up
 
     def from_predecessor(self, gen: int, first: int, items: list[Item]) -> None:
         """Forwarded pushes at chain positions ``first``, ``first + 1``, ... of

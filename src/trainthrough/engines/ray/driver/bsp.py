@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from trainthrough.engines.ray.driver.cluster import seen_dead
 from trainthrough.engines.result import RunResult
 from trainthrough.ps.round import bsp_round
 
@@ -82,7 +83,8 @@ class BulkSynchronous:
             for ref in ready:
                 m = watches[ref]
                 m.watch = None
-                eng.on_death(m, self.executed)
+                if seen_dead(m, ref):  # else out of reach, not dead: watched again
+                    eng.on_death(m, self.executed)
             if eng.pending:
                 for e in eng.schedule.due(self.executed, eng.ctx.wall(), phase="recovery"):
                     eng.strike(e, self.executed)

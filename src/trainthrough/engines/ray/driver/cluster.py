@@ -158,9 +158,10 @@ class RayCluster:
             ray.get_runtime_context().get_node_id(), soft=False)}
 
     def _spread(self, position: int | None, hard: bool) -> dict[str, Any]:
-        """Actor options for the chain member at ``position`` (0: the head): the nodes in
-        turn, the driver's last, so a chain of R >= 2 spans hosts and its head is not
-        on the driver's host; spares (None) on the driver's node. ``hard`` for the first
+        """Actor options for the chain member (or worker) at ``position`` (0: the head,
+        or worker 0): the nodes in turn, the driver's last, so a chain of R >= 2 spans
+        hosts and its head is not on the driver's host; spares (None) on the driver's
+        node. ``hard`` for the first
         chains and spares (soft affinity was seen to put a tail on the head's host: both
         were lost with it); soft for a replacement, whose node may be gone meanwhile."""
         if self.nodes is None:
@@ -248,8 +249,11 @@ class RayCluster:
 
         def create(options: dict[str, Any]) -> tuple[str, Any]:
             name = self._name(f"w{w}")
+            # Round the nodes as chain members go (they ask Ray for no CPU, so Ray
+            # would pile them on the driver's node); hard for the first workers, soft
+            # for a replacement, whose node may be gone.
             return name, self._worker_cls.options(  # type: ignore[attr-defined]
-                name=name, **options).remote(*args)
+                name=name, **options, **self._spread(w, incarnation == 0)).remote(*args)
 
         key = ("worker", self.cfg.workload)
         name, h, reset = POOL.get(key, create, lambda n, h: h.reset.remote(*args))
@@ -322,6 +326,11 @@ class RayCluster:
         self.coord.leave(f"shard{shard}", dead)
         for name, succ in change.rewire:
             self._set_successor(name, succ)
+        if change.promoted_head is not None and self.mode != "none":
+            # Before any worker hears of it: the head it replaces may only be cut off,
+            # and its forwards must be refused from now on (ChainLink.lead).
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(self.members[change.promoted_head].handle.lead.remote(), timeout=10)
         self.announce(shard)
         return not change.lost_all
 
@@ -408,6 +417,23 @@ def _spread_nodes() -> list[str]:
     own = ray.get_runtime_context().get_node_id()
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     return [n for n in nodes if n != own] + [n for n in nodes if n == own]
+
+
+def seen_dead(m: Member, watch: Any) -> bool:
+    """Whether ``m``'s ``watch`` call, ended, says it died. Ray ends it with
+    ``ActorUnavailableError`` when only the connection to the actor broke (its host cut
+    off, then healed: measured on two network namespaces, the calls of a worker that
+    lived on all failed so): that is no death, and a replacement beside a worker still
+    pushing would train its partition twice. Its watch is armed again; if its node is
+    really gone, Ray reports the death once it drops the node."""
+    try:
+        ray.get(watch, timeout=0)
+    except ray.exceptions.ActorUnavailableError:
+        m.watch = m.handle.watch.remote()
+        return False
+    except ray.exceptions.RayError:
+        pass
+    return True
 
 
 def _armed(m: Member) -> Member:

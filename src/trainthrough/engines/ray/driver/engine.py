@@ -34,7 +34,7 @@ from trainthrough.engines.ray.driver.acknowledged import (
 )
 from trainthrough.engines.ray.driver.bsp import BulkSynchronous
 from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
-from trainthrough.engines.ray.driver.cluster import RayCluster
+from trainthrough.engines.ray.driver.cluster import RayCluster, seen_dead
 from trainthrough.engines.ray.driver.members import Member, OutageWork, Strike
 from trainthrough.engines.ray.driver.pool import POOL
 from trainthrough.engines.ray.driver.recovery import Measuring, Replacement
@@ -136,6 +136,8 @@ class RayEngine:
             for ref in ready:
                 m = watches[ref]
                 m.watch = None
+                if not seen_dead(m, ref):  # out of reach, not dead: watched again
+                    continue
                 if c.membership is not None and m.kind == "shard" and m.in_service:
                     # A serving replica's death is seen through ZooKeeper (after a grace,
                     # through this report if ZooKeeper stays silent).
