@@ -397,5 +397,5 @@ def test_a_worker_killed_on_purpose_is_not_reported_as_an_oom_kill(capsys) -> No
     while f"Worker PID: {other_pid}" not in out and time.monotonic() < deadline:
         time.sleep(0.2)
         out += capsys.readouterr().out
-    assert f"Worker PID: {other_pid}" in out, "Ray did not report the other death"
+    assert f"Worker PID: {other_pid}" in out, f"Ray did not report the other death: {out!r}"
     assert f"Worker PID: {ours_pid}" not in out

@@ -94,6 +94,19 @@ def _loopback_even_if_imported() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def _every_line_even_if_imported() -> None:
+    """Ray reads ``RAY_DEDUP_LOGS`` once, when it is imported: a caller that imported Ray
+    before us would get its driver's log deduplication, which folds a death Ray reports
+    into an earlier one's "[repeated 2x across cluster]" line (same text but for the
+    pids), so that a death this project did not inject goes unreported under another
+    worker's pid (:func:`_quiet_injected_deaths` drops the injected ones)."""
+    if os.environ.get("RAY_DEDUP_LOGS") != "0":
+        return  # the user chose otherwise, explicitly
+    from ray._private import ray_logging
+
+    ray_logging.RAY_DEDUP_LOGS = False
+
+
 def address_toward(host: str) -> str:
     """This machine's address on the route to ``host`` (no packet is sent: a UDP
     socket's connect only picks the route); a loopback ``host`` is its own answer."""
@@ -143,6 +156,7 @@ def ensure_ray(address: str | None = None,
         return False
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
+    _every_line_even_if_imported()
     host = _host(address) if address else "127.0.0.1"
     if host == "127.0.0.1":
         # Also when joining a cluster on 127.0.0.1: Ray would otherwise rewrite it to
