@@ -92,7 +92,7 @@ class Sent:
 
     pid: int
     at: float
-    handle: Pinned
+    handle: Pinned | None  #: None only where no signal is sent (a tally's test)
     ended: str = ""  #: "" while it runs, "left" within the notice, "killed" after it
 
 
@@ -119,7 +119,8 @@ class Outside(threading.Thread):
         self._halt.set()
         self.join(timeout=10.0)
         for s in self.sent:
-            s.handle.close()
+            if s.handle is not None:
+                s.handle.close()
 
     def run(self) -> None:
         t0 = time.monotonic()
