@@ -303,6 +303,8 @@ def run_soak(s: Soak, root: Path, quiet: bool = False) -> dict[str, Any]:
            "faults_delivered": delivered if s.faults else None, "kinds": rows,
            "stopped_longest": round(max(outside.stopped_longest.values(), default=0.0), 1),
            "writes_refused": summary.get("writes_refused"),
+           "outside": [{"pid": x.pid, "at": round(x.at, 2), "ended": x.ended}
+                       for x in outside.sent],
            "ranks_drained": summary.get("ranks_drained"), "problems": problems}
     if not quiet:
         print(json.dumps(out))

@@ -177,13 +177,21 @@ def tally(events: list[dict[str, Any]], faults: list[Fault],
     ``drained`` (its notice honoured at a step boundary), a ``detection`` (the group
     recovered without it), a ``pause-ended`` still a member (a pause nobody noticed).
     ``rank-fenced`` and ``preempt-expired`` mark it and leave it open for the recovery
-    that follows. A slow rank the group simply waited for is ``went on``."""
+    that follows. A slow rank the group simply waited for is ``went on``. A SIGTERM
+    from outside that struck a process already fenced out (by an earlier hang or
+    pause) is ``fenced``: it had no group left to drain from; one that struck a rank
+    draining on an injected notice is ``drained`` if it left in time."""
     kind_of = {f.spec(): f.kind.name for f in faults if f.spec()}
     outside = next((f.kind.name for f in faults if f.kind.mode is None), "sigterm")
     by_pid = {s.pid: s for s in sent}
     sent_pids = set(by_pid)
     rows: dict[str, dict[str, int]] = {}
     open_: dict[int, list[tuple[str, set[str]]]] = {}
+    stopped_pid: dict[int, int] = {}  # slot -> the pid a hang or pause stopped last
+    fenced_pids: set[int] = set()  # processes the group fenced out
+    # Processes with an injected notice already: a second SIGTERM changes nothing.
+    noticed = {e["pid"] for e in events
+               if e.get("type") == "preempt-notice" and e.get("source") == "injected"}
 
     def row(name: str) -> dict[str, int]:
         return rows.setdefault(name, {"injected": 0, **{o: 0 for o in OUTCOMES}})
@@ -212,9 +220,12 @@ def tally(events: list[dict[str, Any]], faults: list[Fault],
             # A slow rank struck again is answered: the group ran at its pace.
             close(slot, "went on", lambda n: n.startswith("slow"))
             open_.setdefault(slot, []).append((name, set()))
+            if e.get("mode") in ("hang", "pause") and "pid" in e:
+                stopped_pid[slot] = e["pid"]
         elif t == "preempt-notice" and e.get("source") == "signal" and e["pid"] in sent_pids:
             # Killed when its notice ran out, by this script (not the run's own expiry).
             marks = {"killed at notice end"} if by_pid[e["pid"]].ended == "killed" else set()
+            close(e["slot"], "went on", lambda n: n.startswith("slow"))
             open_.setdefault(e["slot"], []).append((outside, marks))
             sent_pids.discard(e["pid"])
         elif t == "drained":
@@ -226,6 +237,8 @@ def tally(events: list[dict[str, Any]], faults: list[Fault],
                     close(int(name[4:]), "recovered")
         elif t == "rank-fenced":
             mark(e["slot"], "fenced")
+            if e["slot"] in stopped_pid:
+                fenced_pids.add(stopped_pid.pop(e["slot"]))
         elif t == "preempt-expired":
             mark(e["slot"], "killed at notice end")
         elif t == "pause-ended" and e.get("member"):
@@ -233,7 +246,12 @@ def tally(events: list[dict[str, Any]], faults: list[Fault],
     for s in sent:
         row(outside)["injected"] += 1
         if s.pid in sent_pids:  # no notice event: it never took the SIGTERM as one
-            row(outside)["killed at notice end" if s.ended == "killed" else "unanswered"] += 1
+            # A process the group had fenced out already (a hang, a pause past the
+            # timeout): its notice, if it woke to send one, was refused.
+            out = "fenced" if s.pid in fenced_pids else \
+                "killed at notice end" if s.ended == "killed" else \
+                "drained" if s.pid in noticed and s.ended == "left" else "unanswered"
+            row(outside)[out] += 1
     for slot in list(open_):
         close(slot, "went on", lambda n: n.startswith("slow"))
         close(slot, "unanswered")

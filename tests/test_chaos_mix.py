@@ -42,8 +42,10 @@ def test_the_tally_says_what_answered_each_fault() -> None:
     slow = Fault(8.0, _kind("slow-4x"))
     hang = Fault(10.0, _kind("hang"))
     out = Fault(12.0, _kind("sigterm-5s"))
-    faults = [pause, short, pre, slow, hang, out, Fault(14.0, _kind("sigterm-5s"))]
-    sent = [Sent(101, 12.0, None, "left"), Sent(102, 14.0, None, "killed")]
+    faults = [pause, short, pre, slow, hang, out, Fault(14.0, _kind("sigterm-5s")),
+              Fault(15.0, _kind("sigterm-5s"))]
+    sent = [Sent(101, 12.0, None, "left"), Sent(102, 14.0, None, "killed"),
+            Sent(7, 15.0, None, "left")]  # the hung process: fenced out already
     events = [
         _failure(pause, 1), {"type": "rank-fenced", "slot": 1, "inc": 0},
         {"type": "detection", "failed": ["rank1"]},
@@ -51,6 +53,8 @@ def test_the_tally_says_what_answered_each_fault() -> None:
         _failure(short, 2), {"type": "pause-ended", "slot": 2, "member": True},
         _failure(pre, 0), {"type": "drained", "slots": [0]},
         _failure(slow, 2),
+        {**_failure(hang, 0), "mode": "hang", "pid": 7}, {"type": "rank-fenced", "slot": 0},
+        {"type": "detection", "failed": ["rank0"]},
         _failure(hang, 1),  # struck nothing that answered: the run must flag it
         {"type": "preempt-notice", "slot": 0, "pid": 101, "source": "signal"},
         {"type": "drained", "slots": [0]},
@@ -61,10 +65,12 @@ def test_the_tally_says_what_answered_each_fault() -> None:
     assert rows["pause-300ms"]["went on"] == 1
     assert rows["preempt-5s"]["drained"] == 1
     assert rows["slow-4x"]["went on"] == 1  # the group ran at its pace
-    assert rows["hang"]["unanswered"] == 1
-    # One SIGTERM taken as a notice and drained; one never noticed, killed at its end.
-    assert rows["sigterm-5s"]["injected"] == 2 and rows["sigterm-5s"]["drained"] == 1
-    assert rows["sigterm-5s"]["killed at notice end"] == 1
+    assert rows["hang"] == {"injected": 2, "drained": 0, "fenced": 1, "recovered": 1,
+                            "went on": 0, "killed at notice end": 0, "unanswered": 1}
+    # One SIGTERM taken as a notice and drained; one never noticed, killed at its end;
+    # one to a process fenced out already.
+    assert rows["sigterm-5s"] == {"injected": 3, "drained": 1, "fenced": 1, "recovered": 0,
+                                  "went on": 0, "killed at notice end": 1, "unanswered": 0}
     lines = table(rows).splitlines()
     assert lines[0].startswith("| kind | injected | drained |")
-    assert lines[-1] == "| total | 7 | 2 | 1 | 1 | 2 | 1 | 1 |"
+    assert lines[-1] == "| total | 9 | 2 | 3 | 2 | 2 | 1 | 1 |"
