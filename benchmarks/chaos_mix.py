@@ -270,3 +270,27 @@ def table(rows: dict[str, dict[str, int]]) -> str:
                                           for c in cols) + " |")
     return "\n".join(lines)
 
+
+
+def wipes(events: list[dict[str, Any]], ranks: int) -> tuple[int, int]:
+    """Restarts after every rank was lost at once: a ``detection`` with no survivor,
+    then ``restored``. Under rollback, which keeps no checkpoint, the group starts
+    again from the ``restored`` step, and the steps committed since are gone by design
+    (N ranks outlive N - 1 overlapping losses, not N), as chain-sync's wiped chains.
+
+    Returns:
+        How many, and the updates they took: each wipe's committed steps (the
+        ``logical`` of the last failure before it) past the restored step, times
+        ``ranks``, which is how the run's summary counts ``updates_lost``.
+    """
+    count = lost = logical = 0
+    empty = False
+    for e in events:
+        t = e.get("type")
+        if t == "failure" and not empty:
+            logical = e.get("logical", logical)
+        elif t == "detection":
+            empty = e.get("survivors") == []
+        elif t == "restored" and empty:
+            count, lost, empty = count + 1, lost + (logical - e["step"]) * ranks, False
+    return count, lost

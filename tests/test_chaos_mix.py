@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from chaos_mix import GLOO_KINDS, Fault, Kind, Sent, plan, table, tally  # noqa: E402
+from chaos_mix import GLOO_KINDS, Fault, Kind, Sent, plan, table, tally, wipes  # noqa: E402
 
 
 def test_the_plan_gives_every_kind_its_share_one_fault_per_slice() -> None:
@@ -74,3 +74,16 @@ def test_the_tally_says_what_answered_each_fault() -> None:
     lines = table(rows).splitlines()
     assert lines[0].startswith("| kind | injected | drained |")
     assert lines[-1] == "| total | 9 | 2 | 3 | 2 | 2 | 1 | 1 |"
+
+
+def test_a_wipe_is_every_rank_lost_at_once_and_its_loss_counted_in_updates() -> None:
+    events: list[dict[str, Any]] = [
+        {"type": "failure", "logical": 40}, {"type": "detection", "survivors": [0, 2]},
+        {"type": "failure", "logical": 50}, {"type": "detection", "survivors": [2]},
+        {"type": "failure", "logical": 57}, {"type": "detection", "survivors": []},
+        {"type": "failure", "logical": 0},  # a stale order striking the restarted group
+        {"type": "restored", "step": 0},
+        {"type": "failure", "logical": 9}, {"type": "detection", "survivors": [1]},
+        {"type": "restored", "step": 5},  # a restart with a survivor: not a wipe
+    ]
+    assert wipes(events, ranks=3) == (1, 57 * 3)
