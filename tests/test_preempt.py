@@ -192,6 +192,30 @@ def test_every_rank_preempted_stops_the_run_resumable_with_a_checkpoint(
     assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
 
 
+def test_the_last_member_with_a_notice_hands_over_to_a_replacement_before_it_leaves(
+        tmp_path: Path) -> None:
+    """Rank 1 crashes, and rank 0, the only member left, gets its notice while rank 1's
+    replacement is still on its way (2 s delay). With no checkpoint to save to
+    (rollback), stopping the job would lose the whole run: rank 0 trains on, takes the
+    replacement in (it holds the state the joiner receives), and only then drains; its
+    own replacement brings the group back to full size. Found by benchmarks/chaos.py,
+    where the run ended interrupted (143) with nothing to resume from."""
+    cb = Watch(lambda w: len(w.of("rank-joined")) >= 2 and w.evals[-1]["ranks"] == 2)
+    e = _engine(tmp_path, cb, strategy="rollback", ranks=2, stop_at_target=False,
+                max_iterations=10**6, wall_limit=60, recovery_delay=2.0,
+                cost=CostModel(timeout_seconds=3),
+                failures=["rank=1@iter=5", "rank=0@iter=10,mode=preempt:30s"])
+    r = e.run()
+    types = _types(cb)
+    assert "job-preempted" not in types and "preempt-expired" not in types, types
+    joined = cb.of("rank-joined")
+    drained, = cb.of("drained")
+    assert joined[0]["slots"] == [1] and drained["slots"] == [0] and drained["ranks"] == [1]
+    assert types.index("rank-joined") < types.index("drained")
+    assert joined[1]["slots"] == [0] and joined[1]["ranks"] == [0, 1]
+    assert r.extras["ranks_final"] == 2 and r.extras["replicas_identical"]
+
+
 class _TermAt(Watch):
     """Sends this process SIGTERM (the job's notice) once an evaluation reaches ``at``."""
 

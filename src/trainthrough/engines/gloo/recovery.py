@@ -388,7 +388,14 @@ class DistRecovery:
             return
         now = time.time()
         grow = any(at <= now and self.port.procs.ready(p) for p, at in self.joiners)
-        if grow or self.jit or self.drains.leaving(self.members):
+        leaving = self.drains.leaving(self.members)
+        if len(leaving) == len(self.members) and self.joiners \
+                and self.port.saves.saver is None:
+            # Every member has a notice, a replacement is on its way and there is no
+            # checkpoint to save to: stopping now would lose the whole run, so the
+            # members train on until a joiner is ready to take the state from them.
+            leaving = []
+        if grow or self.jit or leaving:
             self.change_requested = True
             request(self.port.store)
 
@@ -404,7 +411,7 @@ class DistRecovery:
         stay = [s for s in survivors if s not in leaving]
         ready = [p for p, at in self.joiners if at <= now and self.port.procs.ready(p)]
         self.n += 1
-        if self.jit or not stay:  # a joiner needs a member to take the state from
+        if self.jit or not (stay or ready):  # a joiner takes the state from a member
             # Nobody would be left (or the job got its notice): every member holds the
             # last committed step, and one writes it before all stop.
             if not self.jit:  # every member had a notice: the job's, from the first
@@ -420,6 +427,11 @@ class DistRecovery:
         self.log.last_joined = [p.slot for p in ready]
         for p in ready:
             self.port.store.set(f"join/{p.slot}/{p.inc}", str(self.n))
+        if not stay:
+            # Every member has a notice but replacements are ready: the leavers take
+            # them in (they hold the state a joiner receives) and leave at the next
+            # boundary, which the notices still pending ask for (_maybe_change).
+            stay, leaving = survivors, []
         self.members = sorted(stay + [p.slot for p in ready])
         self._publish(Plan(self.n, self.members, "join" if ready else "start"))
         self._to(GroupState.TRAINING)
