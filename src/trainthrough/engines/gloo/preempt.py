@@ -75,6 +75,11 @@ class Drains:
                if n.deadline is not None and n.deadline <= now and n.proc.exitcode is None]
         for n in out:
             n.deadline = None
+            # Killed and recovered as a crash from here: its slot is no longer leaving
+            # (its replacement, which may be ready before the kill's exit is seen, has no
+            # notice).
+            if self.notices.get(n.proc.slot) is n:
+                del self.notices[n.proc.slot]
         for s in [s for s, n in self.notices.items() if n.proc.exitcode is not None]:
             del self.notices[s]  # ended before it left: its death is handled as one
         return out

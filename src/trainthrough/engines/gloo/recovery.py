@@ -273,6 +273,10 @@ class DistRecovery:
     # -- decisions ----------------------------------------------------------------
     def _decide(self, reports: dict[int, Report]) -> None:
         self.reported = False  # the next attempt's reports are announced anew
+        # Whatever stopped the group answers a change asked for before it (a failure
+        # re-forms it; a change is asked anew if still due): left set, no joiner would
+        # ever be taken in after a failure that came while a change was pending.
+        self.change_requested = False
         self.first_timeout = None
         # A victim posts its failure before it dies, and survivors report after: drain
         # once more, so the failure event is in even if it came within this tick.
