@@ -58,8 +58,8 @@ class ProcessIdentity:
     start_ticks: int
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of ``pid``, or None if it is gone."""
+def _fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 (the state) on, or None if unreadable."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             text = f.read()
@@ -67,7 +67,13 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
     # The command name (field 2) is in parentheses and may hold spaces or ')'.
     rest = text[text.rfind(")") + 2:].split()
-    if len(rest) < 20 or rest[0] == "Z":  # a zombie has already died
+    return rest if len(rest) >= 20 else None
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of ``pid``, or None if it is gone."""
+    rest = _fields(pid)
+    if rest is None or rest[0] == "Z":  # a zombie has already died
         return None
     return int(rest[1]), int(rest[19])
 
@@ -107,13 +113,8 @@ def stopped(ident: ProcessIdentity) -> bool:
     """Whether the identified process is stopped by a signal (``/proc`` state ``T``): a
     rank that posts a pause's failure stops itself only just after, so it is continued
     only once this holds."""
-    try:
-        with open(f"/proc/{ident.pid}/stat", encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return False
-    rest = text[text.rfind(")") + 2:].split()
-    return len(rest) >= 20 and rest[0] == "T" and int(rest[19]) == ident.start_ticks
+    rest = _fields(ident.pid)
+    return rest is not None and rest[0] == "T" and int(rest[19]) == ident.start_ticks
 
 
 def send(ident: ProcessIdentity | None, sig: int = signal.SIGKILL) -> bool:

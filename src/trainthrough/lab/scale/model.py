@@ -156,18 +156,20 @@ class _Job:
             if r not in self.down:
                 return r
 
-    def _strike(self) -> list[int]:
-        """The failure due now and those that fall due within its detection."""
-        failed = [self._victim()]
-        self.down.add(failed[0])
+    def _fail_one(self) -> int:
+        """The failure due now takes a live rank down (counted); the next one is drawn."""
+        victim = self._victim()
+        self.down.add(victim)
         self.out.failures += 1
         self.next_fail = self._draw()
+        return victim
+
+    def _strike(self) -> list[int]:
+        """The failure due now and those that fall due within its detection."""
+        failed = [self._fail_one()]
         self._recovering(self.costs.detect)
         while self.next_fail <= self.clock.now and len(self.down) < self.n:
-            failed.append(self._victim())
-            self.down.add(failed[-1])
-            self.out.failures += 1
-            self.next_fail = self._draw()
+            failed.append(self._fail_one())
         return failed
 
     def _recovering(self, seconds: float) -> None:
@@ -293,11 +295,7 @@ class _Job:
             end = self.clock.now + compute
             while self.next_fail < end and alive > 0:  # nobody notices before the outer step
                 self.clock.advance(max(0.0, self.next_fail - self.clock.now))
-                victim = self._victim()
-                self.down.add(victim)
-                lost_ranks.append(victim)
-                self.out.failures += 1
-                self.next_fail = self._draw()
+                lost_ranks.append(self._fail_one())
                 # its local steps since the last outer step are dropped with it
                 pending -= since * per_rank
                 self._lose(since * per_rank * self.out.ideal_seconds / steps)
@@ -315,11 +313,7 @@ class _Job:
                 offset = max(0.0, self.next_fail - self.clock.now)
                 self.clock.advance(offset)
                 self._lose(offset)
-                victim = self._victim()
-                self.down.add(victim)
-                lost_ranks.append(victim)
-                self.out.failures += 1
-                self.next_fail = self._draw()
+                lost_ranks.append(self._fail_one())
                 pending -= since * per_rank
                 phase = "outer"
             else:
