@@ -42,6 +42,9 @@ class Indexed(Dataset):  # type: ignore[type-arg]
 
 @training_loop
 def train(loop: Loop) -> dict[str, object]:
+    # Whether this rank process found what its first optimizer imports already there
+    # (inherited from the zygote, engines/gloo/zygote_main.py) rather than paying it.
+    warm = "torch._dynamo" in sys.modules
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
     # SGD: Adam's division by sqrt(v) amplifies the float summation order of 3 ranks vs 2
@@ -65,7 +68,7 @@ def train(loop: Loop) -> dict[str, object]:
         loop.step(loss_of)
     sd = model.state_dict()
     return {"sum": float(sum(v.double().sum() for v in sd.values() if v.is_floating_point())),
-            "steps": loop.step_index, "file": __file__}
+            "steps": loop.step_index, "file": __file__, "warm": warm}
 
 
 if __name__ == "__main__":

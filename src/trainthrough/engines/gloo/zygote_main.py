@@ -109,6 +109,19 @@ def _reseed() -> None:
         np.random.seed()
 
 
+def _warm_for(request: dict[str, Any]) -> None:
+    """Import here, once, what the rank of ``request`` would otherwise import itself.
+
+    A user's own loop builds a ``torch.optim`` optimizer, and the first optimizer built
+    in a process imports ``torch._dynamo`` (its ``_disable_dynamo`` wrapper): about 1 s
+    of CPU in every rank, replacement and restarted rank, before its first step. Done
+    in the zygote before the first such fork, every later fork inherits it. The
+    built-in workloads build none, so a zygote that serves only them never pays it.
+    The import starts no thread, so the forks stay safe (the module docstring)."""
+    if request["spec"]["run"].get("loop") and "torch._dynamo" not in sys.modules:
+        import torch._dynamo  # noqa: F401
+
+
 def serve(path: str) -> None:
     """Listen on ``path`` and fork a rank per request until stdin closes."""
     wake_r, wake_w = os.pipe()
@@ -137,6 +150,7 @@ def serve(path: str) -> None:
             except (OSError, ValueError):
                 conn.close()
                 continue
+            _warm_for(request)
             sys.stdout.flush()
             sys.stderr.flush()
             # A signal to the whole job (``timeout -s TERM``, Ctrl-C) that ended this
