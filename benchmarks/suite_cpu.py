@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 OUT = Path(os.environ.get("SUITE_CPU_OUT", "runs/suite_cpu.jsonl"))
 
 
@@ -36,20 +38,14 @@ def busy_seconds() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
 
 
-try:
-    import pytest
-except ImportError:  # the report below needs no pytest
-    pytest = None  # type: ignore[assignment]
-
-if pytest is not None:
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
-        cpu, wall = busy_seconds(), time.monotonic()
-        yield
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        with OUT.open("a") as f:
-            f.write(json.dumps({"id": item.nodeid, "cpu": round(busy_seconds() - cpu, 2),
-                                "wall": round(time.monotonic() - wall, 2)}) + "\n")
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
+    cpu, wall = busy_seconds(), time.monotonic()
+    yield
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with OUT.open("a") as f:
+        f.write(json.dumps({"id": item.nodeid, "cpu": round(busy_seconds() - cpu, 2),
+                            "wall": round(time.monotonic() - wall, 2)}) + "\n")
 
 
 def report(path: Path, top: int = 30) -> str:

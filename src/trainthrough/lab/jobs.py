@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
+
+from trainthrough.engines.forked import take_place
 
 #: What the fork server imports once, before it forks a single worker: the runner and,
 #: with it, torch and every engine's sim path (~2.5 s of CPU a process).
@@ -69,13 +70,8 @@ class _Forked:
 
 
 def _as_caller(cwd: str, env: dict[str, str], fn: Any, args: tuple[Any, ...]) -> Any:
-    """In a worker: the caller's folder and environment, fresh random state, then ``fn``."""
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    np = sys.modules.get("numpy")  # Python's random reseeds itself after a fork; numpy's not
-    if np is not None:
-        np.random.seed()
+    """In a worker: ``fn`` where and as its caller would have run it."""
+    take_place(cwd, env)
     return fn(*args)
 
 

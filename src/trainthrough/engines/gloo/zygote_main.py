@@ -42,6 +42,7 @@ import struct
 import sys
 from typing import Any
 
+from trainthrough.engines.forked import take_place
 from trainthrough.engines.gloo import rank_main
 
 _LEN = struct.Struct("!I")
@@ -82,12 +83,8 @@ def _child(request: dict[str, Any], fds: list[int], keep_closed: list[int]) -> N
         os.dup2(fds[1], 2)
         for fd in (null, *fds):
             os.close(fd)
-        cwd = request["cwd"]
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.path[0] = cwd  # what ``python -m`` started in cwd puts first
-        _reseed()
+        take_place(request["cwd"], request["env"])
+        sys.path[0] = request["cwd"]  # what ``python -m`` started in cwd puts first
         code = rank_main.main(rank_main.RankSpec.from_dict(request["spec"]))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -99,14 +96,6 @@ def _child(request: dict[str, Any], fds: list[int], keep_closed: list[int]) -> N
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-def _reseed() -> None:
-    """Give the child the fresh random state a new interpreter would have (Python's
-    ``random`` reseeds itself after a fork; numpy's global generator does not)."""
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed()
 
 
 def _warm_for(request: dict[str, Any]) -> None:
