@@ -35,7 +35,7 @@ from trainthrough.engines.ray.driver.acknowledged import (
 from trainthrough.engines.ray.driver.bsp import BulkSynchronous
 from trainthrough.engines.ray.driver.checkpoints import RayShardSaves
 from trainthrough.engines.ray.driver.cluster import RayCluster, seen_dead
-from trainthrough.engines.ray.driver.members import Member, OutageWork, Strike
+from trainthrough.engines.ray.driver.members import Member, MemberState, OutageWork, Strike
 from trainthrough.engines.ray.driver.pool import POOL
 from trainthrough.engines.ray.driver.recovery import Measuring, Replacement
 from trainthrough.engines.ray.driver.stall import StallWatch
@@ -47,6 +47,12 @@ from trainthrough.ft.checkpointer import Checkpointer
 from trainthrough.ps.layout import make_layout
 
 TICK = 0.02
+#: How long a run that is over (its budget, its target, its wall limit) still waits for
+#: the death of an actor it killed to be seen: every failure it injected is then
+#: detected in its record, even one struck a tick before the end (a stateless run's
+#: workers, pushing on while the shard is down, once made the last 55 of their 90
+#: iterations before the kill's death was seen). A death is seen within ~0.1 s.
+KILL_SEEN_GRACE = 5.0
 
 
 class RayEngine:
@@ -168,6 +174,7 @@ class RayEngine:
             done = done or executed >= self.max_iter or (
                 self.cfg.wall_limit is not None and now >= self.cfg.wall_limit) or (
                 not self.pending and all(_returned(r) for r in runs.values()))
+            done = done and not self._kills_unseen()
         for m in c.members.values():
             if m.kind == "worker" and m.alive:
                 m.handle.stop.remote()
@@ -177,6 +184,14 @@ class RayEngine:
         self.measure()
         progress = self._progress()  # after the last pushes: what workers saw acknowledged
         return self.finish(iteration + self.replayed, progress)
+
+    def _kills_unseen(self) -> bool:
+        """Whether an actor this run killed has not been seen dead yet, within
+        :data:`KILL_SEEN_GRACE` of its kill."""
+        now = time.perf_counter()
+        return any(m.state is MemberState.KILLED and m.killed_at is not None
+                   and now - m.killed_at < KILL_SEEN_GRACE
+                   for m in self.cluster.members.values())
 
     def started_training(self) -> None:
         """Record the start-up time once, when the first update is seen applied."""
