@@ -26,18 +26,17 @@ run: setup
 	$(BIN)/trainthrough compare
 
 # The whole suite, what CI runs: three workers on two cores (vmstat: both cores busy
-# from the first test to the last); every test that uses the session's Ray runs on one of them, and
-# the README's and the examples' commands each on one, in order (loadgroup).
-# mypy (~20 s on one core from a fresh clone) runs beside the tests rather than before
-# them; its verdict counts all the same: the target fails if either does.
+# from the first test to the last); every test that uses a worker's Ray runs on one of
+# them, and the README's and the examples' commands each on one, in order (loadgroup).
+# mypy (~20 s on one core from a fresh clone) starts first, beside ruff, lint-imports
+# and compileall, which keep one core busy; its verdict counts all the same: the
+# target fails if it does.
 test: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	PYTHONPATH=src $(BIN)/lint-imports --no-logo
-	@# Hundreds of processes (ranks, actors, CLI runs) import the package: compiled once
-	@# here, not in each (PYTHONDONTWRITEBYTECODE, where set, would stop Python caching it).
-	$(BIN)/python -m compileall -q src
 	@$(BIN)/mypy src > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
-	$(BIN)/python -m pytest -n 3 --dist loadgroup --durations=15; tests=$$?; \
+	$(BIN)/ruff check src tests benchmarks examples \
+	&& PYTHONPATH=src $(BIN)/lint-imports --no-logo \
+	&& $(BIN)/python -m compileall -q src \
+	&& $(BIN)/python -m pytest -n 3 --dist loadgroup --durations=15; tests=$$?; \
 	wait $$mypy; types=$$?; echo "mypy src:"; cat $(VENV)/mypy.out; \
 	test $$tests -eq 0 && test $$types -eq 0
 

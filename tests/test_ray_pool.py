@@ -73,7 +73,7 @@ def test_killed_actors_do_not_come_back() -> None:
     s = run_silent(RunConfig(workload="mlr", strategy="checkpoint-sync", engine="ray",
                              shards=1, workers=2, consistency="async",
                              failures=["worker=1@iter=5"], recovery_delay=0.2,
-                             max_iterations=10**6, wall_limit=8.0, stop_at_target=False))
+                             max_iterations=10**6, wall_limit=5.0, stop_at_target=False))
     assert s.failures == 1
     idle = POOL.idle()
     assert idle
