@@ -60,7 +60,7 @@ def test_two_hosts_ranks_on_both_a_host_lost_and_the_group_grows_back(tmp_path: 
     low, high = two_hosts.WORKER_PORTS
     for side, ip in zip("ab", ADDRESSES, strict=True):
         ours = {a: c for a, c in listeners[side].items()
-                if c.startswith(("ray::RankActor", "python"))
+                if c.startswith(("ray::RankHost", "python"))
                 and not low <= int(a.rsplit(":", 1)[1]) <= high}
         assert ours, f"no rank or store listener seen on host {side}"
         assert all(a.startswith(f"{ip}:") for a in ours), (side, ours)

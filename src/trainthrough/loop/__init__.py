@@ -17,7 +17,7 @@ the step to trainthrough::
     if __name__ == "__main__":
         print(launch(train, ranks=4, strategy="rollback", fail=["rank=1@iter=30"]))
 
-Every rank runs ``train`` in its own process (a Ray actor by default, a local process
+Every rank runs ``train`` in its own process (on a Ray node by default, a local process
 with ``engine="gloo"``), imported by reference from its file: nothing is pickled. Each
 ``loop.step`` is one global mini-batch: trainthrough picks this rank's samples from
 ``loader.dataset`` (so a recovery never skips or repeats one), calls your loss on each

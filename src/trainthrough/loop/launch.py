@@ -141,7 +141,8 @@ def launch(train: TrainingLoop, *, ranks: int = 2, strategy: str = "rollback",
             strings, booleans and lists of them, recorded in the run's ``config.toml``
             (``workload_options``) and required the same on ``resume``. From the
             command line: ``--option name=value``.
-        ranks: data-parallel ranks (each a Ray actor, or a process with ``engine="gloo"``).
+        ranks: data-parallel ranks (each a process on a Ray node, or a local process with
+            ``engine="gloo"``).
         strategy: how a lost rank is recovered: ``rollback`` (redo the step on the
             survivors), ``lossy-forward``, ``checkpoint-restart``; or relaxed: ``localsgd``,
             ``diloco``, ``streaming-diloco``, where your optimizer is the inner one and a

@@ -17,8 +17,8 @@ posts the notice on a store connection of its own. Interrupted system calls rest
 (``siginterrupt`` off): the notice must not break a collective or a store call in flight.
 
 Installed only in a process's main thread and only where the engine says its ranks take
-notices (:attr:`~.protocol.RunSpec.notice`): a rank hosted on a Ray actor leaves SIGTERM
-to Ray.
+notices (:attr:`~.protocol.RunSpec.notice`): a rank on a Ray node leaves SIGTERM to
+Ray.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Its parts:
 
 * :mod:`.driver`: the driver process (the engine's loop, the run's actors and their
   life cycle, recovery, bulk-synchronous rounds, checkpoints, actor pools, and data
-  parallel with ranks on Ray actors);
-* :mod:`.actors`: what runs inside the actor processes (shards, workers);
+  parallel with ranks on Ray nodes);
+* :mod:`.actors`: what runs inside the actor processes (shards, workers, the hosts of
+  data-parallel ranks);
 * :mod:`.chain`: chain replication of a shard (the link in each replica, its
   transport, the driver's view of ZooKeeper membership);
 * :mod:`.runtime`: starting and joining Ray.
@@ -33,7 +34,7 @@ for _k, _v in LOOPBACK_ENV.items():
 
 DESCRIPTION = "shards, replicas and workers as Ray actors; failures are real SIGKILLs"
 # The parameter server is Ray's own engine; data parallel is the gloo engine's
-# controller with every rank a Ray actor (driver/dp.py), so it runs what gloo runs.
+# controller with every rank a process of its node's host actor (driver/dp.py), so it runs what gloo runs.
 ENGINE = {"ps": "trainthrough.engines.ray.driver.engine:RayEngine",
           "dp": "trainthrough.engines.ray.driver.dp:RayDataParallel"}
 TRAITS = Traits(on_ray=True)

@@ -9,5 +9,5 @@ only through :class:`~.interface.Driver`.
 
 Actors are reused between runs (:mod:`.pool`, within one driver; :mod:`.warm`, kept
 on a cluster between drivers). Data parallel on Ray (:mod:`.dp`) is the gloo engine's
-controller with every rank a Ray actor. Importing this package imports nothing.
+controller with every rank a process of its node's host actor. Importing this package imports nothing.
 """
