@@ -111,13 +111,10 @@ def test_replicas_end_bit_identical_to_the_head_with_adam(mode: str) -> None:
     replica ends with the head's parameters, optimizer state, version and dedup table,
     bit for bit. Asynchronous groups hold up to 16 pushes, so there some forwards
     carry the state (not only the first, sent when the chain is wired)."""
-    from trainthrough.engines.ray.actors.shard_actor import ShardActor
-    from trainthrough.ps.layout import make_layout
+    from tests.ray_shards import shard_actors
 
     values = {"w": torch.randn(64, 32), "b": torch.randn(32)}
-    blocks = make_layout(values, 1).shards[0]
-    spec = OptimizerSpec(kind="adam", lr=0.01)
-    actors = [ShardActor.remote(0, blocks, spec, values, f"s{i}") for i in range(3)]
+    actors = shard_actors(3, values, OptimizerSpec(kind="adam", lr=0.01), prefix="s")
     for a, b in zip(actors, actors[1:] + [None]):
         ray.get(a.set_successor.remote(b, mode))
 
@@ -148,5 +145,4 @@ def test_replicas_end_bit_identical_to_the_head_with_adam(mode: str) -> None:
     for a in actors[:2]:  # every forward went over the link's socket, none by Ray call
         stats = ray.get(a.stats.remote())
         assert stats["socket_sends"] == stats["forwarded"] > 0
-    for a in actors:
-        ray.kill(a)
+    actors.give_back()

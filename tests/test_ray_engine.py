@@ -11,6 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from tests.ray_shards import Shards, shard_actors  # noqa: E402
 from trainthrough.config import RunConfig  # noqa: E402
 from trainthrough.engines.callbacks import Callback  # noqa: E402
 from trainthrough.ft.chain import on_death  # noqa: E402
@@ -141,17 +142,13 @@ def test_a_wiped_chain_counts_the_acknowledged_pushes_it_took(strategy: str) -> 
         assert ckpt == 20 and 0 < lost <= acked[1] - (2 * ckpt - 2), (lost, up)
 
 
-def _chain(n: int, mode: str, dtype: object = None) -> list:
+def _chain(n: int, mode: str, dtype: object = None) -> Shards:
     import torch
 
-    from trainthrough.engines.ray.actors.shard_actor import ShardActor
-    from trainthrough.ps.layout import make_layout
     from trainthrough.workloads.base import OptimizerSpec
 
-    values = {"x": torch.zeros(4, dtype=dtype or torch.float32)}
-    blocks = make_layout(values, 1).shards[0]
-    actors = [ShardActor.remote(0, blocks, OptimizerSpec(kind="add"), values, f"r{i}")
-              for i in range(n)]
+    actors = shard_actors(n, {"x": torch.zeros(4, dtype=dtype or torch.float32)},
+                          OptimizerSpec(kind="add"))
     for a, b in zip(actors, actors[1:] + [None]):
         ray.get(a.set_successor.remote(b, mode))
     return actors
@@ -201,8 +198,7 @@ def test_chain_sync_loses_no_acknowledged_update(position: int) -> None:
         assert stats["applied"][0] == 80
         version, values = ray.get(handles[n].pull.remote())
         assert values["x"].tolist() == [80.0] * 4  # each acknowledged push applied once
-    for h in actors:
-        ray.kill(h)
+    actors.give_back()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -228,8 +224,7 @@ def test_tensors_a_frame_cannot_carry_are_forwarded_by_ray_call(mode: str) -> No
         stats = ray.get(h.stats.remote())
         assert stats["forwarded"] > 0 and stats["sent_states"] > 0, stats
         assert stats["socket_sends"] == 0, stats
-    for h in actors:
-        ray.kill(h)
+    actors.give_back()
 
 
 @ray.remote(num_cpus=0)
@@ -247,7 +242,8 @@ def test_a_replacement_that_hangs_in_its_copy_does_not_hold_the_tails_pushes() -
     gives up after its timeout, nothing changed, and the tail takes pushes again."""
     import torch
 
-    (tail,) = _chain(1, "sync")
+    tail_actors = _chain(1, "sync")
+    (tail,) = tail_actors
     stuck = _StuckReplica.remote()  # type: ignore[attr-defined]
     t = time.perf_counter()
     with pytest.raises(ray.exceptions.GetTimeoutError):
@@ -257,7 +253,7 @@ def test_a_replacement_that_hangs_in_its_copy_does_not_hold_the_tails_pushes() -
     version, values = ray.get(tail.pull.remote(), timeout=5)
     assert values["x"].tolist() == [1.0] * 4  # applied, and with no successor to wait for
     ray.kill(stuck)
-    ray.kill(tail)
+    tail_actors.give_back()
 
 
 def test_chain_failover_through_zookeeper_membership(zk_server) -> None:  # noqa: ANN001
@@ -332,8 +328,7 @@ def test_pipelined_chain_sync_loses_no_acknowledged_update(position: int) -> Non
         stats = ray.get(handles[n].stats.remote())
         assert stats["applied"] == {0: 40, 1: 40, 2: 40, 3: 40}
         assert ray.get(handles[n].pull.remote())[1]["x"].tolist() == expect
-    for h in actors:
-        ray.kill(h)
+    actors.give_back()
 
 
 def test_chain_positions_apply_in_order_and_a_replaced_head_is_refused() -> None:
