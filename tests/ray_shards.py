@@ -27,7 +27,9 @@ KEY = ("shard",)  # the driver's own key: runs and these tests share the idle ac
 class Shards(list[Any]):
     """The handles, in chain order; :meth:`give_back` when the test is done with them."""
 
-    names: list[str]
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []  # their Ray names, as the pool keeps them
 
     def give_back(self) -> None:
         POOL.give_back([(KEY, name, h, h.release.remote())
@@ -40,7 +42,6 @@ def shard_actors(n: int, values: dict[str, torch.Tensor], spec: OptimizerSpec,
     each an idle pooled actor reset, or a new one."""
     blocks = make_layout(values, 1).shards[0]
     out = Shards()
-    out.names = []
     for i in range(n):
         replica = f"{prefix}{i}"
 

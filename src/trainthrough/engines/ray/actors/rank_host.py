@@ -39,10 +39,6 @@ class RankHost:
         self._killed: set[str] = set()
         self._lock = threading.Lock()
 
-    def node(self) -> str:
-        """The node it runs on (answered once it is up)."""
-        return str(ray.get_runtime_context().get_node_id())
-
     def start(self, token: str, spec_json: str) -> tuple[int, str] | None:
         """Start the rank ``token`` runs; (its pid, this node's id), or None if it was
         killed before it could start."""
@@ -56,7 +52,7 @@ class RankHost:
                 return None
             child = self._launch(spec)
             self._ranks[token] = child
-        return int(child.pid or 0), self.node()
+        return int(child.pid or 0), str(ray.get_runtime_context().get_node_id())
 
     def wait(self, token: str, started: tuple[int, str] | None) -> int:
         """Block until the rank ``token`` ended; its exit code (-N: killed by signal N;

@@ -18,7 +18,7 @@ Collectives are gloo over TCP (NCCL with a GPU per rank: dp/devices.py); a CUDA
 replica's actor asks Ray for its share of a GPU. Addresses (gloo/net.py): on a local Ray,
 everything is on 127.0.0.1; on a joined cluster the controller's store listens on this
 driver's Ray address (or ``--bind-address``) and each rank's gloo on the interface that
-holds its own node's Ray address, which the actor reads where it runs.
+holds its own node's Ray address, which the rank's host reads where it runs.
 
 Placement (placement.py decides, each choice an event ``rank-placed``): the first
 ranks round the live nodes, a replacement for a rank lost with its host on the host's
@@ -106,7 +106,7 @@ class RankHosts:
 class RayRank:
     """A rank started by its node's host on the node ``place()`` names, at ``start_at``
     (now, or later for a replacement on a cluster: see
-    :meth:`RayDataParallel.start_rank_actor`). Until then it is a process not yet
+    :meth:`RayDataParallel.start_rank`). Until then it is a process not yet
     started: not ended, nothing to signal."""
 
     def __init__(self, spec: RankSpec, place: Callable[[float, set[str]], str | None],
@@ -240,12 +240,12 @@ class RayDataParallel(GlooEngine):
     takes_notice = False  # an actor's SIGTERM is Ray's (see the ray package's CAPABILITIES)
 
     def __init__(self, ctx: RunContext) -> None:
-        self.launch = self.start_rank_actor
+        self.launch = self.start_rank
         self.known: set[str] = set()  # the live nodes when the first ranks were placed
         self.hosts = RankHosts()
         super().__init__(ctx)
 
-    def start_rank_actor(self, spec: RankSpec) -> RayRank:
+    def start_rank(self, spec: RankSpec) -> RayRank:
         """A rank actor; a replacement on a cluster is placed :data:`PLACE_LEAD` seconds
         before it may join (``recovery_delay`` after the failure), not at once: a node
         that joined meanwhile (a lost host's successor) can then get it."""
