@@ -11,7 +11,8 @@ import torch
 from trainthrough.config import RunConfig
 from trainthrough.engines.callbacks import Callback
 from trainthrough.engines.sim.engine import SimEngine
-from trainthrough.ft.prioritized import PrioritizedEvery, row_change, select_rows
+from trainthrough.ft.prioritized import PrioritizedEvery
+from trainthrough.ft.prioritized_rows import row_change, select_rows
 from trainthrough.lab.rework import rework
 from trainthrough.lab.runner import build_engine, resolve_defaults, run_baseline, run_silent
 

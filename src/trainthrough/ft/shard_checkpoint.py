@@ -13,7 +13,7 @@ failure :meth:`ShardCheckpoint.restore`.
 
 Full saves hold the shard's whole state under tag ``shard<i>`` at step = iteration.
 Prioritized saves (fraction r < 1) hold the rows picked by
-:func:`~trainthrough.ft.prioritized.select_rows` under tag ``shard<i>-prio``, numbered
+:func:`~trainthrough.ft.prioritized_rows.select_rows` under tag ``shard<i>-prio``, numbered
 by a save counter (the iteration can rewind); a byte credit of ``r`` of a full save per
 save keeps the bytes per N equal to one full checkpoint. Recovery replays the
 prioritized saves oldest to newest, so each row gets its freshest saved copy; a save is
@@ -31,7 +31,7 @@ import torch
 from trainthrough.errors import CheckpointCorrupt
 from trainthrough.ft.checkpoint import CheckpointInfo, CheckpointStore, require_ints
 from trainthrough.ft.decisions import CheckpointDecision
-from trainthrough.ft.prioritized import INDEX_BYTES, row_change, select_rows
+from trainthrough.ft.prioritized_rows import INDEX_BYTES, row_change, select_rows
 from trainthrough.ps.shard import Shard, clone_state
 
 Tensors = dict[str, torch.Tensor]

@@ -25,14 +25,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Protocol
 
 from trainthrough.engines.gloo import zygote
 from trainthrough.engines.gloo.protocol import RankSpec, RunSpec, has
 from trainthrough.engines.signals import Pinned, pin
 from trainthrough.errors import UserError, uninterrupted
+
+if TYPE_CHECKING:  # only named: a Ray node's rank host imports this without torch
+    import torch.distributed as dist
 
 #: How local rank processes start: ``fork`` from the warm zygote, or ``exec`` a fresh
 #: ``python -m`` each (the environment variable ``TRAINTHROUGH_RANK_START``).

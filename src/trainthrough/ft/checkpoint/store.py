@@ -117,7 +117,7 @@ class CheckpointStore:
         self._local = isinstance(self._fs, LocalFileSystem)
         self._lock = threading.RLock()
         self._inflight: set[str] = set()
-        self._manifests: dict[str, tuple[tuple[int, int, int], Manifest]] = {}
+        self._manifests: dict[str, tuple[tuple[object, ...], Manifest]] = {}
         self._bytes_written = 0
         #: (seconds to write the last save durably, seconds to prune after it)
         self.last_timing = (0.0, 0.0)
@@ -180,27 +180,40 @@ class CheckpointStore:
         return sorted(out, key=lambda x: x[0].step)
 
     def _manifest(self, entry: str, step: int, tag: str) -> Manifest | None:
-        """:func:`read_manifest`, remembered locally while the file is unchanged (same
-        inode, size and modification time): every save lists its tag to prune it, and
-        parsing and checking each kept manifest again would take the writing thread's
-        time at every save, under the GIL the shard's pushes need. Only pruning
+        """:func:`read_manifest`, remembered while the file is unchanged (:meth:`_signature`):
+        every save lists its tag to prune it, and parsing and checking each kept manifest
+        again would take the writing thread's time at every save, under the GIL the
+        shard's pushes need (and, in memory, half of a simulated run's time). Only pruning
         uses it; listing and loading always read afresh (a manifest rewritten in place
         at the same size within one tick of the file clock would look unchanged)."""
         where = self._path(entry)
-        sig = None
-        if self._local:
-            with contextlib.suppress(OSError):
-                st = os.stat(f"{where}/{MANIFEST}")
-                sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-            hit = self._manifests.get(entry)
-            if sig is not None and hit is not None and hit[0] == sig:
-                return hit[1]
+        sig = self._signature(f"{where}/{MANIFEST}")
+        hit = self._manifests.get(entry)
+        if sig is not None and hit is not None and hit[0] == sig:
+            return hit[1]
         man = read_manifest(self._fs, where, step, tag)
         if sig is not None and man is not None:
             if len(self._manifests) > 4 * self.keep_last + 16:
                 self._manifests.clear()  # bounded: only what is listed again is reread
             self._manifests[entry] = (sig, man)
         return man
+
+    def _signature(self, path: str) -> tuple[object, ...] | None:
+        """What changes when ``path`` is written again: inode, size and modification
+        time locally; elsewhere the size and whatever clock or tag the storage reports
+        (fsspec's ``info``: ``created`` in memory, ``mtime``, ``LastModified``,
+        ``ETag``). None (never remembered) where the storage reports none, or the file
+        cannot be read."""
+        try:
+            if self._local:
+                st = os.stat(path)
+                return (st.st_ino, st.st_size, st.st_mtime_ns)
+            info = self._fs.info(path)
+        except (OSError, ValueError):
+            return None
+        stamp = next((info[k] for k in ("created", "mtime", "LastModified", "ETag")
+                      if info.get(k) is not None), None)
+        return None if stamp is None else (info.get("size"), stamp)
 
     # ------------------------------------------------------------------ public
     def save(
