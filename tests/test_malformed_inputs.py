@@ -217,8 +217,12 @@ _SPECS = [
     "rank=1@iter=3,mode=preempt", "rank=1@iter=3,mode=preempt:", "rank=1@iter=3,mode=preempt:0s",
     "rank=1@iter=3,mode=preempt:10", "rank=1@iter=3,mode=preempt:5iter",
     "rank=1@iter=3,mode=preempt:4000s", "rank=1@iter=3,mode=preempt:\u0663s",
-    # A partition is no spec form: the two-host tests cut a real network (docs/strategies.md).
-    "rank=1@iter=3,mode=partition:5s", "shards=1@iter=3,mode=partition",
+    # A partition: a duration with a unit, above 0 (sim only: the cases below).
+    "rank=1@iter=3,mode=partition", "rank=1@iter=3,mode=partition:",
+    "rank=1@iter=3,mode=partition:5", "rank=1@iter=3,mode=partition:0s",
+    "rank=1@iter=3,mode=partition:-5s", "rank=1@iter=3,mode=partition:5h",
+    "rank=1@iter=3,mode=partition:99999s", "rank=1@iter=3,mode=partition:\u0663s",
+    "rank=1@iter=3,mode=partition:5s,mode=pause:5s", "shards=1@iter=3,mode=partition",
 ]
 SPECS: dict[str, Case] = {f"--fail {s!r}": _args("--fail", s) for s in _SPECS}
 SPECS.update({
@@ -245,6 +249,18 @@ SPECS.update({
     # engines that cannot deliver a preemption's notice refuse it (capabilities: modes);
     # sim's data parallel takes it (tests/test_sim_kinds.py)
     "sim ps preempt": _args("--fail", "shards=1@iter=3,mode=preempt:10s"),
+    # A partition from a spec is sim's data parallel only: gloo's ranks share one host's
+    # network, Ray's are cut by the two-host tests; and it must leave the controller a rank.
+    "partition on gloo": _args("--paradigm", "dp", "--engine", "gloo", "--strategy",
+                               "rollback", "--fail", "rank=1@iter=3,mode=partition:8s"),
+    "partition on ray dp": _args("--paradigm", "dp", "--engine", "ray", "--strategy",
+                                 "rollback", "--fail", "rank=1@iter=3,mode=partition:8s"),
+    "partition of a shard on sim": _args("--fail", "shards=1@iter=3,mode=partition:8s"),
+    "partition of every rank": _args("--paradigm", "dp", "--strategy", "rollback", "--ranks",
+                                     "2", "--fail", "ranks=all@iter=3,mode=partition:8s"),
+    "partition of every rank by ids": _args("--paradigm", "dp", "--strategy", "rollback",
+                                            "--ranks", "2", "--fail",
+                                            "ranks=0,1@iter=3,mode=partition:8s"),
     # A failure during a recovery, in a run where nothing else fails (never struck).
     "dp phase=recovery with nothing to recover": _args(
         "--paradigm", "dp", "--strategy", "diloco", "--fail", "rank=1@iter=3,phase=recovery"),

@@ -1,6 +1,7 @@
 """The sim engine models the failure kinds beside a crash, for data parallel, on its
 virtual clock: a preemption notice (a drain at the step boundary, or a crash once the
-notice runs out), a pause (charged, or a fenced loss past the collective timeout) and
+notice runs out), a pause (charged, or a fenced loss past the collective timeout), a
+partition (the same to the group; the cut-off ranks' report after the heal refused) and
 a slow rank (its compute F times over; dropped at ``straggler_deadline``).
 
 Quick tier: sim runs in this process. The agreement with gloo is the last test (slow).
@@ -111,6 +112,58 @@ def test_a_pause_past_the_collective_timeout_is_a_fenced_loss_and_the_woken_rank
     assert (end["slot"], end["inc"], end["member"]) == (1, 0, False)
     assert joined["sim_seconds"] < end["sim_seconds"]
     assert end["sim_seconds"] >= fail["sim_seconds"] + 12.0
+
+
+def test_a_short_pause_of_two_ranks_is_waited_out_once(tmp_path: Path) -> None:
+    """The ranks of one spec stop together: the group waits 3 s, not 3 s per rank."""
+    common: dict[str, Any] = dict(stop_at_target=False, max_iterations=30)
+    free, _ = _run(tmp_path, "free", **common)
+    r, ev = _run(tmp_path, "pause", failures=["ranks=1,2@iter=8,mode=pause:3s"], **common)
+    assert r.sim_seconds == pytest.approx(free.sim_seconds + 3.0, abs=1e-9)
+    assert sorted(e["slot"] for e in _of(ev, "pause-ended")) == [1, 2]
+
+
+def test_a_short_cut_is_waited_out_and_costs_its_duration(tmp_path: Path) -> None:
+    common: dict[str, Any] = dict(stop_at_target=False, max_iterations=30)
+    free, _ = _run(tmp_path, "free", **common)
+    r, ev = _run(tmp_path, "cut", failures=["ranks=1,2@iter=8,mode=partition:4s"], **common)
+    assert r.sim_seconds == pytest.approx(free.sim_seconds + 4.0, abs=1e-9)
+    assert r.final_metric == free.final_metric and r.recoveries == []
+    healed = _of(ev, "partition-healed")
+    assert [(e["slot"], e["member"], e["cut_seconds"]) for e in healed] == [
+        (1, True, 4.0), (2, True, 4.0)]
+    assert not _of(ev, "rank-fenced") and not _of(ev, "write-refused")
+    assert r.extras["writes_refused"] == 0
+
+
+def test_ranks_cut_off_past_the_timeout_are_fenced_replaced_and_refused_after_the_heal(
+        tmp_path: Path) -> None:
+    """Two of four ranks cut off 12 s (timeout 10 s): the controller's side (ranks 0,
+    3) goes on by rollback, the cut-off ranks are fenced at the timeout and replaced;
+    when the cut heals each reports the step it was in, refused, and leaves."""
+    r, ev = _run(tmp_path, "cut", failures=["ranks=1,2@iter=5,mode=partition:12s"],
+                 ranks=4, stop_at_target=False, max_iterations=100,
+                 cost=CostModel(compute_scale=100, timeout_seconds=10, replace_seconds=5))
+    fail, = _of(ev, "failure")
+    fenced = _of(ev, "rank-fenced")
+    assert sorted((e["slot"], e["inc"], e["reason"]) for e in fenced) == [
+        (1, 0, "no-report"), (2, 0, "no-report")]
+    assert all(e["sim_seconds"] == pytest.approx(fail["sim_seconds"] + 10.0) for e in fenced)
+    reform, = _of(ev, "reform")
+    assert reform["ranks"] == [0, 3]  # the controller's side went on alone
+    assert [sorted(x.failed) for x in r.recoveries] == [["rank1", "rank2"]]
+    refused = _of(ev, "write-refused")
+    healed = _of(ev, "partition-healed")
+    assert sorted((e["slot"], e["inc"], e["message"]) for e in refused) == [
+        (1, 0, "report"), (2, 0, "report")]
+    assert sorted((e["slot"], e["inc"], e["member"]) for e in healed) == [
+        (1, 0, False), (2, 0, False)]
+    assert all(e["sim_seconds"] >= fail["sim_seconds"] + 12.0 for e in healed + refused)
+    assert r.extras["writes_refused"] == 2
+    # Grown back: the replacements joined (before the heal: 5 s after the reform).
+    assert r.extras["ranks_final"] == 4 and r.extras["ranks_min"] == 2
+    assert max(e["sim_seconds"] for e in _of(ev, "rank-joined")) < min(
+        e["sim_seconds"] for e in healed)
 
 
 def test_a_slow_rank_makes_every_step_wait_for_it(tmp_path: Path) -> None:

@@ -324,7 +324,7 @@ class RankFenced(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WriteRefused(Event):
-    """gloo, Ray dp: a message or report from an incarnation no longer in the group (one
+    """gloo, Ray dp, sim (a cut-off rank after the heal): a message or report from an incarnation no longer in the group (one
     fenced, ``rank-fenced``, or replaced in its slot) came in, and was dropped unread."""
 
     type: ClassVar[str] = "write-refused"
@@ -343,6 +343,21 @@ class PauseEnded(Event):
     slot: int
     inc: int
     paused_seconds: float
+    member: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionHealed(Event):
+    """sim: a ``mode=partition`` cut ended: the rank, alive all along on the side
+    without the controller, can reach the group again (on the virtual clock).
+    ``member``: whether it was still a member then (a cut shorter than the collective
+    timeout: the group waited it out); if not, it was fenced at the timeout, what it
+    sends now is refused (``write-refused``), and it leaves."""
+
+    type: ClassVar[str] = "partition-healed"
+    slot: int
+    inc: int
+    cut_seconds: float
     member: bool
 
 
@@ -485,7 +500,7 @@ _ALL: tuple[type[Event], ...] = (
     ShardDown, ShardUp, Failover, ReplicaJoin, ReplacementLost, SpareReady,
     ZookeeperAbsent, ZookeeperRejoined, Fenced, ZookeeperSilent,
     Reform, RankJoined, RankPlaced, RankErrored, RankSilent, RankFenced, WriteRefused,
-    PauseEnded, PreemptNotice, Drained, PreemptExpired, JobPreempted, Restored, Completed,
+    PauseEnded, PartitionHealed, PreemptNotice, Drained, PreemptExpired, JobPreempted, Restored, Completed,
     TrainingResumed,
     CheckpointSaved, CheckpointFailed, CheckpointCorrupt, CheckpointAbandoned,
     CheckpointSkipped, Resumed)

@@ -57,6 +57,12 @@ FORMS = [
     # then continued: a loss like a hang's, and the woken rank fenced out.
     Form("pause", "dp", ("rank=1@iter=12,mode=pause:30s",), ("rank=1@iter=12,mode=pause:3s",),
          1),
+    # Ranks cut off from the controller's side, alive, past the collective timeout:
+    # fenced and recovered as lost, their report after the heal refused. Only sim
+    # injects it from a spec (gloo's ranks share one host's network; the two-host tests
+    # cut real namespaces apart): the real engines' cells are refusals.
+    Form("partition", "dp", ("rank=1@iter=12,mode=partition:30s",),
+         ("rank=1@iter=12,mode=partition:8s",), 1),
     # A straggler from iteration 12 on: nothing fails (no deadline here), the group runs
     # at its pace; tests/test_sim_kinds.py drops it with --straggler-deadline.
     Form("slow", "dp", ("rank=1@iter=12,mode=slow:4x",), ("rank=1@iter=12,mode=slow:4x",), 1),

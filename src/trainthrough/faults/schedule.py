@@ -39,6 +39,7 @@ class FailureEvent:
     pause_seconds: float | None = None  # mode=pause: how long it stays stopped
     slow_factor: float | None = None  # mode=slow: a step takes this many times its compute
     notice: float | None = None  # mode=preempt: seconds from the notice to the SIGKILL
+    cut_seconds: float | None = None  # mode=partition: how long the ranks are cut off
 
 
 def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]:
@@ -55,7 +56,7 @@ def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]
 def _event(s: FailureSpec, ids: tuple[int, ...], at_iter: int | None,
            at_time: float | None) -> FailureEvent:
     return FailureEvent(s.kind, ids, at_iter, at_time, s.phase, s.mode, s.text, s.replica,
-                        s.pause_seconds, s.slow_factor, s.notice)
+                        s.pause_seconds, s.slow_factor, s.notice, s.cut_seconds)
 
 
 class _Stream:

@@ -7,7 +7,7 @@
     trigger  := "iter=" INT | "time=" NUM ["s"|"ms"|"min"] | "mtbf=" NUM ("s"|"ms"|"min"|"iter")
     option   := "phase=" PHASE | "mode=" MODE | "max=" INT | "replica=" INT
     MODE     := "crash" | "hang" | "pause:" NUM ("s"|"ms"|"min") | "slow:" NUM "x"
-              | "preempt:" NUM ("s"|"ms"|"min")
+              | "preempt:" NUM ("s"|"ms"|"min") | "partition:" NUM ("s"|"ms"|"min")
 
 INT and NUM are ASCII digits (NUM with an optional ".fraction"); ``max=`` (1 to
 :data:`MAX_COUNT`, default 1000) only goes with ``mtbf=``; each option at most once.
@@ -20,7 +20,10 @@ while the recovery of an earlier failure is still in progress).
 
 Modes: ``crash`` (SIGKILL), ``hang`` (stopped for good), ``pause:5s`` (stopped, then
 continued after 5 s: a VM migrated, a long GC), ``slow:4x`` (from the trigger on,
-every step takes 4 times its compute: the rank sleeps 3 times what it computed).
+every step takes 4 times its compute: the rank sleeps 3 times what it computed),
+``partition:8s`` (the ranks named are cut off from the controller's side for 8 s, all
+alive: ``ranks=1,2@iter=40,mode=partition:8s``; the rest, and the controller, are the
+other side).
 
 Several specs are joined with ``;`` or given as repeated ``--fail`` options.
 Parsing never looks at the run: ids are checked against sizes by :func:`validate`.
@@ -45,7 +48,7 @@ _PHASE = re.compile(r"(forward|backward|update|inner|outer|recovery|persist|allr
 _INT = re.compile(r"[0-9]+")
 _TIME = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min)?")
 _MTBF = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min|iter)")
-_PAUSE = re.compile(r"pause:([0-9]+(?:\.[0-9]+)?)(ms|s|min)")
+_PAUSE = re.compile(r"(pause|partition):([0-9]+(?:\.[0-9]+)?)(ms|s|min)")
 _SLOW = re.compile(r"slow:([0-9]+(?:\.[0-9]+)?)x")
 #: The longest pause a spec may ask for, and the largest slow-down (a longer pause is a
 #: hang; a larger factor starves the run of steps, not of what the test is about).
@@ -77,8 +80,9 @@ class FailureSpec:
     mtbf: float | None = None
     mtbf_unit: Literal["s", "iter"] = "s"
     phase: str | None = None
-    mode: Literal["crash", "hang", "pause", "slow", "preempt"] = "crash"
+    mode: Literal["crash", "hang", "pause", "slow", "preempt", "partition"] = "crash"
     pause_seconds: float | None = None  # mode=pause: how long the rank stays stopped
+    cut_seconds: float | None = None  # mode=partition: how long the ranks are cut off
     slow_factor: float | None = None  # mode=slow: a step takes this many times its compute
     notice: float | None = None  # mode=preempt: seconds from the notice to the SIGKILL
     max_count: int | None = None
@@ -176,10 +180,14 @@ def _mode(raw: str, v: str) -> dict[str, object]:
     if v.startswith("preempt:"):
         return {"mode": "preempt", "notice": _notice(raw, v[len("preempt:"):])}
     if (m := _PAUSE.fullmatch(v)) is not None:
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        what, seconds = m.group(1), float(m.group(2)) * _UNITS[m.group(3)]
         if not 0 < seconds <= MAX_PAUSE_SECONDS:
-            raise _bad(raw, f"a pause lasts more than 0 s and at most {MAX_PAUSE_SECONDS:g} s "
-                            f"(got {v!r}; a rank stopped for good is mode=hang)")
+            raise _bad(raw, f"a {what} lasts more than 0 s and at most "
+                            f"{MAX_PAUSE_SECONDS:g} s (got {v!r}"
+                            + ("; a rank stopped for good is mode=hang)" if what == "pause"
+                               else ")"))
+        if what == "partition":
+            return {"mode": "partition", "cut_seconds": seconds}
         return {"mode": "pause", "pause_seconds": seconds}
     if (m := _SLOW.fullmatch(v)) is not None:
         factor = float(m.group(1))
@@ -188,7 +196,8 @@ def _mode(raw: str, v: str) -> dict[str, object]:
                             f"(got {v!r})")
         return {"mode": "slow", "slow_factor": factor}
     raise _bad(raw, f"mode must be crash, hang, pause:DURATION (pause:5s), slow:FACTORx "
-                    f"(slow:4x) or preempt:NOTICE (preempt:10s) (got {v!r})")
+                    f"(slow:4x), preempt:NOTICE (preempt:10s) or partition:DURATION "
+                    f"(partition:8s) (got {v!r})")
 
 
 def _notice(raw: str, val: str) -> float:
@@ -275,6 +284,12 @@ def validate(specs: list[FailureSpec], sizes: dict[str, int]) -> None:
                             f"ids go from 0 to {n - 1}")
         if len(s.ids) > n:
             raise UserError(f"failure spec {s.text!r}: loses {len(s.ids)} {s.kind}s of {n}")
+        cut = (n if s.every else len(s.ids) if s.ids else 1 if s.fraction is None
+               else min(n, max(1, round(s.fraction * n))))  # as the schedule picks them
+        if s.mode == "partition" and cut >= n:
+            # Every rank cut off from the controller: no side can go on (a job stop).
+            raise UserError(f"failure spec {s.text!r}: a partition cuts some {s.kind}s off "
+                            f"from the controller's side; all {n} leaves no side to go on")
         chain = sizes.get("replica", 1)
         if s.replica is not None and s.replica >= chain:
             raise UserError(f"failure spec {s.text!r}: replica={s.replica} names a chain "

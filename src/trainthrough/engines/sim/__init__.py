@@ -21,8 +21,9 @@ CAPABILITIES = {
                replication=("none",), outage=("wait",), targets=("rank",), triggers=_TRIGGERS,
                phases=("", "forward", "backward", "allreduce", "update", "inner", "outer",
                        "recovery"),
-               # pause, slow, preempt: on the virtual clock (engines/sim/dp_kinds.py)
-               modes=("crash", "hang", "pause", "slow", "preempt"), resume=True,
+               # pause, slow, preempt, partition: on the virtual clock
+               # (engines/sim/dp_kinds.py)
+               modes=("crash", "hang", "pause", "slow", "preempt", "partition"), resume=True,
                options=("ranks", "elastic", "allreduce_buckets", "micro_batches", "replace",
                         "straggler_deadline"),
                sync=("every-step", "localsgd", "diloco", "streaming-diloco")),

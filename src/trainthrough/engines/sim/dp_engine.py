@@ -231,7 +231,7 @@ class SimDPEngine:
         r.wall_seconds = time.perf_counter() - self._wall0
         r.extras.update(paradigm="dp", ranks=self.cfg.ranks, ranks_final=len(self.g.ranks),
                         ranks_min=rec.smallest, reforms=rec.reforms, ranks_joined=rec.joined,
-                        ranks_drained=rec.kinds.drained,
+                        ranks_drained=rec.kinds.drained, writes_refused=rec.kinds.refused,
                         samples_dropped=rec.samples_dropped, logical_iterations=self.logical,
                         allreduce_bytes=self.allreduce_bytes,
                         samples_committed=self.samples - rec.samples_dropped)

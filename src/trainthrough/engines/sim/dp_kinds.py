@@ -1,4 +1,5 @@
-"""The failure kinds beside a crash, on the virtual clock: a notice, a pause, a slow rank.
+"""The failure kinds beside a crash, on the virtual clock: a notice, a pause, a slow rank,
+a partition.
 
 :class:`~trainthrough.engines.sim.dp_recovery.SimDPRecovery` hands every due failure
 of these modes here; this module keeps what they leave behind and says what the group
@@ -14,6 +15,15 @@ pays, as the gloo engine's controller does with real processes (docs/strategies.
   nothing else happens. Longer, its peers give up at the timeout: a lost rank, fenced
   (``rank-fenced``, ``no-report``); when the pause ends the woken incarnation finds
   itself out and leaves (``pause-ended`` with ``member: false``).
+- ``partition:<duration>``: the ranks named are cut off from the controller's side,
+  alive. To the group a cut is a pause it cannot tell apart: shorter than the
+  collective timeout, the group waits it out (``partition-healed``, ``member: true``);
+  longer, its peers give up at the timeout and the cut-off ranks are fenced
+  (``no-report``) and recovered as lost, while they live on, computing a step they can
+  never commit (no group forms without the controller's plan). When the cut heals,
+  each sends the report of that step, refused (``write-refused``), finds itself out and
+  leaves (``partition-healed``, ``member: false``). The ranks of one spec are cut
+  together: the group waits once, not once per rank.
 - ``slow:<F>x``: from its trigger on, the rank's compute takes F times as long and a
   synchronous group waits for it at each step's first collective. With a straggler
   deadline the members wait at most that long there; who did not come by then is
@@ -31,13 +41,21 @@ from collections.abc import Callable
 
 from trainthrough.dp.batching import StepBatch
 from trainthrough.engines.sim.clock import Costs, VirtualClock
-from trainthrough.events import Event, PauseEnded, PreemptExpired, PreemptNotice, RankFenced
+from trainthrough.events import (
+    Event,
+    PartitionHealed,
+    PauseEnded,
+    PreemptExpired,
+    PreemptNotice,
+    RankFenced,
+    WriteRefused,
+)
 from trainthrough.faults.schedule import FailureEvent
 from trainthrough.ft.dp_policies import StragglerPolicy
 
 
 class SimKinds:
-    """Notices, pauses and slow-downs of the ranks of one simulated data-parallel run."""
+    """Notices, pauses, cuts and slow-downs of the ranks of one simulated data-parallel run."""
 
     def __init__(self, size: int, clock: VirtualClock, costs: Costs,
                  emit: Callable[[Event], None], deadline: float | None) -> None:
@@ -46,9 +64,14 @@ class SimKinds:
         self.inc = dict.fromkeys(range(size), 0)  # slot -> its current incarnation
         self.notices: dict[int, tuple[float, float]] = {}  # slot -> (runs out at, notice)
         self.slow: dict[int, float] = {}  # slot -> its slow-down factor
-        # Pauses the group gave up on: (slot, incarnation, when it stopped, when it wakes).
-        self._asleep: list[tuple[int, int, float, float]] = []
+        # Pauses and cuts the group gave up on: (slot, incarnation, when it went silent,
+        # when it is back, its mode).
+        self._asleep: list[tuple[int, int, float, float, str]] = []
+        # The event whose ranks the group is waiting out, and since when: the ranks of
+        # one spec are paused or cut together, and waited for once.
+        self._held: tuple[FailureEvent, float] | None = None
         self.drained = 0  # ranks that left with a notice
+        self.refused = 0  # what fenced ranks sent after their cut healed
 
     # -- a failure of one of these kinds is due -----------------------------------------
     def deliver(self, e: FailureEvent, slot: int, logical: int) -> bool:
@@ -65,23 +88,34 @@ class SimKinds:
             assert e.slow_factor is not None
             self.slow[slot] = e.slow_factor
             return False
-        assert e.mode == "pause" and e.pause_seconds is not None, e.mode
-        if e.pause_seconds < self.costs.m.timeout_seconds:
-            # Its peers wait for it at their next collective, no longer than the pause.
-            self.clock.advance(e.pause_seconds)
-            self.emit(PauseEnded(slot=slot, inc=self.inc[slot], paused_seconds=e.pause_seconds,
-                                 member=True))
+        seconds = e.cut_seconds if e.mode == "partition" else e.pause_seconds
+        assert e.mode in ("pause", "partition") and seconds is not None, e.mode
+        if seconds < self.costs.m.timeout_seconds:
+            # Its peers wait for it at their next collective, no longer than it is away.
+            if self._held is None or self._held[0] is not e:
+                self._held = (e, now)
+            self.clock.advance(max(0.0, self._held[1] + seconds - self.clock.now))
+            self.emit(self._back(e.mode, slot, self.inc[slot], seconds, member=True))
             return False
-        self._asleep.append((slot, self.inc[slot], now, now + e.pause_seconds))
+        self._asleep.append((slot, self.inc[slot], now, now + seconds, e.mode))
         return True
+
+    @staticmethod
+    def _back(mode: str, slot: int, inc: int, seconds: float, member: bool) -> Event:
+        if mode == "partition":
+            return PartitionHealed(slot=slot, inc=inc, cut_seconds=seconds, member=member)
+        return PauseEnded(slot=slot, inc=inc, paused_seconds=seconds, member=member)
 
     def expired(self, live: list[int]) -> list[int]:
         """Live ranks whose notice ran out before they left: SIGKILLed now, a crash.
-        Also says which fenced pauses ended by now (``pause-ended``, not a member)."""
+        Also says which fenced pauses and cuts ended by now (``pause-ended``,
+        ``partition-healed``: not a member; a cut-off rank's report refused)."""
         now = self.clock.now
-        for slot, inc, stopped, due in [p for p in self._asleep if p[3] <= now]:
-            self.emit(PauseEnded(slot=slot, inc=inc, paused_seconds=due - stopped,
-                                 member=False))
+        for slot, inc, stopped, due, mode in [p for p in self._asleep if p[3] <= now]:
+            if mode == "partition":  # it reports the step it was in: too late, fenced
+                self.emit(WriteRefused(slot=slot, inc=inc, message="report"))
+                self.refused += 1
+            self.emit(self._back(mode, slot, inc, due - stopped, member=False))
         self._asleep = [p for p in self._asleep if p[3] > now]
         out = [s for s in live if s in self.notices and self.notices[s][0] <= now]
         for s in out:
