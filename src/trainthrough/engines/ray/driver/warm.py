@@ -229,11 +229,35 @@ def find_pool() -> Any | None:
         return None
 
 
+#: How long :func:`pool_handle` waits for a dead pool's name to be given up.
+NAME_FREED_SECONDS = 30.0
+
+
 def pool_handle() -> Any:
-    """The cluster's warm pool, started if there is none."""
-    return WarmPool.options(  # type: ignore[attr-defined]
-        name=POOL_NAME, namespace=NAMESPACE, get_if_exists=True,
-        lifetime="detached").remote()
+    """The cluster's warm pool, started if there is none, and alive when returned.
+
+    Ray may still resolve the name of a pool that is ending (one that ended itself
+    once empty, or was killed) to that dead actor, for a moment after its death
+    (ray-project/ray#44083: ``get_if_exists`` returned the old instance; seen here
+    once in a full suite): its first call then fails. So the pool answers before it is
+    handed out, and a dead one is asked for again until its name is free.
+
+    Raises:
+        TimeoutError: the name stayed taken by a dead pool for :data:`NAME_FREED_SECONDS`.
+    """
+    end = time.monotonic() + NAME_FREED_SECONDS
+    while True:
+        pool = WarmPool.options(  # type: ignore[attr-defined]
+            name=POOL_NAME, namespace=NAMESPACE, get_if_exists=True,
+            lifetime="detached").remote()
+        try:
+            ray.get(pool.status.remote(), timeout=NAME_FREED_SECONDS)
+            return pool
+        except ray.exceptions.RayActorError:
+            if time.monotonic() > end:
+                raise TimeoutError(f"Ray still names a dead {POOL_NAME} after "
+                                   f"{NAME_FREED_SECONDS:g} s") from None
+            time.sleep(0.2)
 
 
 _FINGERPRINT: list[str] = []
