@@ -60,7 +60,7 @@ def _until(cond: Any, seconds: float = 15.0) -> bool:
 @pytest.fixture
 def namespace(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The session's namespace plays trainthrough's; any warm pool is ended afterwards
-    (an empty pool ends itself a second after its last driver left)."""
+    (an empty pool ends itself seconds after its last driver left: warm.EMPTY_SECONDS)."""
     monkeypatch.setattr(warm, "NAMESPACE", ray.get_runtime_context().namespace)
     yield
     pool = warm.find_pool()
@@ -92,6 +92,15 @@ def test_an_actor_is_leased_to_one_driver_and_a_crashed_drivers_actors_are_kille
     ray.kill(b)  # driver b crashes while it holds the actor: its state is unknown
     assert _until(lambda: _dead(handle)), "a crashed driver's actor was left running"
     assert ray.get(warm_pool.status.remote())["leased"] == 0
+
+
+def test_a_new_pool_waits_for_its_first_lease(warm_pool: Any) -> None:
+    """A pool started for a driver lives until that driver calls, even when it calls
+    seconds later (a loaded machine): the reaper ended such pools after 1 s."""
+    time.sleep(warm.REAP_SECONDS * 2.5)
+    d = _Driver.remote()
+    ray.get(warm_pool.open.remote("a", ray.get(d.token.remote())), timeout=30)
+    assert ray.get(warm_pool.status.remote())["leases"] == 1
 
 
 def test_release_ends_idle_actors_now_and_leased_ones_when_given_back(

@@ -19,7 +19,8 @@ The policy, so that nothing runs that nobody asked to keep:
   at most. A lease lives as long as its driver: the driver hands the pool an object
   it owns, and when getting it fails with ``OwnerDiedError`` the driver is gone
   (crashed or killed); whatever it still held is killed (its state is unknown, so it
-  is never reused). The pool ends itself once it holds nothing and no lease is open.
+  is never reused). The pool ends itself once it holds nothing, no lease is open and
+  nobody has called it for :data:`EMPTY_SECONDS`.
 * ``trainthrough release --ray-address ADDR`` ends every idle warm actor at once, and
   every leased one as soon as its run gives it back.
 
@@ -49,6 +50,11 @@ POOL_NAME = "trainthrough-warm-pool"
 #: Idle warm actors kept per key (as pool.MAX_IDLE); more would only hold memory.
 MAX_IDLE = 8
 REAP_SECONDS = 1.0
+#: An empty pool (no lease, nothing idle) ends itself once nobody has called it for
+#: this long: a pool just started for a driver must live until that driver's first
+#: call, which a loaded machine delays by seconds (the reaper's 1 s ended new pools
+#: before their first lease twice in one full suite).
+EMPTY_SECONDS = 5.0
 
 Entry = tuple[str, Any]  # (actor name, handle)
 
@@ -93,16 +99,19 @@ class WarmPool:
         self._leases: dict[str, _Lease] = {}  # by lease id
         self._doomed: set[str] = set()  # leased when a release came: end when given back
         self.reaped = 0
+        self._called = time.monotonic()  # the last call (every call takes the lock)
         threading.Thread(target=self._reap_loop, daemon=True, name="warm-reaper").start()
 
     def open(self, lease: str, token: list[Any]) -> None:
         """Start a lease; ``token[0]``: an object the driver owns (its liveness)."""
         with self._lock:
+            self._called = time.monotonic()
             self._leases.setdefault(lease, _Lease(token[0], {}))
 
     def take(self, lease: str, key: Hashable) -> Entry | None:
         """An idle actor for ``key``, now leased to ``lease`` (None: none idle)."""
         with self._lock:
+            self._called = time.monotonic()
             if lease not in self._leases:
                 return None
             idle = self._idle.get(key)
@@ -117,6 +126,7 @@ class WarmPool:
         that it is killed if the driver dies before giving it back (False: no such
         lease, the driver should not keep it)."""
         with self._lock:
+            self._called = time.monotonic()
             if lease not in self._leases:
                 return False
             self._leases[lease].held[name] = _Held(handle, keep)
@@ -130,6 +140,7 @@ class WarmPool:
             False if it was not kept (pool released, or full): it has been killed.
         """
         with self._lock:
+            self._called = time.monotonic()
             held = self._leases.get(lease, _NO_LEASE).held.pop(name, None)
             keep = keep if keep is not None else (held.keep if held is not None else None)
             idle = self._idle.setdefault(key, [])
@@ -143,11 +154,13 @@ class WarmPool:
     def forget(self, lease: str, name: str) -> None:
         """The driver killed (or lost) a leased actor: not held any more."""
         with self._lock:
+            self._called = time.monotonic()
             self._leases.get(lease, _NO_LEASE).held.pop(name, None)
 
     def close(self, lease: str) -> int:
         """End a lease: what it still holds is killed. Returns how many."""
         with self._lock:
+            self._called = time.monotonic()
             held = self._leases.pop(lease, _NO_LEASE).held
             for h in held.values():
                 _kill(h.handle)
@@ -161,6 +174,7 @@ class WarmPool:
             (idle actors ended, actors still leased).
         """
         with self._lock:
+            self._called = time.monotonic()
             self._doomed.update(n for lease in self._leases.values() for n in lease.held)
             n = sum(len(v) for v in self._idle.values())
             for idle in self._idle.values():
@@ -171,6 +185,7 @@ class WarmPool:
 
     def status(self) -> dict[str, int]:
         with self._lock:
+            self._called = time.monotonic()
             return {"idle": sum(len(v) for v in self._idle.values()),
                     "leases": len(self._leases),
                     "leased": sum(len(lease.held) for lease in self._leases.values()),
@@ -202,7 +217,8 @@ class WarmPool:
                         _kill(e.handle)
                         self.reaped += 1
                 self._idle[key] = keep
-            return not self._leases and not any(self._idle.values())
+            return (not self._leases and not any(self._idle.values())
+                    and now - self._called > EMPTY_SECONDS)
 
 
 def _owner_alive(token: Any) -> bool:
