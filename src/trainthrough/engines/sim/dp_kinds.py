@@ -76,7 +76,7 @@ class SimKinds:
     # -- a failure of one of these kinds is due -----------------------------------------
     def deliver(self, e: FailureEvent, slot: int, logical: int) -> bool:
         """Deliver ``e`` to live ``slot``; whether the rank is lost by it now (a pause
-        longer than the collective timeout: its peers find it at the timeout)."""
+        or cut longer than the collective timeout: its peers find it at the timeout)."""
         now = self.clock.now
         if e.mode == "preempt":
             assert e.notice is not None
