@@ -118,8 +118,8 @@ def _memory_filesystem_as_it_was() -> Iterator[None]:
     """What a test leaves in ``memory://`` goes when it ends. fsspec's in-memory
     filesystem is one per process, and each lookup in it (``info``, ``exists``, ``mv``,
     ``rm``) walks every file and folder it holds: a worker runs hundreds of tests, and
-    the folders the store tests leave (573 of them) made every later in-memory save a
-    few times slower (a quarter of the quick tier's time was checkpoint saves)."""
+    the store tests alone left 573 folders there for every later test to walk. Tests
+    do not share state through it either way."""
     from fsspec.implementations.memory import MemoryFileSystem
 
     files, folders = set(MemoryFileSystem.store), list(MemoryFileSystem.pseudo_dirs)

@@ -74,67 +74,77 @@ def namespace(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def warm_pool(namespace: None) -> Any:
-    return warm.pool_handle()
+    """How a test gets the cluster's pool: called once its drivers exist, as a driver
+    asks for it when it attaches (an empty pool ends itself, warm.EMPTY_SECONDS)."""
+    return warm.pool_handle
 
 
 def test_an_actor_is_leased_to_one_driver_and_a_crashed_drivers_actors_are_killed(
         warm_pool: Any) -> None:
     a, b = _Driver.remote(), _Driver.remote()
-    ray.get(warm_pool.open.remote("a", ray.get(a.token.remote())))
-    ray.get(warm_pool.open.remote("b", ray.get(b.token.remote())))
+    tokens = ray.get([a.token.remote(), b.token.remote()])
+    pool = warm_pool()
+    ray.get(pool.open.remote("a", tokens[0]))
+    ray.get(pool.open.remote("b", tokens[1]))
     actor = _Idle.remote()
-    assert ray.get(warm_pool.give.remote("a", "k", "x", actor, 60.0)) is True
-    assert ray.get(warm_pool.take.remote("b", "other-key")) is None  # keys never mix
-    name, handle = ray.get(warm_pool.take.remote("b", "k"))
+    assert ray.get(pool.give.remote("a", "k", "x", actor, 60.0)) is True
+    assert ray.get(pool.take.remote("b", "other-key")) is None  # keys never mix
+    name, handle = ray.get(pool.take.remote("b", "k"))
     assert name == "x"
-    assert ray.get(warm_pool.take.remote("a", "k")) is None, "one actor, two drivers"
-    assert ray.get(warm_pool.status.remote())["leased"] == 1
+    assert ray.get(pool.take.remote("a", "k")) is None, "one actor, two drivers"
+    assert ray.get(pool.status.remote())["leased"] == 1
     ray.kill(b)  # driver b crashes while it holds the actor: its state is unknown
     assert _until(lambda: _dead(handle)), "a crashed driver's actor was left running"
-    assert ray.get(warm_pool.status.remote())["leased"] == 0
+    assert ray.get(pool.status.remote())["leased"] == 0
 
 
 def test_a_new_pool_waits_for_its_first_lease(warm_pool: Any) -> None:
     """A pool started for a driver lives until that driver calls, even when it calls
     seconds later (a loaded machine): the reaper ended such pools after 1 s."""
-    time.sleep(warm.REAP_SECONDS * 2.5)
     d = _Driver.remote()
-    ray.get(warm_pool.open.remote("a", ray.get(d.token.remote())), timeout=30)
-    assert ray.get(warm_pool.status.remote())["leases"] == 1
+    token = ray.get(d.token.remote())
+    pool = warm_pool()
+    time.sleep(warm.REAP_SECONDS * 2.5)
+    ray.get(pool.open.remote("a", token), timeout=30)
+    assert ray.get(pool.status.remote())["leases"] == 1
 
 
 def test_release_ends_idle_actors_now_and_leased_ones_when_given_back(
         warm_pool: Any) -> None:
     d = _Driver.remote()
-    ray.get(warm_pool.open.remote("a", ray.get(d.token.remote())))
+    token = ray.get(d.token.remote())
+    pool = warm_pool()
+    ray.get(pool.open.remote("a", token))
     idle, used = _Idle.remote(), _Idle.remote()
     for name, actor in (("i", idle), ("u", used)):
-        ray.get(warm_pool.give.remote("a", "k", name, actor, 600.0))
-    ray.get(warm_pool.take.remote("a", "k"))  # one of them is in use
-    assert ray.get(warm_pool.release.remote()) == (1, 1)
+        ray.get(pool.give.remote("a", "k", name, actor, 600.0))
+    ray.get(pool.take.remote("a", "k"))  # one of them is in use
+    assert ray.get(pool.release.remote()) == (1, 1)
     leased = used if not _dead(used) else idle
     assert not _dead(leased), "an actor in use was ended under its run"
     name = "u" if leased is used else "i"
-    assert ray.get(warm_pool.give.remote("a", "k", name, leased, None)) is False
+    assert ray.get(pool.give.remote("a", "k", name, leased, None)) is False
     assert _until(lambda: _dead(idle) and _dead(used))  # ray.kill: asynchronous
     later = _Idle.remote()  # a release is not sticky: a later keep is honoured
-    assert ray.get(warm_pool.give.remote("a", "k", "later", later, 600.0)) is True
-    ray.get(warm_pool.close.remote("a"))
+    assert ray.get(pool.give.remote("a", "k", "later", later, 600.0)) is True
+    ray.get(pool.close.remote("a"))
 
 
 def test_idle_actors_end_after_keep_and_the_empty_pool_ends_itself(warm_pool: Any) -> None:
     d = _Driver.remote()
-    ray.get(warm_pool.open.remote("a", ray.get(d.token.remote())))
+    token = ray.get(d.token.remote())
+    pool = warm_pool()
+    ray.get(pool.open.remote("a", token))
     short, long = _Idle.remote(), _Idle.remote()
-    ray.get(warm_pool.give.remote("a", "k", "s", short, 0.5))
-    ray.get(warm_pool.give.remote("a", "k", "l", long, 600.0))
+    ray.get(pool.give.remote("a", "k", "s", short, 0.5))
+    ray.get(pool.give.remote("a", "k", "l", long, 600.0))
     assert _until(lambda: _dead(short))
     assert not _dead(long)
-    assert ray.get(warm_pool.release.remote()) == (1, 0)  # release ends the idle one now
+    assert ray.get(pool.release.remote()) == (1, 0)  # release ends the idle one now
     # ...by ray.kill, which returns before the process is gone: a ping sent at once may
     # still be answered (seen once in a full suite), so the death is waited for.
     assert _until(lambda: _dead(long))
-    ray.get(warm_pool.close.remote("a"))  # the last driver leaves: nothing held
+    ray.get(pool.close.remote("a"))  # the last driver leaves: nothing held
     assert _until(lambda: warm.find_pool() is None), "an empty pool kept running"
 
 

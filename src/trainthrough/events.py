@@ -324,8 +324,9 @@ class RankFenced(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WriteRefused(Event):
-    """gloo, Ray dp, sim (a cut-off rank after the heal): a message or report from an incarnation no longer in the group (one
-    fenced, ``rank-fenced``, or replaced in its slot) came in, and was dropped unread."""
+    """gloo, Ray dp, sim (a cut-off rank after the heal): a message or report from an
+    incarnation no longer in the group (one fenced, ``rank-fenced``, or replaced in its
+    slot) came in, and was dropped unread."""
 
     type: ClassVar[str] = "write-refused"
     slot: int
@@ -500,8 +501,8 @@ _ALL: tuple[type[Event], ...] = (
     ShardDown, ShardUp, Failover, ReplicaJoin, ReplacementLost, SpareReady,
     ZookeeperAbsent, ZookeeperRejoined, Fenced, ZookeeperSilent,
     Reform, RankJoined, RankPlaced, RankErrored, RankSilent, RankFenced, WriteRefused,
-    PauseEnded, PartitionHealed, PreemptNotice, Drained, PreemptExpired, JobPreempted, Restored, Completed,
-    TrainingResumed,
+    PauseEnded, PartitionHealed, PreemptNotice, Drained, PreemptExpired, JobPreempted,
+    Restored, Completed, TrainingResumed,
     CheckpointSaved, CheckpointFailed, CheckpointCorrupt, CheckpointAbandoned,
     CheckpointSkipped, Resumed)
 #: Every kind of event, by its tag.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainthrough.faults.spec import FailureSpec
+from trainthrough.faults.spec import FailureSpec, picked
 
 # Random failures stop being drawn past this many per spec unless ``max=`` says.
 _MTBF_CAP = 1000
@@ -48,8 +48,7 @@ def _pick(s: FailureSpec, n: int, rng: np.random.RandomState) -> tuple[int, ...]
     if s.every:
         return tuple(range(n))
     if s.fraction is not None:
-        k = min(n, max(1, int(round(s.fraction * n))))
-        return tuple(sorted(int(i) for i in rng.choice(n, size=k, replace=False)))
+        return tuple(sorted(int(i) for i in rng.choice(n, size=picked(s, n), replace=False)))
     return (int(rng.randint(n)),)
 
 

@@ -48,7 +48,7 @@ _PHASE = re.compile(r"(forward|backward|update|inner|outer|recovery|persist|allr
 _INT = re.compile(r"[0-9]+")
 _TIME = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min)?")
 _MTBF = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|min|iter)")
-_PAUSE = re.compile(r"(pause|partition):([0-9]+(?:\.[0-9]+)?)(ms|s|min)")
+_AWAY = re.compile(r"(pause|partition):([0-9]+(?:\.[0-9]+)?)(ms|s|min)")
 _SLOW = re.compile(r"slow:([0-9]+(?:\.[0-9]+)?)x")
 #: The longest pause a spec may ask for, and the largest slow-down (a longer pause is a
 #: hang; a larger factor starves the run of steps, not of what the test is about).
@@ -179,13 +179,12 @@ def _mode(raw: str, v: str) -> dict[str, object]:
         return {"mode": v}
     if v.startswith("preempt:"):
         return {"mode": "preempt", "notice": _notice(raw, v[len("preempt:"):])}
-    if (m := _PAUSE.fullmatch(v)) is not None:
+    if (m := _AWAY.fullmatch(v)) is not None:
         what, seconds = m.group(1), float(m.group(2)) * _UNITS[m.group(3)]
         if not 0 < seconds <= MAX_PAUSE_SECONDS:
+            hang = "; a rank stopped for good is mode=hang" if what == "pause" else ""
             raise _bad(raw, f"a {what} lasts more than 0 s and at most "
-                            f"{MAX_PAUSE_SECONDS:g} s (got {v!r}"
-                            + ("; a rank stopped for good is mode=hang)" if what == "pause"
-                               else ")"))
+                            f"{MAX_PAUSE_SECONDS:g} s (got {v!r}{hang})")
         if what == "partition":
             return {"mode": "partition", "cut_seconds": seconds}
         return {"mode": "pause", "pause_seconds": seconds}
@@ -268,6 +267,17 @@ def check_together(specs: list[FailureSpec]) -> None:
                             "or drop phase=recovery")
 
 
+def picked(s: FailureSpec, n: int) -> int:
+    """How many of ``n`` components ``s`` strikes at once (the schedule picks which)."""
+    if s.every:
+        return n
+    if s.ids:
+        return len(s.ids)
+    if s.fraction is not None:
+        return min(n, max(1, int(round(s.fraction * n))))
+    return 1  # any
+
+
 def validate(specs: list[FailureSpec], sizes: dict[str, int]) -> None:
     """Check ids against the run's sizes (``{"shard": K, "worker": N, ...}``).
 
@@ -284,9 +294,7 @@ def validate(specs: list[FailureSpec], sizes: dict[str, int]) -> None:
                             f"ids go from 0 to {n - 1}")
         if len(s.ids) > n:
             raise UserError(f"failure spec {s.text!r}: loses {len(s.ids)} {s.kind}s of {n}")
-        cut = (n if s.every else len(s.ids) if s.ids else 1 if s.fraction is None
-               else min(n, max(1, round(s.fraction * n))))  # as the schedule picks them
-        if s.mode == "partition" and cut >= n:
+        if s.mode == "partition" and picked(s, n) >= n:
             # Every rank cut off from the controller: no side can go on (a job stop).
             raise UserError(f"failure spec {s.text!r}: a partition cuts some {s.kind}s off "
                             f"from the controller's side; all {n} leaves no side to go on")

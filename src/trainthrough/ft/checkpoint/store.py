@@ -183,7 +183,8 @@ class CheckpointStore:
         """:func:`read_manifest`, remembered while the file is unchanged (:meth:`_signature`):
         every save lists its tag to prune it, and parsing and checking each kept manifest
         again would take the writing thread's time at every save, under the GIL the
-        shard's pushes need (and, in memory, half of a simulated run's time). Only pruning
+        shard's pushes need (in memory too: a checkpointed sim run, 5 runs interleaved,
+        0.92-1.03 -> 0.87-0.89 CPU s with it). Only pruning
         uses it; listing and loading always read afresh (a manifest rewritten in place
         at the same size within one tick of the file clock would look unchanged)."""
         where = self._path(entry)

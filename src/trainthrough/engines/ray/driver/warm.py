@@ -37,7 +37,7 @@ import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -89,8 +89,8 @@ _NO_LEASE = _Lease(None, {})
 class WarmPool:
     """Idle warm actors by key and the leases of the drivers using them.
 
-    Every method takes ``self._lock``: one hand-out at a time (the reaper thread runs
-    beside the calls).
+    Every method runs under ``self._lock`` (:meth:`_call`): one hand-out at a time (the
+    reaper thread runs beside the calls).
     """
 
     def __init__(self) -> None:
@@ -99,19 +99,25 @@ class WarmPool:
         self._leases: dict[str, _Lease] = {}  # by lease id
         self._doomed: set[str] = set()  # leased when a release came: end when given back
         self.reaped = 0
-        self._called = time.monotonic()  # the last call (every call takes the lock)
+        self._called = time.monotonic()  # the last call (:meth:`_call`)
         threading.Thread(target=self._reap_loop, daemon=True, name="warm-reaper").start()
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """Every call: under the lock, and stamped (an empty pool ends itself only
+        :data:`EMPTY_SECONDS` after the last one)."""
+        with self._lock:
+            self._called = time.monotonic()
+            yield
 
     def open(self, lease: str, token: list[Any]) -> None:
         """Start a lease; ``token[0]``: an object the driver owns (its liveness)."""
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             self._leases.setdefault(lease, _Lease(token[0], {}))
 
     def take(self, lease: str, key: Hashable) -> Entry | None:
         """An idle actor for ``key``, now leased to ``lease`` (None: none idle)."""
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             if lease not in self._leases:
                 return None
             idle = self._idle.get(key)
@@ -125,8 +131,7 @@ class WarmPool:
         """A warm actor the driver just created, held by its lease from the start, so
         that it is killed if the driver dies before giving it back (False: no such
         lease, the driver should not keep it)."""
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             if lease not in self._leases:
                 return False
             self._leases[lease].held[name] = _Held(handle, keep)
@@ -139,8 +144,7 @@ class WarmPool:
         Returns:
             False if it was not kept (pool released, or full): it has been killed.
         """
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             held = self._leases.get(lease, _NO_LEASE).held.pop(name, None)
             keep = keep if keep is not None else (held.keep if held is not None else None)
             idle = self._idle.setdefault(key, [])
@@ -153,14 +157,12 @@ class WarmPool:
 
     def forget(self, lease: str, name: str) -> None:
         """The driver killed (or lost) a leased actor: not held any more."""
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             self._leases.get(lease, _NO_LEASE).held.pop(name, None)
 
     def close(self, lease: str) -> int:
         """End a lease: what it still holds is killed. Returns how many."""
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             held = self._leases.pop(lease, _NO_LEASE).held
             for h in held.values():
                 _kill(h.handle)
@@ -173,8 +175,7 @@ class WarmPool:
         Returns:
             (idle actors ended, actors still leased).
         """
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             self._doomed.update(n for lease in self._leases.values() for n in lease.held)
             n = sum(len(v) for v in self._idle.values())
             for idle in self._idle.values():
@@ -184,8 +185,7 @@ class WarmPool:
             return n, sum(len(lease.held) for lease in self._leases.values())
 
     def status(self) -> dict[str, int]:
-        with self._lock:
-            self._called = time.monotonic()
+        with self._call():
             return {"idle": sum(len(v) for v in self._idle.values()),
                     "leases": len(self._leases),
                     "leased": sum(len(lease.held) for lease in self._leases.values()),
